@@ -1,0 +1,88 @@
+"""cffi build script for the native engine (out-of-line API mode).
+
+The cdef is the block between ``CDEF BEGIN`` and ``CDEF END`` in ``pc_engine.h``:
+one place declares the C API. The MPI compile and link flags come from the MPI
+compiler wrapper that matches the MPI mpi4py loads:
+
+* ``MPICC`` (environment) names the wrapper to ask, for example a cluster's own
+  ``mpicc``; otherwise ``mpicc`` next to the running Python (the ``mpich`` wheel
+  puts it there), otherwise ``mpicc`` on ``PATH``.
+* MPICH wrappers answer ``-show``, Open MPI wrappers ``--showme``.
+
+The extension is linked by soname (``-lmpi``) without a run path, so at run time
+it binds to the ``libmpi`` that ``mpi4py.MPI`` has already loaded
+(``partialcoll._engine`` imports mpi4py first).
+"""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "pc_engine.h")
+
+
+def cdef_source() -> str:
+    text = open(HEADER).read()
+    block = re.search(r"/\* CDEF BEGIN.*?\*/(.*)/\* CDEF END \*/", text, re.S)
+    if not block:
+        raise RuntimeError(f"{HEADER}: no CDEF BEGIN/END block")
+    return block.group(1)
+
+
+def find_mpicc() -> str:
+    candidates = [os.environ.get("MPICC"),
+                  os.path.join(os.path.dirname(sys.executable), "mpicc"),
+                  shutil.which("mpicc")]
+    for cand in candidates:
+        if cand and (os.path.isfile(cand) or shutil.which(cand)):
+            return cand
+    raise RuntimeError(
+        "partialcoll: no MPI C compiler wrapper found. Install the 'mpich' wheel "
+        "(pip install mpich), put your MPI's mpicc on PATH, or set MPICC=/path/to/mpicc.")
+
+
+def mpi_flags(mpicc: str):
+    for flag in ("-show", "--showme"):
+        try:
+            out = subprocess.run([mpicc, flag], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        words = shlex.split(out)[1:]   # drop the compiler itself
+        if words:
+            break
+    else:
+        raise RuntimeError(f"partialcoll: '{mpicc} -show' and '{mpicc} --showme' both failed; "
+                           "set MPICC to your MPI's C compiler wrapper")
+    inc = [w[2:] for w in words if w.startswith("-I")]
+    libdirs = [w[2:] for w in words if w.startswith("-L")]
+    libs = [w[2:] for w in words if w.startswith("-l")]
+    return inc, libdirs, libs or ["mpi"]
+
+
+def make_ffibuilder() -> FFI:
+    mpicc = find_mpicc()
+    inc, libdirs, libs = mpi_flags(mpicc)
+    ffi = FFI()
+    ffi.cdef(cdef_source())
+    ffi.set_source(
+        "partialcoll._native",
+        '#include "pc_engine.h"',
+        sources=[os.path.relpath(os.path.join(HERE, "pc_engine.c"))],
+        include_dirs=[HERE] + inc,
+        library_dirs=libdirs,          # link time only: no rpath is recorded
+        libraries=libs,
+        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-pthread"],
+        extra_link_args=["-pthread"],
+    )
+    return ffi
+
+
+ffibuilder = make_ffibuilder()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

@@ -1,0 +1,137 @@
+/* pc_engine.h -- the partialcoll schedule engine (C, driven from Python via cffi).
+ *
+ * A schedule is a flat array of ops plus happens-before edges (fflib2's model):
+ *
+ *   kind      SEND | RECV | COMPUTE | NOP | TRIGGER | TAKE | DELIVER
+ *   peer      SEND/RECV: the other rank (in the schedule's communicator)
+ *   nbytes    SEND/RECV: message size in bytes (sent as MPI_BYTE)
+ *   buf[3]    SEND/RECV: buf[0]; COMPUTE: out = a (op) b with a=buf[0], b=buf[1], out=buf[2]
+ *   dtype     COMPUTE: element type (PC_DT_*); redop: PC_OP_* (PC_OP_COPY: out = a)
+ *   count     COMPUTE: number of elements
+ *   need      how many predecessor completions fire the op (all = npred, any = 1, k of n)
+ *
+ * A buffer is (base, off): the address is *base + off, so a partial collective can
+ * swap its accumulator/work/result buffers without rebuilding its schedules.
+ * Ops are consumable: an op fires at most once per execution, however many of its
+ * predecessors complete. An execution is complete when every op except TRIGGERs is.
+ * Tags: tag = (version mod 2^vbits) << seqbits | seq, where seq is the index of the
+ * message among those of the same (sender, receiver) pair in op order, so the
+ * k-th send to a peer always matches the peer's k-th receive, and messages of
+ * different executions (versions) never match.
+ *
+ * TRIGGER, TAKE and DELIVER belong to a partial collective (pc_coll): TRIGGER
+ * completes when the application's post makes this rank start the round, TAKE moves
+ * the accumulator into the work buffer (and sets this rank's active bit), DELIVER
+ * publishes the round's result.
+ *
+ * Threads: every function below takes the engine lock; progress runs either on the
+ * engine's progress thread (functions marked [progress]) or inline in test/wait.
+ */
+#ifndef PC_ENGINE_H
+#define PC_ENGINE_H
+#include <stdint.h>
+#include <stddef.h>
+
+/* CDEF BEGIN -- this block is also the cffi cdef: plain declarations only. */
+enum {
+    PC_OK = 0, PC_ERR_ARG = 1, PC_ERR_MPI = 2, PC_ERR_NOMEM = 3, PC_ERR_STATE = 4,
+    PC_ERR_TIMEOUT = 5, PC_ERR_THREAD = 6, PC_ERR_DTYPE_OP = 7, PC_ERR_TRUNCATE = 8
+};
+enum { PC_SEND = 0, PC_RECV = 1, PC_COMPUTE = 2, PC_NOP = 3, PC_TRIGGER = 4, PC_TAKE = 5, PC_DELIVER = 6 };
+enum {
+    PC_DT_BOOL = 0, PC_DT_INT8 = 1, PC_DT_INT16 = 2, PC_DT_INT32 = 3, PC_DT_INT64 = 4,
+    PC_DT_UINT8 = 5, PC_DT_UINT16 = 6, PC_DT_UINT32 = 7, PC_DT_UINT64 = 8,
+    PC_DT_FLOAT32 = 9, PC_DT_FLOAT64 = 10, PC_DT_COMPLEX64 = 11, PC_DT_COMPLEX128 = 12,
+    PC_DT_COUNT = 13
+};
+enum {
+    PC_OP_SUM = 0, PC_OP_PROD = 1, PC_OP_MIN = 2, PC_OP_MAX = 3, PC_OP_LAND = 4, PC_OP_LOR = 5,
+    PC_OP_LXOR = 6, PC_OP_BAND = 7, PC_OP_BOR = 8, PC_OP_BXOR = 9, PC_OP_COPY = 10, PC_OP_COUNT = 11
+};
+/* activation kinds of a partial collective's round schedule */
+enum { PC_ACT_FLOOD = 0, PC_ACT_QUORUM = 1, PC_ACT_NONE = 2 };
+/* partial collective modes */
+enum { PC_MODE_SOLO = 0, PC_MODE_MAJORITY = 1, PC_MODE_PROBE = 2, PC_MODE_QUORUM = 3, PC_MODE_FULL = 4 };
+enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
+/* buffer slots of a partial collective, for pc_opspec.slot */
+enum { PC_SLOT_NONE = 0, PC_SLOT_WORK = 1, PC_SLOT_MASK = 2 };
+
+typedef struct pc_opspec {
+    int kind;
+    int peer;
+    int dtype;
+    int redop;
+    int need;            /* completions of predecessors that fire the op */
+    int64_t count;
+    int64_t nbytes;
+    void *ptr[3];        /* plain buffers; used when slot[i] == PC_SLOT_NONE */
+    int slot[3];         /* PC_SLOT_*: buffer owned by the schedule's collective */
+    int64_t off[3];      /* byte offsets into the slot buffer */
+} pc_opspec;
+
+typedef struct pc_idle_policy {
+    double spin_us;      /* busy-poll this long after the last event */
+    double yield_us;     /* then sched_yield() this long */
+    double sleep_min_us; /* then sleep, doubling from this ... */
+    double sleep_max_us; /* ... up to this cap; a local post wakes the sleeper at once */
+    int64_t busy_bytes;  /* while a message this large is in flight, never sleep */
+} pc_idle_policy;
+
+typedef struct pc_sched pc_sched;
+typedef struct pc_coll pc_coll;
+
+typedef struct pc_collspec {
+    int mode;            /* PC_MODE_* */
+    int late;            /* PC_LATE_* */
+    int candidates;      /* probe: q */
+    int quorum;          /* quorum: k */
+    int max_staleness;   /* 0: none; s: rounds n with (n+1) % s == 0 are full */
+    int has_mask;        /* rounds carry active/closing bitmasks (every mode but full) */
+    int mask_words;      /* 64-bit words per bitmask: ceil(P/64) */
+    uint64_t seed;
+    int dtype, redop;
+    int64_t count;
+    const void *identity;    /* one element: the op's identity */
+} pc_collspec;
+
+typedef struct pc_result {
+    int64_t round;       /* last round included */
+    int64_t rounds;      /* how many rounds are folded in */
+    int finished;        /* the collective has completed its final round */
+} pc_result;
+
+const char *pc_strerror(int code);
+const char *pc_last_error(void);
+
+int pc_engine_start(int use_thread, const pc_idle_policy *policy);
+int pc_engine_stop(void);
+int pc_engine_progress(int *progressed);
+int pc_engine_threaded(void);
+int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
+
+int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t count);
+int pc_op_valid(int redop, int dtype);
+int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
+
+int pc_sched_create(void *comm_handle, int nops, const pc_opspec *ops,
+                    int nedges, const int *edges, pc_coll *coll, pc_sched **out);
+int pc_sched_start(pc_sched *s);
+int pc_sched_test(pc_sched *s, int64_t execution, int *done);
+int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s);
+int64_t pc_sched_executions(pc_sched *s);
+int pc_sched_free(pc_sched *s);
+
+int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
+int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s);
+int pc_coll_begin(pc_coll *c);
+int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late);
+int pc_coll_test(pc_coll *c, int64_t index, int *done);
+int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s);
+int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info);
+int pc_coll_close(pc_coll *c);
+int pc_coll_free(pc_coll *c);
+int pc_coll_round_kind(pc_coll *c, int64_t round);
+int pc_coll_eligible(pc_coll *c, int64_t round, int rank);
+/* CDEF END */
+
+#endif

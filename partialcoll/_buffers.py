@@ -1,0 +1,76 @@
+"""Buffer references: a NumPy array, or a buffer slot owned by a partial collective.
+
+A BufRef is a contiguous run of `count` elements of `dtype`, starting `offset` bytes
+into its base. Builders slice BufRefs (ring segments) without caring which it is.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ._errors import BufferError_
+from ._types import dtype_code
+
+SLOT_NONE, SLOT_WORK, SLOT_MASK = 0, 1, 2
+_SLOT_NAMES = {SLOT_WORK: "work", SLOT_MASK: "mask"}
+
+
+def as_array(obj, *, writable: bool, what: str = "buffer") -> np.ndarray:
+    """Validate a user buffer: a C-contiguous NumPy array (writable where written)."""
+    if not isinstance(obj, np.ndarray):
+        mod = type(obj).__module__.split(".")[0]
+        if mod == "cupy" or hasattr(obj, "__cuda_array_interface__"):
+            raise BufferError_(f"{what}: device arrays (CuPy) are not supported yet; "
+                               "pass a NumPy array (cupy.asnumpy(x))")
+        raise BufferError_(f"{what} must be a NumPy array, not {type(obj).__name__}")
+    if not obj.flags.c_contiguous:
+        raise BufferError_(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+    if writable and not obj.flags.writeable:
+        raise BufferError_(f"{what} is read-only, but it is written")
+    dtype_code(obj.dtype)
+    return obj
+
+
+class BufRef:
+    """`count` elements of `dtype` at byte `offset` of an array or a collective's slot."""
+
+    __slots__ = ("array", "slot", "offset", "count", "dtype")
+
+    def __init__(self, array: Optional[np.ndarray], slot: int, offset: int, count: int, dtype) -> None:
+        self.array = array
+        self.slot = slot
+        self.offset = offset
+        self.count = count
+        self.dtype = np.dtype(dtype)
+
+    @classmethod
+    def of(cls, obj, *, writable: bool, what: str = "buffer") -> "BufRef":
+        if isinstance(obj, BufRef):
+            return obj
+        arr = as_array(obj, writable=writable, what=what)
+        return cls(arr, SLOT_NONE, 0, arr.size, arr.dtype)
+
+    @classmethod
+    def slot_ref(cls, slot: int, count: int, dtype) -> "BufRef":
+        return cls(None, slot, 0, count, dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+    def segment(self, start: int, stop: int) -> "BufRef":
+        """Elements [start, stop) of this buffer."""
+        if not 0 <= start <= stop <= self.count:
+            raise IndexError(f"segment [{start}, {stop}) outside a buffer of {self.count}")
+        return BufRef(self.array, self.slot, self.offset + start * self.dtype.itemsize,
+                      stop - start, self.dtype)
+
+    def address(self) -> int:
+        """Absolute address (plain arrays only)."""
+        return self.array.__array_interface__["data"][0] + self.offset
+
+    def describe(self) -> str:
+        base = _SLOT_NAMES.get(self.slot) or f"buf@{id(self.array) & 0xffff:04x}"
+        start = self.offset // self.dtype.itemsize
+        return f"{base}[{start}:{start + self.count}]"

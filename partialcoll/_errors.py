@@ -1,0 +1,48 @@
+"""Exceptions, and the one helper that turns engine return codes into them."""
+from __future__ import annotations
+
+
+class PartialcollError(Exception):
+    """Base of every partialcoll error (never raised itself)."""
+
+
+class ArgumentError(PartialcollError, ValueError):
+    """An argument is invalid, or differs between the ranks of a collective call."""
+
+
+class BufferError_(PartialcollError, TypeError):
+    """A buffer has the wrong type, dtype, shape, layout or is read-only."""
+
+
+class OpError(PartialcollError, TypeError):
+    """A reduction op is not defined for the dtype."""
+
+
+class StateError(PartialcollError, RuntimeError):
+    """An object is used in a state that does not allow it (after close, while running...)."""
+
+
+class MPIError(PartialcollError, RuntimeError):
+    """MPI reported an error inside the engine."""
+
+
+class Timeout(PartialcollError, TimeoutError):
+    """wait(timeout=...) expired."""
+
+
+class EngineError(PartialcollError, RuntimeError):
+    """The engine cannot run (for example MPI lacks MPI_THREAD_MULTIPLE)."""
+
+
+_BY_CODE = {1: ArgumentError, 2: MPIError, 3: MemoryError, 4: StateError, 5: Timeout,
+            6: EngineError, 7: OpError, 8: MPIError}
+
+
+def check(rc: int) -> None:
+    """Raise the exception for a non-zero engine return code, with the engine's message."""
+    if rc == 0:
+        return
+    from ._engine import ffi, lib
+    msg = ffi.string(lib.pc_last_error()).decode(errors="replace") or \
+        ffi.string(lib.pc_strerror(rc)).decode()
+    raise _BY_CODE.get(rc, PartialcollError)(msg)

@@ -1,0 +1,304 @@
+"""Persistent partial allreduce (eager-SGD's solo/majority, RNA's probe(2), quorum, full).
+
+Python builds two round schedules once, pure functions of (rank, size, count, op,
+mode): the mode's activation in front of the data allreduce (kind 0), and a full
+round (kind 1, for max_staleness and closing). The native engine then runs round
+after round on its own: it arms round n on the schedule of its kind with version n,
+fires the trigger when a local post makes this rank eligible, and publishes results.
+Python is never on the per-message path.
+
+Every partial round reduces, next to the data, two bitmasks with BOR in the same
+schedule: the ranks whose post #n was read by round n (active) and the ranks closing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _engine
+from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
+from ._errors import ArgumentError, BufferError_, StateError, check
+from ._rc import rc
+from ._types import check_op_dtype, dtype_code, identity, op_code
+from .activation import BUILDERS
+from .activation.candidates import candidates
+from .algorithms import ALGORITHMS, choose
+from .schedule import Schedule, _create_native
+
+MODES = ("solo", "majority", "probe", "quorum", "full")
+_MODE_CODES = {m: i for i, m in enumerate(MODES)}
+_LATE = ("latest", "fold")
+_BOR = 8
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a round gives back (the same data, round and active set on every rank)."""
+
+    data: np.ndarray          # the reduction
+    round: int                # round number n (the last one, if several are folded)
+    active: Tuple[int, ...]   # ranks whose post #round was included (eager-SGD's s_t)
+    contributed: bool         # whether this rank's post was included in its own round
+    rounds: int               # how many rounds data covers (1; 0 or more with late="fold")
+
+    @property
+    def nap(self) -> int:
+        """Number of active processes (what RNA divides by)."""
+        return len(self.active)
+
+
+class PartialRequest:
+    """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool."""
+
+    def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[np.ndarray]) -> None:
+        self._coll = coll
+        self.index = index
+        self.late = late
+        self._out = out
+        self._result: Optional[Result] = None
+
+    def test(self) -> bool:
+        """True once the round of this post has completed here (the result is then ready)."""
+        if self._result is not None:
+            return True
+        done = _engine.ffi.new("int *")
+        check(_engine.lib.pc_coll_test(self._coll._native_coll(), self.index, done))
+        return bool(done[0])
+
+    def wait(self, timeout: Optional[float] = None) -> Result:
+        """Block until this post's round completed here; raises partialcoll.Timeout."""
+        if self._result is None:
+            timeout = rc.timeout if timeout is None else timeout
+            c = self._coll._native_coll()
+            check(_engine.lib.pc_coll_wait(c, self.index, -1.0 if timeout is None else float(timeout)))
+            self._result = self._coll._take(self._out, contributed=not self.late)
+        return self._result
+
+    Wait = wait
+    Test = test
+
+
+class PartialAllreduce:
+    """A persistent partial allreduce over comm (created collectively)."""
+
+    def __init__(self, count: int, dtype=np.float32, op=MPI.SUM, comm: MPI.Comm = MPI.COMM_WORLD, *,
+                 mode: str = "solo", candidates: int = 2, quorum: Optional[int] = None, seed: int = 0,
+                 max_staleness: Optional[int] = None, late: str = "latest",
+                 algorithm: str = "auto") -> None:
+        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+            raise ArgumentError(f"comm must be an mpi4py communicator, not {comm!r}")
+        size, rank = comm.Get_size(), comm.Get_rank()
+        # Validate locally, then agree across ranks: every rank raises the same error.
+        problem = None
+        try:
+            params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
+                                    late, algorithm, size)
+        except Exception as exc:         # noqa: BLE001 - reported on every rank below
+            problem, params = exc, None
+        everyone = comm.allgather((repr(problem) if problem else None, params))
+        if problem is not None:
+            raise problem
+        bad = [(r, p) for r, (err, _) in enumerate(everyone) if err]
+        if bad:
+            raise ArgumentError(f"PartialAllreduce: rank {bad[0][0]} rejected its arguments: {bad[0][1]} "
+                                f"(this is rank {rank})")
+        for key in params:
+            values = [p[key] for _, p in everyone]
+            if any(v != values[0] for v in values):
+                differing = [r for r, v in enumerate(values) if v != values[0]]
+                raise ArgumentError(f"PartialAllreduce: {key} differs across ranks: rank 0 has {values[0]!r}, "
+                                    f"rank {differing[0]} has {values[differing[0]]!r} (this is rank {rank}); "
+                                    "every rank must pass the same count, dtype, op, mode and options")
+        self.count, self.dtype, self.mode = params["count"], np.dtype(params["dtype"]), mode
+        self.op, self.late, self.seed = op, late, params["seed"]
+        self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], max_staleness
+        self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
+        self.size, self.rank = size, rank
+        self._closed = False
+        self._build(comm)
+
+    @staticmethod
+    def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size) -> dict:
+        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
+            raise ArgumentError(f"count must be an integer >= 0, not {count!r}")
+        dt = np.dtype(dtype)
+        dtype_code(dt)
+        code = op_code(op)
+        check_op_dtype(code, dt)
+        if mode not in MODES:
+            raise ArgumentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if late not in _LATE:
+            raise ArgumentError(f"late must be 'latest' or 'fold', not {late!r}")
+        if mode == "probe":
+            if not isinstance(q, int) or isinstance(q, bool) or q < 1:
+                raise ArgumentError(f"probe needs candidates=q >= 1, not {q!r}")
+            q = min(q, size)               # q >= p: every rank is a candidate (solo)
+        if mode == "quorum":
+            if k is None or not isinstance(k, int) or not 1 <= k <= size:
+                raise ArgumentError(f"quorum mode needs quorum=k with 1 <= k <= {size}, not {k!r}")
+        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 1):
+            raise ArgumentError(f"max_staleness must be None or an integer >= 1, not {max_staleness!r}")
+        if not isinstance(seed, (int, np.integer)):
+            raise ArgumentError(f"seed must be an integer, not {seed!r}")
+        choose(algorithm, int(count) * dt.itemsize, size)
+        return {"count": int(count), "dtype": dt.str, "op": code, "mode": mode,
+                "candidates": q if mode == "probe" else None, "quorum": k if mode == "quorum" else None,
+                "seed": int(seed), "max_staleness": max_staleness, "late": late, "algorithm": algorithm}
+
+    # -- construction ---------------------------------------------------------------
+    def _round_schedule(self, comm: MPI.Comm, activation: str) -> Schedule:
+        """Pure builder of one round: trigger -> activation -> take -> allreduce(s) -> deliver."""
+        s = Schedule(rank=self.rank, size=self.size)
+        trigger = s._trigger()
+        if activation == "quorum":
+            go = BUILDERS["quorum"](s, trigger, k=self.quorum)
+        else:
+            go = BUILDERS[activation](s, trigger)
+        take = s._take(after=go)
+        work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
+        done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take)]
+        if self._has_mask:
+            mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
+            done.append(ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take))
+        s._deliver(after=done)
+        s.comm = comm
+        return s
+
+    def _build(self, comm: MPI.Comm) -> None:
+        ffi, lib = _engine.ffi, _engine.lib
+        _engine.ensure_started()
+        self._has_mask = self.mode != "full"
+        self._mask_words = max(1, math.ceil(self.size / 64))
+        ident = identity(op_code(self.op), self.dtype)
+        self._identity = ident
+        spec = ffi.new("pc_collspec *", {
+            "mode": _MODE_CODES[self.mode], "late": _LATE.index(self.late),
+            "candidates": self.candidates or 0, "quorum": self.quorum or 0,
+            "max_staleness": self.max_staleness or 0, "has_mask": int(self._has_mask),
+            "mask_words": self._mask_words, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
+            "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
+            "identity": ffi.cast("void *", ident.ctypes.data)})
+        dup = comm.Dup()
+        dup.Set_errhandler(MPI.ERRORS_RETURN)
+        self._comm = dup
+        out = ffi.new("pc_coll **")
+        try:
+            check(lib.pc_coll_create(spec, _engine.comm_handle(dup), out))
+            self._coll = out[0]
+            self._schedules = {}
+            kinds = {1: "full"} if self.mode == "full" else {0: self._activation_kind(), 1: "full"}
+            for kind, activation in kinds.items():
+                sched = self._round_schedule(dup, activation)
+                native = _create_native(sched, dup, self._coll)
+                sched._native = native
+                self._schedules[kind] = sched
+                check(lib.pc_coll_set_sched(self._coll, kind, native))
+            check(lib.pc_coll_begin(self._coll))
+        except BaseException:
+            dup.Free()
+            raise
+
+    def _activation_kind(self) -> str:
+        return "quorum" if self.mode == "quorum" else "solo"
+
+    def _native_coll(self):
+        if self._closed:
+            raise StateError("this PartialAllreduce is closed")
+        return self._coll
+
+    # -- use -------------------------------------------------------------------------
+    def _check_input(self, x, what: str, writable: bool) -> np.ndarray:
+        arr = as_array(x, writable=writable, what=what)
+        if arr.dtype != self.dtype:
+            raise BufferError_(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
+        if arr.size != self.count:
+            raise BufferError_(f"{what} has {arr.size} elements, but this allreduce was created for {self.count}")
+        return arr
+
+    def post(self, x, out=None) -> PartialRequest:
+        """Fold x into this rank's accumulator (and start round n if eligible); returns a request.
+
+        out: optional array that receives the result (the full mode then runs the round in it).
+        """
+        c = self._native_coll()
+        x = self._check_input(x, "post buffer", writable=False)
+        if out is not None:
+            out = self._check_input(out, "out buffer", writable=True)
+        ffi = _engine.ffi
+        index, late = ffi.new("int64_t *"), ffi.new("int *")
+        check(_engine.lib.pc_coll_post(c, ffi.cast("void *", x.ctypes.data),
+                                       ffi.cast("void *", out.ctypes.data) if out is not None else ffi.NULL,
+                                       index, late))
+        return PartialRequest(self, int(index[0]), bool(late[0]), out)
+
+    def _take(self, out: Optional[np.ndarray], contributed: bool) -> Result:
+        ffi, lib = _engine.ffi, _engine.lib
+        data = out if out is not None else np.empty(self.count, self.dtype)
+        mask = np.zeros(self._mask_words, np.uint64)
+        info = ffi.new("pc_result *")
+        check(lib.pc_coll_take_result(self._coll, ffi.cast("void *", data.ctypes.data),
+                                      ffi.cast("uint64_t *", mask.ctypes.data), info))
+        active = tuple(r for r in range(self.size) if (int(mask[r // 64]) >> (r % 64)) & 1)
+        return Result(data=data, round=int(info.round), active=active,
+                      contributed=contributed and self.rank in active, rounds=int(info.rounds))
+
+    def candidates_of(self, round: int) -> Tuple[int, ...]:
+        """The ranks eligible to start `round` (majority: 1, probe: q, others: all)."""
+        q = {"majority": 1, "probe": self.candidates}.get(self.mode)
+        if q is None or (self.max_staleness and (round + 1) % self.max_staleness == 0):
+            return tuple(range(self.size))
+        return candidates(self.seed, round, self.size, q)
+
+    def close(self, timeout: Optional[float] = None) -> Result:
+        """Collective: finish rounds in flight, flush every accumulator in a final round, free.
+
+        Returns the final round's result folded with every round completed here that no
+        wait() returned, so nothing posted is ever dropped.
+        """
+        c = self._native_coll()
+        lib = _engine.lib
+        timeout = rc.timeout if timeout is None else timeout
+        check(lib.pc_coll_close(c))
+        check(lib.pc_coll_wait(c, 2 ** 62, -1.0 if timeout is None else float(timeout)))
+        result = self._take(None, contributed=True)
+        self._closed = True
+        for sched in self._schedules.values():
+            check(lib.pc_sched_free(sched._native))
+            sched._native = None
+        check(lib.pc_coll_free(self._coll))
+        self._coll = None
+        self._comm.Free()
+        return result
+
+    def __enter__(self) -> "PartialAllreduce":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._closed:
+            self.close()
+
+    def __repr__(self) -> str:
+        return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "
+                f"late={self.late!r}, algorithm={self.algorithm!r}, size={self.size})")
+
+
+def _shorthand(mode: str):
+    def make(count: int, dtype=np.float32, op=MPI.SUM, comm: MPI.Comm = MPI.COMM_WORLD,
+             **kwargs) -> PartialAllreduce:
+        return PartialAllreduce(count, dtype, op, comm, mode=mode, **kwargs)
+    make.__name__ = f"{mode}_allreduce" if mode != "full" else "allreduce_init"
+    make.__doc__ = (f"PartialAllreduce(..., mode={mode!r}): " +
+                    ("a persistent allreduce, like MPI_Allreduce_init (post, then wait)." if mode == "full"
+                     else f"the {mode} partial allreduce."))
+    return make
+
+
+solo_allreduce = _shorthand("solo")
+majority_allreduce = _shorthand("majority")
+probe_allreduce = _shorthand("probe")
+quorum_allreduce = _shorthand("quorum")
+allreduce_init = _shorthand("full")

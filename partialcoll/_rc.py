@@ -1,0 +1,56 @@
+"""Runtime options (like mpi4py.rc): one object, documented defaults, unknown keys rejected."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class RC:
+    """Runtime options, read when the engine starts (first use, or after finalize).
+
+    progress      "thread" (a native progress thread, default) or "inline" (test/wait
+                  drive progress); environment PARTIALCOLL_PROGRESS.
+    spin_us       busy-poll this long after the last event (default 20).
+    yield_us      then sched_yield() this long (default 200).
+    sleep_min_us  then sleep, doubling from this (default 10) ...
+    sleep_max_us  ... up to this cap (default 200); a local post wakes the engine at once.
+    busy_bytes    while a message at least this large is in flight, never sleep (default 65536).
+    timeout       default timeout in seconds of wait() (None: wait forever); environment
+                  PARTIALCOLL_TIMEOUT.
+    """
+
+    _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
+                 "sleep_max_us": 200.0, "busy_bytes": 65536, "timeout": None}
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_values", dict(self._defaults))
+        env = os.environ.get("PARTIALCOLL_PROGRESS")
+        if env:
+            self.progress = env
+        env = os.environ.get("PARTIALCOLL_TIMEOUT")
+        if env:
+            self.timeout = float(env)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"unknown partialcoll option {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._defaults:
+            raise AttributeError(f"unknown partialcoll option {name!r}; "
+                                 f"known: {', '.join(self._defaults)}")
+        if name == "progress" and value not in ("thread", "inline"):
+            raise ValueError(f"progress must be 'thread' or 'inline', not {value!r}")
+        self._values[name] = value
+
+    def __call__(self, **kwargs: Any) -> None:
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+
+    def __repr__(self) -> str:
+        return "partialcoll.rc(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+
+rc = RC()

@@ -1,0 +1,78 @@
+"""NumPy dtypes and MPI ops as the engine knows them, and each op's identity."""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from ._errors import ArgumentError, BufferError_, OpError
+
+# numpy dtype -> engine dtype code (PC_DT_* in native/pc_engine.h)
+DTYPES = {np.dtype(np.bool_): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3,
+          np.dtype(np.int64): 4, np.dtype(np.uint8): 5, np.dtype(np.uint16): 6, np.dtype(np.uint32): 7,
+          np.dtype(np.uint64): 8, np.dtype(np.float32): 9, np.dtype(np.float64): 10,
+          np.dtype(np.complex64): 11, np.dtype(np.complex128): 12}
+
+# mpi4py op -> (engine op code, name); COPY (10) is internal.
+# (mpi4py.MPI.Op objects are not hashable: a list of pairs)
+OPS = [(MPI.SUM, (0, "SUM")), (MPI.PROD, (1, "PROD")), (MPI.MIN, (2, "MIN")), (MPI.MAX, (3, "MAX")),
+       (MPI.LAND, (4, "LAND")), (MPI.LOR, (5, "LOR")), (MPI.LXOR, (6, "LXOR")), (MPI.BAND, (7, "BAND")),
+       (MPI.BOR, (8, "BOR")), (MPI.BXOR, (9, "BXOR"))]
+OP_NAMES = {code: name for _, (code, name) in OPS}
+OP_NAMES[10] = "COPY"
+COPY = 10
+
+
+def dtype_code(dtype) -> int:
+    """Engine code of a NumPy dtype, or a clear error."""
+    dt = np.dtype(dtype)
+    if dt.byteorder not in ("=", "|") and dt != dt.newbyteorder("="):
+        raise BufferError_(f"dtype {dt} is not in native byte order")
+    try:
+        return DTYPES[dt.newbyteorder("=")]
+    except KeyError:
+        raise BufferError_(f"dtype {dt} has no MPI basic type; use one of "
+                           f"{', '.join(str(d) for d in DTYPES)}") from None
+
+
+def op_code(op) -> int:
+    """Engine code of an mpi4py reduction op (MPI.SUM ...)."""
+    if isinstance(op, (int, np.integer)) and not isinstance(op, bool) and 0 <= op < COPY:
+        return int(op)                    # an engine code (algorithm builders pass these)
+    if isinstance(op, str):
+        for code, name in OP_NAMES.items():
+            if name == op.upper() and code != COPY:
+                return code
+    elif isinstance(op, MPI.Op):
+        for mpi_op, (code, _) in OPS:
+            if op == mpi_op:
+                return code
+    raise ArgumentError(f"unsupported reduction op {op!r}; use MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX, "
+                        "MPI.LAND, MPI.LOR, MPI.LXOR, MPI.BAND, MPI.BOR or MPI.BXOR")
+
+
+def check_op_dtype(op: int, dtype) -> None:
+    """Raise OpError where MPI does not define op on dtype."""
+    from ._engine import lib
+    if not lib.pc_op_valid(op, dtype_code(dtype)):
+        raise OpError(f"MPI.{OP_NAMES[op]} is not defined for dtype {np.dtype(dtype)}")
+
+
+def identity(op: int, dtype) -> np.ndarray:
+    """One element holding op's identity: x (op) identity == x."""
+    dt = np.dtype(dtype)
+    if op in (0, 5, 6, 8, 9):                        # SUM LOR LXOR BOR BXOR
+        value = 0
+    elif op in (1, 4):                               # PROD LAND
+        value = 1
+    elif op == 7:                                    # BAND: all bits set
+        value = np.iinfo(dt).max if dt.kind == "u" else -1
+    elif op in (2, 3):                               # MIN MAX
+        if dt.kind == "f":
+            value = np.inf if op == 2 else -np.inf
+        elif dt.kind in "iu":
+            value = np.iinfo(dt).max if op == 2 else np.iinfo(dt).min
+        else:
+            value = op == 2
+    else:
+        raise ArgumentError(f"no identity for op {op}")
+    return np.array([value], dtype=dt)

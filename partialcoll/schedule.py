@@ -1,0 +1,303 @@
+"""The public schedule API (fflib2's model): a DAG of send, recv, compute and nop ops.
+
+    s = Schedule(comm)
+    r = s.recv(buf, source=left)
+    c = s.compute(MPI.SUM, acc, buf, out=acc, after=r)    # acc = acc (SUM) buf
+    t = s.send(acc, dest=right, after=c)
+    s.nop(after=[t, c], need="all")                      # need: "all" | "any" | k
+    s.commit(persistent=True)                            # collective over comm
+    req = s.start(); req.wait()
+
+Building is pure Python: a Schedule made with ``Schedule(rank=r, size=p)`` records ops
+that ``dump()`` prints, without MPI. ``commit`` hands the DAG to the native engine and
+runs it on a duplicate of the communicator, so schedules never share tags.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence, Union
+
+from mpi4py import MPI
+
+from . import _engine
+from ._buffers import BufRef
+from ._errors import ArgumentError, BufferError_, StateError, Timeout, check
+from ._rc import rc
+from ._types import COPY, OP_NAMES, check_op_dtype, op_code
+
+SEND, RECV, COMPUTE, NOP, TRIGGER, TAKE, DELIVER = range(7)
+_KIND_NAMES = ("send", "recv", "compute", "nop", "trigger", "take", "deliver")
+
+Need = Union[str, int]
+
+
+class Op:
+    """A handle to one op of a schedule (what ``after=`` takes)."""
+
+    __slots__ = ("schedule", "index", "kind", "peer", "redop", "bufs", "deps", "need", "label")
+
+    def __init__(self, schedule: "Schedule", index: int, kind: int, *, peer: int = -1, redop: int = COPY,
+                 bufs: Sequence[BufRef] = (), deps: Sequence[int] = (), need: int = 0, label: str = "") -> None:
+        self.schedule = schedule
+        self.index = index
+        self.kind = kind
+        self.peer = peer
+        self.redop = redop
+        self.bufs = tuple(bufs)
+        self.deps = tuple(deps)
+        self.need = need
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"<Op {self.index}: {self.describe()}>"
+
+    def describe(self) -> str:
+        kind = _KIND_NAMES[self.kind]
+        if self.kind == SEND:
+            text = f"send {self.bufs[0].describe()} ({self.bufs[0].nbytes} B) -> rank {self.peer}"
+        elif self.kind == RECV:
+            text = f"recv {self.bufs[0].describe()} ({self.bufs[0].nbytes} B) <- rank {self.peer}"
+        elif self.kind == COMPUTE:
+            a, b, out = self.bufs
+            text = (f"{out.describe()} = {a.describe()}" if self.redop == COPY else
+                    f"{out.describe()} = {a.describe()} ({OP_NAMES[self.redop]}) {b.describe()}")
+        else:
+            text = kind
+        if self.deps:
+            n = len(self.deps)
+            mode = "all" if self.need == n else "any" if self.need == 1 else f"{self.need} of {n}"
+            text += f"  after {list(self.deps)} ({mode})"
+        return text + (f"  # {self.label}" if self.label else "")
+
+
+class Request:
+    """One execution of a committed schedule: ``wait(timeout=None)`` and ``test()``."""
+
+    def __init__(self, schedule: "Schedule", execution: int) -> None:
+        self._schedule = schedule
+        self._execution = execution
+
+    def test(self) -> bool:
+        """True once the execution has completed (inline progress: also makes progress)."""
+        done = _engine.ffi.new("int *")
+        check(_engine.lib.pc_sched_test(self._schedule._native, self._execution, done))
+        return bool(done[0])
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until the execution completes; raises partialcoll.Timeout after `timeout` s."""
+        timeout = rc.timeout if timeout is None else timeout
+        check(_engine.lib.pc_sched_wait(self._schedule._native, self._execution,
+                                        -1.0 if timeout is None else float(timeout)))
+
+    Wait = wait
+    Test = test
+
+
+class Schedule:
+    """A DAG of point-to-point and local ops over a communicator."""
+
+    def __init__(self, comm: Optional[MPI.Comm] = None, *, rank: Optional[int] = None,
+                 size: Optional[int] = None) -> None:
+        if comm is None and (rank is None or size is None):
+            raise ArgumentError("Schedule needs a communicator, or rank= and size= for a dry build")
+        if comm is not None and not isinstance(comm, MPI.Comm):
+            raise ArgumentError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
+        self.comm = comm
+        self.rank = comm.Get_rank() if comm is not None else int(rank)
+        self.size = comm.Get_size() if comm is not None else int(size)
+        self.ops: List[Op] = []
+        self._native = None
+        self._dup: Optional[MPI.Comm] = None
+        self._persistent = True
+        self._keep: list = []          # scratch buffers the schedule owns
+        self._coll = None              # native partial collective owning the slots
+
+    # -- building --------------------------------------------------------------------
+    def _deps(self, after, need: Need) -> tuple:
+        if after is None:
+            deps: tuple = ()
+        elif isinstance(after, Op):
+            deps = (after,)
+        else:
+            deps = tuple(after)
+        for d in deps:
+            if not isinstance(d, Op) or d.schedule is not self:
+                raise ArgumentError(f"after= takes ops of this schedule, got {d!r}")
+        n = len(deps)
+        if need == "all":
+            k = n
+        elif need == "any":
+            k = min(n, 1)
+        elif isinstance(need, int) and not isinstance(need, bool) and 1 <= need <= max(n, 1) and n > 0:
+            k = need
+        else:
+            raise ArgumentError(f"need must be 'all', 'any' or k in 1..{n} (ops in after=), not {need!r}")
+        return tuple(d.index for d in deps), k
+
+    def _add(self, kind: int, *, after=None, need: Need = "all", **fields) -> Op:
+        if self._native is not None:
+            raise StateError("the schedule is committed; build a new one to add ops")
+        deps, k = self._deps(after, need)
+        op = Op(self, len(self.ops), kind, deps=deps, need=k, **fields)
+        self.ops.append(op)
+        return op
+
+    def _peer(self, peer: int, what: str) -> int:
+        if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise ArgumentError(f"{what} {peer!r} is out of range for a communicator of size {self.size} "
+                                f"(this is rank {self.rank})")
+        return peer
+
+    def send(self, buf, dest: int, *, after=None, need: Need = "all", label: str = "") -> Op:
+        """Send buf to rank dest (MPI_Isend once the dependencies are met)."""
+        ref = BufRef.of(buf, writable=False, what="send buffer")
+        return self._add(SEND, peer=self._peer(dest, "dest"), bufs=(ref,), after=after, need=need, label=label)
+
+    def recv(self, buf, source: int, *, after=None, need: Need = "all", label: str = "") -> Op:
+        """Receive into buf from rank source (exactly buf's size; MPI_Irecv once ready)."""
+        ref = BufRef.of(buf, writable=True, what="receive buffer")
+        return self._add(RECV, peer=self._peer(source, "source"), bufs=(ref,), after=after, need=need, label=label)
+
+    def compute(self, op, a, b, out=None, *, after=None, need: Need = "all", label: str = "") -> Op:
+        """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf)."""
+        code = op_code(op)
+        ra = BufRef.of(a, writable=False, what="compute input a")
+        rb = BufRef.of(b, writable=False, what="compute input b")
+        ro = rb if out is None else BufRef.of(out, writable=True, what="compute output")
+        if out is None and rb.array is not None and not rb.array.flags.writeable:
+            raise BufferError_("compute output (b) is read-only, but it is written")
+        self._check_same(ra, rb, ro)
+        check_op_dtype(code, ra.dtype)
+        return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label)
+
+    def copy(self, src, dst, *, after=None, need: Need = "all", label: str = "") -> Op:
+        """dst = src."""
+        rs = BufRef.of(src, writable=False, what="copy source")
+        rd = BufRef.of(dst, writable=True, what="copy destination")
+        self._check_same(rs, rd, rd)
+        return self._add(COMPUTE, redop=COPY, bufs=(rs, rs, rd), after=after, need=need, label=label)
+
+    def nop(self, *, after=None, need: Need = "all", label: str = "") -> Op:
+        """An op that completes as soon as it fires: joins and fans out dependencies."""
+        return self._add(NOP, after=after, need=need, label=label)
+
+    @staticmethod
+    def _check_same(*refs: BufRef) -> None:
+        first = refs[0]
+        for r in refs[1:]:
+            if r.dtype != first.dtype:
+                raise BufferError_(f"compute buffers differ in dtype: {first.dtype} and {r.dtype}")
+            if r.count != first.count:
+                raise BufferError_(f"compute buffers differ in size: {first.count} and {r.count} elements")
+
+    def scratch(self, count: int, dtype) -> BufRef:
+        """A scratch buffer owned by the schedule (for algorithm builders)."""
+        import numpy as np
+        arr = np.zeros(max(count, 0), dtype=dtype)
+        self._keep.append(arr)
+        return BufRef.of(arr, writable=True)
+
+    # internal ops of partial collectives
+    def _trigger(self) -> Op:
+        return self._add(TRIGGER, label="a local post starts the round")
+
+    def _take(self, after) -> Op:
+        return self._add(TAKE, after=after, label="work = accumulator; set active bit")
+
+    def _deliver(self, after) -> Op:
+        return self._add(DELIVER, after=after, label="publish the round's result")
+
+    # -- inspection ------------------------------------------------------------------
+    def dump(self) -> str:
+        """The schedule, one op per line."""
+        lines = [f"schedule: rank {self.rank} of {self.size}, {len(self.ops)} ops"]
+        lines += [f"  {op.index:4d}: {op.describe()}" for op in self.ops]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.dump()
+
+    # -- running ---------------------------------------------------------------------
+    def commit(self, persistent: bool = True) -> "Schedule":
+        """Hand the DAG to the engine (collective over comm: it duplicates comm)."""
+        if self._native is not None:
+            raise StateError("the schedule is already committed")
+        if self.comm is None:
+            raise StateError("a dry-built schedule (no communicator) cannot be committed")
+        _engine.ensure_started()
+        dup = self.comm.Dup()
+        dup.Set_errhandler(MPI.ERRORS_RETURN)
+        try:
+            self._native = _create_native(self, dup, None)
+        except BaseException:
+            dup.Free()
+            raise
+        self._dup = dup
+        self._persistent = persistent
+        return self
+
+    def start(self) -> Request:
+        """Start one execution (MPI_Start); a persistent schedule can be started again after it completes."""
+        if self._native is None:
+            raise StateError("commit() the schedule before start()")
+        executions = _engine.lib.pc_sched_executions(self._native)
+        if not self._persistent and executions > 0:
+            raise StateError("a non-persistent schedule runs once; commit(persistent=True) to rerun it")
+        check(_engine.lib.pc_sched_start(self._native))
+        return Request(self, executions)
+
+    def free(self) -> None:
+        """Release the native schedule and the duplicated communicator (collective)."""
+        if self._native is not None:
+            check(_engine.lib.pc_sched_free(self._native))
+            self._native = None
+        if self._dup is not None:
+            self._dup.Free()
+            self._dup = None
+
+    def __del__(self) -> None:
+        # Frees native memory only; the engine refuses (and keeps) a running schedule.
+        # The duplicated communicator is left to free() (MPI_Comm_free is collective).
+        if getattr(self, "_native", None) is not None and _engine.lib is not None:
+            _engine.lib.pc_sched_free(self._native)
+            self._native = None
+
+    def __enter__(self) -> "Schedule":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    Start = start
+    Free = free
+
+
+def _create_native(sched: Schedule, comm: MPI.Comm, coll):
+    """Build the engine's op table and edge list from a schedule."""
+    ffi, lib = _engine.ffi, _engine.lib
+    n = len(sched.ops)
+    specs = ffi.new("pc_opspec[]", max(n, 1))
+    edges: List[int] = []
+    for op in sched.ops:
+        s = specs[op.index]
+        s.kind, s.peer, s.redop, s.need = op.kind, op.peer, op.redop, op.need
+        for i, ref in enumerate(op.bufs):
+            if ref.slot:
+                s.slot[i], s.off[i] = ref.slot, ref.offset
+            else:
+                s.ptr[i] = ffi.cast("void *", ref.address())
+        if op.bufs:
+            s.dtype = _dtype_of(op.bufs[0])
+            s.count = op.bufs[0].count
+            s.nbytes = op.bufs[0].nbytes
+        for d in op.deps:
+            edges += (d, op.index)
+    cedges = ffi.new("int[]", edges or [0])
+    out = ffi.new("pc_sched **")
+    check(lib.pc_sched_create(_engine.comm_handle(comm), n, specs, len(edges) // 2, cedges,
+                              coll if coll is not None else ffi.NULL, out))
+    return out[0]
+
+
+def _dtype_of(ref: BufRef) -> int:
+    from ._types import dtype_code
+    return dtype_code(ref.dtype)
