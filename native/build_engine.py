@@ -76,7 +76,7 @@ def make_ffibuilder() -> FFI:
         include_dirs=[HERE] + inc,
         library_dirs=libdirs,          # link time only: no rpath is recorded
         libraries=libs,
-        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-pthread"],
+        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-fwrapv", "-pthread"],
         extra_link_args=["-pthread"],
     )
     return ffi

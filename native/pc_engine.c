@@ -207,15 +207,24 @@ struct pc_coll {
 };
 
 /* ------------------------------------------------------------------ engine */
+/* Locks: E.lock guards every schedule and collective. The progress thread holds it
+ * only during a progress pass. Sleeping uses two small mutexes of their own, so that
+ * a sleeper never competes with the poller for E.lock:
+ *   wmtx + work: the progress thread (or an inline waiter) sleeps; kick() wakes it
+ *   dmtx + done: application threads wait for completions; notify_done() wakes them
+ * Lock order: E.lock before wmtx or dmtx. */
 static struct {
-    pthread_mutex_t lock;
-    pthread_cond_t work;     /* progress thread sleeps here; posts signal it */
-    pthread_cond_t done;     /* waiters sleep here; completions broadcast it */
+    pthread_mutex_t lock, wmtx, dmtx;
+    pthread_cond_t work;
+    pthread_cond_t done;
     pthread_t thread;
     int started, threaded, stop, kicked;
+    int want;                /* application threads waiting for the lock (atomic) */
+    int conds_ready;
     pc_idle_policy policy;
     pc_sched *running;
-} E = {.lock = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+} E = {.lock = PTHREAD_MUTEX_INITIALIZER, .wmtx = PTHREAD_MUTEX_INITIALIZER, .dmtx = PTHREAD_MUTEX_INITIALIZER,
+       .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static double now_us(void)
 {
@@ -234,9 +243,55 @@ static void abs_deadline(struct timespec *ts, double us)
 
 static void kick(void)
 {
+    pthread_mutex_lock(&E.wmtx);
     E.kicked = 1;
     pthread_cond_signal(&E.work);
+    pthread_mutex_unlock(&E.wmtx);
 }
+
+static int take_kick(void)
+{
+    pthread_mutex_lock(&E.wmtx);
+    int k = E.kicked;
+    E.kicked = 0;
+    pthread_mutex_unlock(&E.wmtx);
+    return k;
+}
+
+/* Sleep until kicked or for us microseconds (us < 0: until kicked). No E.lock held. */
+static void sleep_for_kick(double us)
+{
+    pthread_mutex_lock(&E.wmtx);
+    if (!E.kicked && !E.stop) {
+        if (us < 0) {
+            pthread_cond_wait(&E.work, &E.wmtx);
+        } else {
+            struct timespec ts;
+            abs_deadline(&ts, us);
+            pthread_cond_timedwait(&E.work, &E.wmtx, &ts);
+        }
+    }
+    E.kicked = 0;            /* a kick ends one sleep */
+    pthread_mutex_unlock(&E.wmtx);
+}
+
+static void notify_done(void)
+{
+    pthread_mutex_lock(&E.dmtx);
+    pthread_cond_broadcast(&E.done);
+    pthread_mutex_unlock(&E.dmtx);
+}
+
+/* Application threads take the lock through app_lock(): the progress thread sees
+ * E.want > 0 and steps aside, so a post never waits behind a polling loop. */
+static void app_lock(void)
+{
+    __atomic_add_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&E.lock);
+    __atomic_sub_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
+}
+
+static void app_unlock(void) { pthread_mutex_unlock(&E.lock); }
 
 static void *op_addr(const pc_op *op, int i) { return (char *)*op->base[i] + op->off[i]; }
 
@@ -272,7 +327,7 @@ static void sched_fail(pc_sched *s, int op, int code, const char *what)
         memcpy(s->coll->errmsg, s->errmsg, sizeof s->errmsg);
     }
     if (s->running) { s->running = 0; running_remove(s); }
-    pthread_cond_broadcast(&E.done);
+    notify_done();
 }
 
 /* ------------------------------------------------------------------ MPI */
@@ -423,7 +478,7 @@ static void sched_check_done(pc_sched *s)
     running_remove(s);
     s->executions++;
     if (s->coll) coll_round_done(s->coll, s);
-    pthread_cond_broadcast(&E.done);
+    notify_done();
 }
 
 /* Begin one execution with the given version: reset the ops, fire those without deps. */
@@ -485,52 +540,61 @@ static int engine_busy(void)
 
 int pc_engine_progress(int *progressed)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     int p = engine_progress_locked();
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     if (progressed) *progressed = p;
     return PC_OK;
 }
 
 /* The adaptive idle policy, shared by the progress thread and inline waits:
  * spin, then yield, then sleep with a doubling, capped backoff (never while a large
- * message is in flight: its transfer needs polling). Called with the lock held. */
+ * message is in flight: its transfer needs polling). A kick (a local post) ends a
+ * sleep at once. Called without E.lock. */
 typedef struct { double idle_since, sleep_us; } idle_state;
 
 static void idle_reset(idle_state *st) { st->idle_since = now_us(); st->sleep_us = E.policy.sleep_min_us; }
 
-static void idle_step(idle_state *st, pthread_cond_t *cond)
+static void idle_step(idle_state *st, int busy)
 {
     double idle = now_us() - st->idle_since;
     if (idle < E.policy.spin_us) return;
-    if (idle < E.policy.spin_us + E.policy.yield_us || engine_busy()) {
-        pthread_mutex_unlock(&E.lock);
+    if (idle < E.policy.spin_us + E.policy.yield_us || busy) {
         sched_yield();
-        pthread_mutex_lock(&E.lock);
         return;
     }
-    struct timespec ts;
-    abs_deadline(&ts, st->sleep_us);
-    pthread_cond_timedwait(cond, &E.lock, &ts);
+    sleep_for_kick(st->sleep_us);
     st->sleep_us *= 2;
     if (st->sleep_us > E.policy.sleep_max_us) st->sleep_us = E.policy.sleep_max_us;
+}
+
+/* Take E.lock from the progress thread, after any application thread that wants it. */
+static void progress_lock(void)
+{
+    while (__atomic_load_n(&E.want, __ATOMIC_SEQ_CST) > 0) sched_yield();
+    pthread_mutex_lock(&E.lock);
 }
 
 static void *progress_main(void *arg)
 {
     (void)arg;
     idle_state st;
-    pthread_mutex_lock(&E.lock);
     idle_reset(&st);
-    while (!E.stop) {
-        if (!E.running) {                     /* nothing to do: sleep until a post */
-            E.kicked = 0;
-            pthread_cond_wait(&E.work, &E.lock);
+    for (;;) {
+        progress_lock();
+        if (E.stop) break;
+        int any = E.running != NULL;
+        int progressed = any && engine_progress_locked();
+        int busy = any && engine_busy();
+        pthread_mutex_unlock(&E.lock);
+        if (!any) {                           /* nothing to do: sleep until a post */
+            sleep_for_kick(-1);
             idle_reset(&st);
-            continue;
+        } else if (progressed || take_kick()) {
+            idle_reset(&st);
+        } else {
+            idle_step(&st, busy);
         }
-        if (engine_progress_locked() || E.kicked) { E.kicked = 0; idle_reset(&st); continue; }
-        idle_step(&st, &E.work);
     }
     pthread_mutex_unlock(&E.lock);
     return NULL;
@@ -544,41 +608,52 @@ int pc_engine_start(int use_thread, const pc_idle_policy *policy)
         return fail(PC_ERR_THREAD, "partialcoll needs MPI_THREAD_MULTIPLE, but MPI provides level %d "
                     "(initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE); mpi4py does so by default)",
                     provided);
-    pthread_mutex_lock(&E.lock);
-    if (E.started) { pthread_mutex_unlock(&E.lock); return fail(PC_ERR_STATE, "engine already started"); }
+    app_lock();
+    if (E.started) { app_unlock(); return fail(PC_ERR_STATE, "engine already started"); }
+    if (!E.conds_ready) {             /* deadlines are CLOCK_MONOTONIC (abs_deadline) */
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&E.work, &attr);
+        pthread_cond_init(&E.done, &attr);
+        pthread_condattr_destroy(&attr);
+        E.conds_ready = 1;
+    }
     E.policy = *policy;
     E.stop = 0;
     E.threaded = use_thread;
     if (use_thread && pthread_create(&E.thread, NULL, progress_main, NULL) != 0)
         rc = fail(PC_ERR_THREAD, "cannot start the progress thread: %s", strerror(errno));
     E.started = rc == PC_OK;
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
 int pc_engine_stop(void)
 {
-    pthread_mutex_lock(&E.lock);
-    if (!E.started) { pthread_mutex_unlock(&E.lock); return PC_OK; }
+    app_lock();
+    if (!E.started) { app_unlock(); return PC_OK; }
     E.stop = 1;
-    pthread_cond_broadcast(&E.work);
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
+    kick();
     if (E.threaded) pthread_join(E.thread, NULL);
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     while (E.running) {                   /* abandon what is still in flight */
         pc_sched *s = E.running;
         mpi_cancel_all(s);
         sched_fail(s, -1, PC_ERR_STATE, "engine stopped (partialcoll.finalize) while running");
     }
     E.started = 0;
-    pthread_cond_broadcast(&E.done);
-    pthread_mutex_unlock(&E.lock);
+    notify_done();
+    app_unlock();
     return PC_OK;
 }
 
 int pc_engine_threaded(void) { return E.started && E.threaded; }
 
-/* Wait (lock held) until pred(arg) or the timeout; inline mode drives progress. */
+/* Wait (E.lock held on entry and exit) until pred(arg) or the timeout.
+ * Thread mode: poll pred briefly, then sleep on the done signal without E.lock.
+ * Inline mode: this thread drives progress, under the adaptive idle policy. */
 static int wait_until(int (*pred)(void *), void *arg, double timeout_s)
 {
     double deadline = timeout_s >= 0 ? now_us() + timeout_s * 1e6 : -1;
@@ -586,22 +661,29 @@ static int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     idle_reset(&st);
     while (!pred(arg)) {
         if (!E.started) return fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)");
-        if (deadline >= 0 && now_us() >= deadline) return PC_ERR_TIMEOUT;
-        if (E.threaded) {
-            /* short spin for latency, then block on the completion signal */
-            if (now_us() - st.idle_since < E.policy.spin_us) {
-                pthread_mutex_unlock(&E.lock);
-                sched_yield();
-                pthread_mutex_lock(&E.lock);
-            } else {
+        double now = now_us();
+        if (deadline >= 0 && now >= deadline) return PC_ERR_TIMEOUT;
+        if (E.threaded && now - st.idle_since < E.policy.spin_us) {
+            /* spin phase: progress here, sparing the hand-off to the progress thread */
+            if (engine_progress_locked()) idle_reset(&st);
+        } else if (E.threaded) {
+            pthread_mutex_unlock(&E.lock);
+            {
+                double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
                 struct timespec ts;
-                abs_deadline(&ts, 10000.0);
-                pthread_cond_timedwait(&E.done, &E.lock, &ts);
+                abs_deadline(&ts, slice);
+                pthread_mutex_lock(&E.dmtx);
+                if (!pred(arg)) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+                pthread_mutex_unlock(&E.dmtx);
             }
+            app_lock();
         } else if (engine_progress_locked()) {
             idle_reset(&st);
         } else {
-            idle_step(&st, &E.work);
+            int busy = engine_busy();
+            pthread_mutex_unlock(&E.lock);
+            idle_step(&st, busy);
+            app_lock();
         }
     }
     return PC_OK;
@@ -704,12 +786,12 @@ out:
 
 int pc_sched_start(pc_sched *s)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     int rc;
     if (!E.started) rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)");
     else if (s->coll) rc = fail(PC_ERR_STATE, "this schedule belongs to a partial collective");
     else rc = sched_begin(s, s->executions);
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
@@ -723,25 +805,25 @@ static int sched_reached(void *p)
 
 int pc_sched_test(pc_sched *s, int64_t execution, int *done)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     if (!E.threaded) engine_progress_locked();
     sched_wait_arg a = {s, execution};
     *done = sched_reached(&a);
     int rc = s->err ? fail(s->err, "%s", s->errmsg) : PC_OK;
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
 int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     sched_wait_arg a = {s, execution};
     int rc = wait_until(sched_reached, &a, timeout_s);
     if (rc == PC_OK && s->err) rc = fail(s->err, "%s", s->errmsg);
     else if (rc == PC_ERR_TIMEOUT)
         rc = fail(PC_ERR_TIMEOUT, "schedule execution %lld did not complete within %g s (rank %d; %d ops in flight)",
                   (long long)execution, timeout_s, s->rank, s->nreq);
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
@@ -750,9 +832,9 @@ int64_t pc_sched_executions(pc_sched *s) { return s->executions; }
 int pc_sched_free(pc_sched *s)
 {
     if (!s) return PC_OK;
-    pthread_mutex_lock(&E.lock);
-    if (s->running) { pthread_mutex_unlock(&E.lock); return fail(PC_ERR_STATE, "cannot free a running schedule"); }
-    pthread_mutex_unlock(&E.lock);
+    app_lock();
+    if (s->running) { app_unlock(); return fail(PC_ERR_STATE, "cannot free a running schedule"); }
+    app_unlock();
     free(s->ops); free(s->succ_store); free(s->stack); free(s->reqs); free(s->req_op);
     free(s->done_idx); free(s->statuses); free(s);
     return PC_OK;
@@ -952,9 +1034,9 @@ int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s)
 
 int pc_coll_begin(pc_coll *c)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     int rc = !E.started ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
@@ -962,7 +1044,7 @@ static int coll_error(pc_coll *c) { return fail(c->err, "%s", c->errmsg); }
 
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     int rc = PC_OK;
     if (c->err) { rc = coll_error(c); goto out; }
     if (c->closing) { rc = fail(PC_ERR_STATE, "post after close"); goto out; }
@@ -987,7 +1069,7 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
     rc = coll_maybe_trigger(c);
     if (rc == PC_OK && c->err) rc = coll_error(c);
 out:
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
@@ -1001,18 +1083,18 @@ static int coll_reached(void *p)
 
 int pc_coll_test(pc_coll *c, int64_t index, int *done)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     if (!E.threaded) engine_progress_locked();
     coll_wait_arg a = {c, index};
     *done = coll_reached(&a);
     int rc = c->err ? coll_error(c) : PC_OK;
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
 int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     coll_wait_arg a = {c, index};
     int rc = wait_until(coll_reached, &a, timeout_s);
     if (rc == PC_OK && c->err) rc = coll_error(c);
@@ -1020,7 +1102,7 @@ int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
         rc = fail(PC_ERR_TIMEOUT, "round %lld did not complete within %g s at rank %d "
                   "(%lld rounds completed here; the round waits for its initiator or for peers)",
                   (long long)(index < 0 ? c->completed : index), timeout_s, c->rank, (long long)c->completed);
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
@@ -1028,7 +1110,7 @@ int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
  * taken (fold, and always after close). */
 int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     void *src = c->result_ext ? c->result_ext : c->result;
     int folding = c->fold || c->closing;
     if (folding && c->pending == 0) fill_identity(c, out);
@@ -1038,7 +1120,7 @@ int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
     info->finished = c->finished;
     memcpy(mask, c->res_mask, sizeof(uint64_t) * (size_t)c->spec.mask_words);
     c->pending = 0;
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return PC_OK;
 }
 
@@ -1046,7 +1128,7 @@ int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
  * round in which every rank is closing is the final one. */
 int pc_coll_close(pc_coll *c)
 {
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     int rc = PC_OK;
     if (!c->closing) {
         c->closing = 1;
@@ -1056,16 +1138,16 @@ int pc_coll_close(pc_coll *c)
         }
         rc = coll_maybe_trigger(c);
     }
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     return rc;
 }
 
 int pc_coll_free(pc_coll *c)
 {
     if (!c) return PC_OK;
-    pthread_mutex_lock(&E.lock);
+    app_lock();
     int busy = (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
-    pthread_mutex_unlock(&E.lock);
+    app_unlock();
     if (busy) return fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight");
     for (int b = 0; b < 3; b++) free(c->buf[b]);
     free(c->mask_slot); free(c->res_mask); free((void *)c->spec.identity);
