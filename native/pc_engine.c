@@ -196,7 +196,7 @@ struct pc_coll {
     void *work_slot;         /* what WORK ops address: work, or a user's out buffer */
     void *result_ext;        /* result delivered straight into a user's buffer */
     void *mask_slot;         /* 2*W words: active bits, closing bits */
-    uint64_t *res_mask;      /* active bits of the last delivered round */
+    uint64_t *res_mask;      /* active bits, then closing bits, of the last delivered round */
     int acc_full, work_filled, closing, closing_taken, finished, triggered, taken, fold;
     int64_t posts, armed_round, completed, pending, res_round;
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
@@ -951,11 +951,15 @@ static int coll_deliver(pc_coll *c)
     int W = c->spec.mask_words, all_closing = 1;
     uint64_t *m = c->mask_slot;
     if (c->spec.has_mask) {
-        memcpy(c->res_mask, m, sizeof(uint64_t) * (size_t)W);
+        memcpy(c->res_mask, m, sizeof(uint64_t) * 2 * (size_t)W);
         for (int r = 0; r < c->size; r++) all_closing &= (int)((m[W + r / 64] >> (r % 64)) & 1);
     } else {
-        for (int r = 0; r < c->size; r++) c->res_mask[r / 64] |= 1ULL << (r % 64);
         all_closing = c->closing_taken;   /* full mode: close is one collective final round */
+        memset(c->res_mask, 0, sizeof(uint64_t) * 2 * (size_t)W);
+        for (int r = 0; r < c->size; r++) {
+            c->res_mask[r / 64] |= 1ULL << (r % 64);
+            if (all_closing) c->res_mask[W + r / 64] |= 1ULL << (r % 64);
+        }
     }
     if (c->spec.has_mask && c->close_seen < 0)
         for (int w = 0; w < W; w++) if (m[W + w]) c->close_seen = n;
@@ -1006,7 +1010,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     int W = spec->mask_words > 0 ? spec->mask_words : 1;
     c->spec.mask_words = W;
     c->mask_slot = calloc(2 * (size_t)W, sizeof(uint64_t));
-    c->res_mask = calloc((size_t)W, sizeof(uint64_t));
+    c->res_mask = calloc(2 * (size_t)W, sizeof(uint64_t));
     for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
     if (!id || !c->mask_slot || !c->res_mask || !c->buf[0] || !c->buf[1] || !c->buf[2]) {
         free(id);
@@ -1118,7 +1122,7 @@ int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
     info->round = c->res_round;
     info->rounds = folding ? c->pending : (c->completed > 0);
     info->finished = c->finished;
-    memcpy(mask, c->res_mask, sizeof(uint64_t) * (size_t)c->spec.mask_words);
+    memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);
     c->pending = 0;
     app_unlock();
     return PC_OK;

@@ -12,7 +12,7 @@ def info() -> Dict[str, object]:
     from ._version import __version__
     return {
         "partialcoll": __version__,
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
         "mpi_version": "%d.%d" % MPI.Get_version(),
         "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                          MPI.THREAD_SERIALIZED: "serialized",

@@ -44,6 +44,7 @@ class Result:
     active: Tuple[int, ...]   # ranks whose post #round was included (eager-SGD's s_t)
     contributed: bool         # whether this rank's post was included in its own round
     rounds: int               # how many rounds data covers (1; 0 or more with late="fold")
+    closing: Tuple[int, ...] = ()   # ranks that had begun close() when the round read their input
 
     @property
     def nap(self) -> int:
@@ -238,13 +239,16 @@ class PartialAllreduce:
     def _take(self, out: Optional[np.ndarray], contributed: bool) -> Result:
         ffi, lib = _engine.ffi, _engine.lib
         data = out if out is not None else np.empty(self.count, self.dtype)
-        mask = np.zeros(self._mask_words, np.uint64)
+        mask = np.zeros(2 * self._mask_words, np.uint64)
         info = ffi.new("pc_result *")
         check(lib.pc_coll_take_result(self._coll, ffi.cast("void *", data.ctypes.data),
                                       ffi.cast("uint64_t *", mask.ctypes.data), info))
-        active = tuple(r for r in range(self.size) if (int(mask[r // 64]) >> (r % 64)) & 1)
+        def ranks(words):
+            return tuple(r for r in range(self.size) if (int(words[r // 64]) >> (r % 64)) & 1)
+        active = ranks(mask[:self._mask_words])
         return Result(data=data, round=int(info.round), active=active,
-                      contributed=contributed and self.rank in active, rounds=int(info.rounds))
+                      contributed=contributed and self.rank in active, rounds=int(info.rounds),
+                      closing=ranks(mask[self._mask_words:]))
 
     def candidates_of(self, round: int) -> Tuple[int, ...]:
         """The ranks eligible to start `round` (majority: 1, probe: q, others: all)."""

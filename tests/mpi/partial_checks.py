@@ -1,0 +1,235 @@
+"""Partial allreduce semantics (issue 4): python partial_checks.py MODE [ROUNDS]
+
+Every rank sleeps a random 0-20 ms before each post (seeded per rank), so rounds start
+with different initiators and different active sets.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from _util import expect_raises, main
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "solo"
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 200
+COUNT = 5
+
+
+def options(comm):
+    if MODE == "quorum":
+        return {"quorum": max(1, (comm.size + 1) // 2)}
+    if MODE == "probe":
+        return {"candidates": 2}
+    return {}
+
+
+def skewed_rounds(comm, coll, rounds, value_of, max_sleep=0.02):
+    """Post value_of(i) after a random sleep, wait; returns [(request, result, posted)]."""
+    rng = np.random.default_rng(1000 + comm.rank)
+    out = []
+    for i in range(rounds):
+        time.sleep(rng.uniform(0, max_sleep))
+        x = value_of(i)
+        req = coll.post(x)
+        out.append((req, req.wait(), x))
+    return out
+
+
+def check_membership(comm, coll, log):
+    p, k = comm.size, options(comm).get("quorum")
+    for req, res, _ in log:
+        n = res.round
+        if res.rounds == 1 and not res.closing:      # rounds forced by close() are exempt
+            if MODE == "full":
+                assert res.active == tuple(range(p)), res
+            elif MODE == "quorum":
+                assert res.nap >= k, (n, res.active, k)
+            elif MODE in ("majority", "probe"):
+                cand = coll.candidates_of(n)
+                assert set(cand) & set(res.active), (MODE, n, cand, res.active)
+                if MODE == "majority":
+                    assert cand[0] in res.active
+        if res.round == req.index:
+            assert res.contributed == (not req.late) == (comm.rank in res.active), (req.index, res)
+        else:
+            assert not res.contributed
+        assert res.round >= req.index, "a post returned before its round completed"
+
+
+def check_agreement(comm, log):
+    """Single-round results: data, active and round identical on every rank."""
+    mine = {res.round: (res.data.tobytes(), res.active) for _, res, _ in log if res.rounds == 1}
+    everyone = comm.allgather(mine)
+    for n, val in mine.items():
+        for r, theirs in enumerate(everyone):
+            if n in theirs:
+                assert theirs[n] == val, f"round {n}: rank {comm.rank} and rank {r} disagree"
+
+
+def fold_sum_nothing_lost(comm):
+    coll = pc.PartialAllreduce(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=7, **options(comm))
+    log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.arange(COUNT, dtype=np.int64) * 1000 + comm.rank * 7 + i)
+    final = coll.close()
+    received = sum(res.data for _, res, _ in log) + final.data
+    posted = comm.allreduce(sum(x for _, _, x in log))
+    assert np.array_equal(received, posted), (received, posted)
+    rounds = sum(res.rounds for _, res, _ in log) + final.rounds
+    assert rounds == final.round + 1, f"fold covered {rounds} rounds, {final.round + 1} ran"
+    check_membership(comm, coll, log)
+    check_agreement(comm, log)
+    expect_raises(pc.StateError, coll.post, np.zeros(COUNT, np.int64), match="closed")
+
+
+def fold_max_nothing_lost(comm):
+    coll = pc.PartialAllreduce(3, np.float64, MPI.MAX, comm, mode=MODE, late="fold", seed=3, **options(comm))
+    rng = np.random.default_rng(comm.rank)
+    log = skewed_rounds(comm, coll, ROUNDS // 4, lambda i: rng.normal(size=3), max_sleep=0.005)
+    final = coll.close()
+    # identity handling: rounds that folded nothing return -inf, not 0
+    results = [res.data for _, res, _ in log if res.rounds > 0] + [final.data]
+    for _, res, _ in log:
+        if res.rounds == 0:
+            assert (res.data == -np.inf).all()
+    got = np.max(results, axis=0)
+    posted = np.empty(3)
+    comm.Allreduce(np.max([x for _, _, x in log], axis=0), posted, op=MPI.MAX)
+    assert np.array_equal(got, posted), (got, posted)
+
+
+def latest_each_value_once(comm):
+    """late="latest": every posted value appears in exactly one round's result."""
+    coll = pc.PartialAllreduce(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="latest", seed=11,
+                               **options(comm))
+    log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.full(COUNT, 1 + comm.rank + 10 * i, np.int64))
+    final = coll.close()
+    check_membership(comm, coll, log)
+    check_agreement(comm, log)
+    rounds = {}
+    for _, res, _ in log:
+        assert res.rounds == 1
+        rounds[res.round] = res.data
+    everyone = comm.allgather(rounds)
+    known = {}
+    for theirs in everyone:
+        known.update(theirs)
+    # close() folds the rounds no wait() returned here: [final.round - rounds + 1, final.round]
+    first = final.round - final.rounds + 1
+    unknown_in_close = final.data - sum((known[n] for n in range(first, final.round + 1) if n in known),
+                                        np.zeros(COUNT, np.int64))
+    missing = [n for n in range(first) if n not in known]
+    assert not missing, f"rounds {missing[:5]} were returned by no rank"
+    total = sum((v for n, v in known.items() if n < first), np.zeros(COUNT, np.int64)) \
+        + sum((known[n] for n in range(first, final.round + 1) if n in known), np.zeros(COUNT, np.int64)) \
+        + unknown_in_close
+    posted = comm.allreduce(sum(x for _, _, x in log))
+    assert np.array_equal(total, posted), (total, posted)
+
+
+def several_open_at_once(comm):
+    """Three collectives (one per 'layer') interleaved: they never interfere."""
+    colls = [pc.PartialAllreduce(4 + j, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=j, **options(comm))
+             for j in range(3)]
+    sums = [np.zeros(4 + j, np.int64) for j in range(3)]
+    for i in range(20):
+        reqs = [c.post(np.full(4 + j, (j + 1) * 100 + comm.rank, np.int64)) for j, c in enumerate(colls)]
+        for j, r in enumerate(reqs):
+            sums[j] += r.wait().data
+    for j, c in enumerate(colls):
+        sums[j] += c.close().data
+        expect = 20 * sum((j + 1) * 100 + r for r in range(comm.size))
+        assert (sums[j] == expect).all(), (j, sums[j], expect)
+
+
+def staleness(comm):
+    s = 3
+    coll = pc.PartialAllreduce(2, np.int64, MPI.SUM, comm, mode=MODE, late="fold", max_staleness=s,
+                               **options(comm))
+    rng = np.random.default_rng(comm.rank)
+    total = np.zeros(2, np.int64)
+    for i in range(40):
+        time.sleep(rng.uniform(0, 0.004) * (comm.rank + 1))
+        res = coll.post(np.ones(2, np.int64)).wait()
+        assert res.round - i <= s, f"post {i} got round {res.round}: more than {s} rounds behind"
+        if (res.round + 1) % s == 0 and res.round == i:
+            assert res.active == tuple(range(comm.size)), "a staleness round must be full"
+        total += res.data
+    total += coll.close().data
+    assert (total == 40 * comm.size).all()
+
+
+def liveness(comm):
+    """solo: one rank asleep in Python (not calling the library); the others complete
+    100 rounds; its later posts return at once; close() flushes its data."""
+    if MODE != "solo" or comm.size < 2 or pc.rc.progress != "thread":
+        return
+    sleeper = comm.size - 1
+    coll = pc.PartialAllreduce(1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
+    comm.Barrier()
+    start = MPI.Wtime()
+    got = 0
+    if comm.rank == sleeper:
+        time.sleep(4.0)
+        before = MPI.Wtime() - start
+        req = coll.post(np.array([1000], np.int64))
+        assert req.late and req.test(), "the sleeper's post should be late and complete at once"
+        res = req.wait(timeout=1)
+        assert res.round >= 99 and not res.contributed, res
+        got += int(res.data[0])
+        done_at = before
+    else:
+        for _ in range(100):
+            got += int(coll.post(np.array([1], np.int64)).wait().data[0])
+        done_at = MPI.Wtime() - start
+    times = comm.gather(done_at, root=sleeper)
+    if comm.rank == sleeper:
+        assert max(times[:sleeper]) < times[sleeper], f"others finished at {times[:sleeper]}, sleeper woke at {times[sleeper]}"
+    got += int(coll.close().data[0])
+    assert got == 100 * (comm.size - 1) + 1000, got
+
+
+def bad_input(comm):
+    r = comm.rank
+    for key, value in [("count", 5 + (r == comm.size - 1)), ("seed", r), ("mode", "solo" if r else "majority")]:
+        if comm.size == 1 and key != "count":
+            continue
+        kw = {"count": 5, "seed": 0, "mode": MODE}
+        kw[key] = value
+        if comm.size == 1:
+            continue
+        if kw["mode"] == "quorum":
+            kw["quorum"] = 1
+        if kw["mode"] == "probe":
+            kw["candidates"] = 2
+        count = kw.pop("count")
+        expect_raises(pc.ArgumentError, pc.PartialAllreduce, count, np.float32, MPI.SUM, comm,
+                      match="differs across ranks", **kw)
+    expect_raises(pc.ArgumentError, pc.PartialAllreduce, 5, np.float32 if r else np.float64, MPI.SUM, comm,
+                  match="dtype" if comm.size > 1 else "", **({} if comm.size > 1 else {"mode": "nonsense"}))
+    expect_raises(pc.OpError, pc.PartialAllreduce, 5, np.float32, MPI.BXOR, comm, match="not defined")
+    expect_raises(pc.ArgumentError, pc.PartialAllreduce, 5, np.float32, MPI.SUM, comm, mode="quorum",
+                  quorum=comm.size + 1, match="quorum")
+    coll = pc.PartialAllreduce(5, np.float32, MPI.SUM, comm, mode=MODE, **options(comm))
+    expect_raises(pc.BufferError, coll.post, np.zeros(4, np.float32), match="elements")
+    expect_raises(pc.BufferError, coll.post, np.zeros(5, np.float64), match="dtype")
+    expect_raises(pc.BufferError, coll.post, np.zeros((5, 2), np.float32)[:, 0], match="contiguous")
+    coll.close()
+    expect_raises(pc.StateError, coll.post, np.zeros(5, np.float32), match="closed")
+    expect_raises(pc.StateError, coll.close, match="closed")
+
+
+def body(comm):
+    fold_sum_nothing_lost(comm)
+    fold_max_nothing_lost(comm)
+    latest_each_value_once(comm)
+    several_open_at_once(comm)
+    staleness(comm)
+    liveness(comm)
+    bad_input(comm)
+
+
+if __name__ == "__main__":
+    main(body)

@@ -1,0 +1,14 @@
+"""Allreduce schedules against MPI_Allreduce (issue 3), under mpiexec."""
+import pytest
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_allreduce_every_op_dtype_count(mpirun, nprocs):
+    mpirun("allreduce_checks.py", nprocs, timeout=300)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 5, 8])
+def test_allreduce_large(mpirun, nprocs):
+    mpirun("allreduce_checks.py", nprocs, "--large", timeout=300)

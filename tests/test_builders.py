@@ -1,0 +1,97 @@
+"""Schedule builders as pure functions: dry builds, dumps, and a simulated execution
+for many process counts (no MPI processes needed)."""
+import numpy as np
+import pytest
+
+from partialcoll.activation.flood import neighbours
+from partialcoll.activation.quorum import binomial_tree
+from partialcoll.algorithms import ALGORITHMS, choose
+from partialcoll.algorithms.ring import segments
+from partialcoll._buffers import BufRef
+from partialcoll.schedule import Schedule
+from simulate import run
+
+SIZES = list(range(1, 10)) + [13, 16, 24]
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 100])
+def test_simulated_allreduce(algorithm, p, count):
+    data = [np.arange(count, dtype=np.int64) * (r + 1) + r for r in range(p)]
+    bufs = [d.copy() for d in data]
+    scheds = []
+    for r in range(p):
+        s = Schedule(rank=r, size=p)
+        ALGORITHMS[algorithm](s, BufRef.of(bufs[r], writable=True), 0)
+        scheds.append(s)
+    run(scheds)
+    expect = np.sum(data, axis=0) if count else np.zeros(0, np.int64)
+    for r in range(p):
+        assert np.array_equal(bufs[r], expect), (algorithm, p, count, r)
+
+
+def test_recursive_doubling_round_count():
+    # p = 7: fold in, log2(4) = 2 exchange rounds, fold out -> rank 1 sends 4 messages
+    s = Schedule(rank=1, size=7)
+    ALGORITHMS["recursive_doubling"](s, BufRef.of(np.zeros(4), writable=True), 0)
+    assert sum(op.kind == 0 for op in s.ops) == 3     # 2 exchanges + fold out
+    assert sum(op.kind == 1 for op in s.ops) == 3     # fold in + 2 exchanges
+    text = s.dump()
+    assert "fold in" in text and "round 1" in text and "fold out" in text
+
+
+def test_ring_segments_uneven_and_empty():
+    assert segments(7, 3) == [0, 3, 5, 7]
+    assert segments(2, 5) == [0, 1, 2, 2, 2, 2]
+    s = Schedule(rank=0, size=3)
+    ALGORITHMS["ring"](s, BufRef.of(np.zeros(7), writable=True), 0)
+    assert sum(op.kind == 0 for op in s.ops) == 4      # 2(p - 1) sends
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_flood_graph_is_symmetric_and_connected(p):
+    nb = {r: neighbours(r, p) for r in range(p)}
+    for r in range(p):
+        for q in nb[r]:
+            assert r in nb[q] and 0 <= q < p
+    # breadth-first from every rank reaches all within ceil(log2 p) hops
+    for start in range(p):
+        dist, frontier = {start: 0}, [start]
+        while frontier:
+            nxt = []
+            for r in frontier:
+                for q in nb[r]:
+                    if q not in dist:
+                        dist[q] = dist[r] + 1
+                        nxt.append(q)
+            frontier = nxt
+        assert len(dist) == p
+        assert max(dist.values()) <= max(p - 1, 1).bit_length()
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_binomial_tree_covers_everyone_once(p):
+    reached = [0]
+    for r in range(p):
+        parent, children = binomial_tree(r, p)
+        assert (parent is None) == (r == 0)
+        for c in children:
+            assert binomial_tree(c, p)[0] == r
+            reached.append(c)
+    assert sorted(reached) == list(range(p))
+
+
+def test_auto_choice():
+    assert choose("auto", 8, 4) == "recursive_doubling"
+    assert choose("auto", 16 << 20, 4) == "ring"
+    assert choose("ring", 8, 4) == "ring"
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        choose("tree", 8, 4)
+
+
+def test_dry_schedule_cannot_commit():
+    s = Schedule(rank=0, size=2)
+    s.nop()
+    with pytest.raises(RuntimeError, match="dry-built"):
+        s.commit()

@@ -1,0 +1,11 @@
+"""The schedule engine under mpiexec (issue 2): every P, both progress modes."""
+import pytest
+
+P = [1, 2, 3, 4, 5, 8]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("progress", ["thread", "inline"])
+@pytest.mark.parametrize("nprocs", P)
+def test_engine_checks(mpirun, nprocs, progress):
+    mpirun("engine_checks.py", nprocs, env={"PARTIALCOLL_PROGRESS": progress}, timeout=240)
