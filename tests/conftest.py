@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dic
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s (deadlock?)\n{out[-6000:]}")
     out = proc.stdout
-    passed = sum(1 for line in out.splitlines() if line.startswith("PASSED "))
+    passed = len(set(re.findall(r"PASSED (\d+)", out)))     # ranks' lines may interleave
     if proc.returncode != 0 or passed != nprocs:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{nprocs} ranks passed\n{out[-8000:]}")
     return out
