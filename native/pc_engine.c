@@ -220,6 +220,7 @@ static struct {
     pthread_t thread;
     int started, threaded, stop, kicked;
     int want;                /* application threads waiting for the lock (atomic) */
+    int app_polling;         /* application threads progressing in wait() (atomic) */
     int conds_ready;
     pc_idle_policy policy;
     pc_sched *running;
@@ -551,12 +552,18 @@ int pc_engine_progress(int *progressed)
  * spin, then yield, then sleep with a doubling, capped backoff (never while a large
  * message is in flight: its transfer needs polling). A kick (a local post) ends a
  * sleep at once. Called without E.lock. */
-typedef struct { double idle_since, sleep_us; } idle_state;
+typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
 
-static void idle_reset(idle_state *st) { st->idle_since = now_us(); st->sleep_us = E.policy.sleep_min_us; }
+static void idle_reset(idle_state *st)
+{
+    st->idle_since = now_us();
+    st->sleep_us = E.policy.sleep_min_us;
+    st->spins = 0;
+}
 
 static void idle_step(idle_state *st, int busy)
 {
+    if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) return;  /* clock reads are slow in VMs */
     double idle = now_us() - st->idle_since;
     if (idle < E.policy.spin_us) return;
     if (idle < E.policy.spin_us + E.policy.yield_us || busy) {
@@ -564,8 +571,9 @@ static void idle_step(idle_state *st, int busy)
         return;
     }
     sleep_for_kick(st->sleep_us);
+    double cap = idle > E.policy.deep_after_us ? E.policy.deep_sleep_us : E.policy.sleep_max_us;
     st->sleep_us *= 2;
-    if (st->sleep_us > E.policy.sleep_max_us) st->sleep_us = E.policy.sleep_max_us;
+    if (st->sleep_us > cap) st->sleep_us = cap;
 }
 
 /* Take E.lock from the progress thread, after any application thread that wants it. */
@@ -583,6 +591,13 @@ static void *progress_main(void *arg)
     for (;;) {
         progress_lock();
         if (E.stop) break;
+        if (__atomic_load_n(&E.app_polling, __ATOMIC_SEQ_CST) > 0) {
+            /* an application thread is polling in wait(): stay off its core */
+            pthread_mutex_unlock(&E.lock);
+            sleep_for_kick(E.policy.sleep_max_us);
+            idle_reset(&st);
+            continue;
+        }
         int any = E.running != NULL;
         int progressed = any && engine_progress_locked();
         int busy = any && engine_busy();
@@ -659,14 +674,17 @@ static int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     double deadline = timeout_s >= 0 ? now_us() + timeout_s * 1e6 : -1;
     idle_state st;
     idle_reset(&st);
+    int polling = 0, rc = PC_OK;
     while (!pred(arg)) {
-        if (!E.started) return fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)");
+        if (!E.started) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
         double now = now_us();
-        if (deadline >= 0 && now >= deadline) return PC_ERR_TIMEOUT;
+        if (deadline >= 0 && now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
         if (E.threaded && now - st.idle_since < E.policy.spin_us) {
             /* spin phase: progress here, sparing the hand-off to the progress thread */
+            if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_progress_locked()) idle_reset(&st);
         } else if (E.threaded) {
+            if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); kick(); }
             pthread_mutex_unlock(&E.lock);
             {
                 double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
@@ -686,7 +704,8 @@ static int wait_until(int (*pred)(void *), void *arg, double timeout_s)
             app_lock();
         }
     }
-    return PC_OK;
+    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); kick(); }
+    return rc;
 }
 
 /* ------------------------------------------------------------------ schedules */

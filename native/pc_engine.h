@@ -74,6 +74,8 @@ typedef struct pc_idle_policy {
     double yield_us;     /* then sched_yield() this long */
     double sleep_min_us; /* then sleep, doubling from this ... */
     double sleep_max_us; /* ... up to this cap; a local post wakes the sleeper at once */
+    double deep_after_us;/* after this long without any event ... */
+    double deep_sleep_us;/* ... the cap grows to this (an idle rank costs almost no CPU) */
     int64_t busy_bytes;  /* while a message this large is in flight, never sleep */
 } pc_idle_policy;
 

@@ -36,6 +36,7 @@ def ensure_started() -> None:
         policy = ffi.new("pc_idle_policy *", {
             "spin_us": float(rc.spin_us), "yield_us": float(rc.yield_us),
             "sleep_min_us": float(rc.sleep_min_us), "sleep_max_us": float(rc.sleep_max_us),
+            "deep_after_us": float(rc.deep_after_us), "deep_sleep_us": float(rc.deep_sleep_us),
             "busy_bytes": int(rc.busy_bytes)})
         check(lib.pc_engine_start(1 if rc.progress == "thread" else 0, policy))
         _started = True

@@ -120,6 +120,7 @@ class PartialAllreduce:
         self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
         self.size, self.rank = size, rank
         self._closed = False
+        self._mask_cache: dict = {}
         self._build(comm)
 
     @staticmethod
@@ -213,6 +214,9 @@ class PartialAllreduce:
 
     # -- use -------------------------------------------------------------------------
     def _check_input(self, x, what: str, writable: bool) -> np.ndarray:
+        if (type(x) is np.ndarray and x.dtype == self.dtype and x.size == self.count
+                and x.flags.c_contiguous and (x.flags.writeable or not writable)):
+            return x                     # the common case, checked cheaply
         arr = as_array(x, writable=writable, what=what)
         if arr.dtype != self.dtype:
             raise BufferError_(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
@@ -231,24 +235,32 @@ class PartialAllreduce:
             out = self._check_input(out, "out buffer", writable=True)
         ffi = _engine.ffi
         index, late = ffi.new("int64_t *"), ffi.new("int *")
-        check(_engine.lib.pc_coll_post(c, ffi.cast("void *", x.ctypes.data),
-                                       ffi.cast("void *", out.ctypes.data) if out is not None else ffi.NULL,
+        check(_engine.lib.pc_coll_post(c, ffi.from_buffer(x), ffi.from_buffer(out) if out is not None else ffi.NULL,
                                        index, late))
         return PartialRequest(self, int(index[0]), bool(late[0]), out)
 
     def _take(self, out: Optional[np.ndarray], contributed: bool) -> Result:
         ffi, lib = _engine.ffi, _engine.lib
         data = out if out is not None else np.empty(self.count, self.dtype)
-        mask = np.zeros(2 * self._mask_words, np.uint64)
+        mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
-        check(lib.pc_coll_take_result(self._coll, ffi.cast("void *", data.ctypes.data),
-                                      ffi.cast("uint64_t *", mask.ctypes.data), info))
-        def ranks(words):
-            return tuple(r for r in range(self.size) if (int(words[r // 64]) >> (r % 64)) & 1)
-        active = ranks(mask[:self._mask_words])
-        return Result(data=data, round=int(info.round), active=active,
-                      contributed=contributed and self.rank in active, rounds=int(info.rounds),
-                      closing=ranks(mask[self._mask_words:]))
+        check(lib.pc_coll_take_result(self._coll, ffi.from_buffer(data), mask, info))
+        active, closing = self._ranks_of(bytes(ffi.buffer(mask)))
+        return Result(data=data, round=info.round, active=active,
+                      contributed=contributed and self.rank in active, rounds=info.rounds, closing=closing)
+
+    def _ranks_of(self, mask: bytes) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        """(active, closing) rank tuples of a result's bitmasks (memoized: few distinct masks)."""
+        hit = self._mask_cache.get(mask)
+        if hit is None:
+            words = np.frombuffer(mask, np.uint64)
+
+            def ranks(w):
+                return tuple(r for r in range(self.size) if (int(w[r // 64]) >> (r % 64)) & 1)
+            hit = (ranks(words[:self._mask_words]), ranks(words[self._mask_words:]))
+            if len(self._mask_cache) < 4096:
+                self._mask_cache[mask] = hit
+        return hit
 
     def candidates_of(self, round: int) -> Tuple[int, ...]:
         """The ranks eligible to start `round` (majority: 1, probe: q, others: all)."""

@@ -1,0 +1,69 @@
+"""partialcoll-bench: MPI microbenchmarks of partial collectives (run under mpiexec).
+
+    mpiexec -n 4 partialcoll-bench latency -m 8:16M --modes mpi,full,solo
+    mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64
+
+One registry of commands, each a function of (comm, args) that returns the measured
+rows; rank 0 prints them under '#' headers and writes --json/--csv/--plot.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List, Optional
+
+from mpi4py import MPI
+
+from ._report import write_outputs
+from .latency import add_latency_args, latency
+from .skew import add_skew_args, skew
+
+COMMANDS: Dict[str, tuple] = {
+    "latency": (latency, add_latency_args, "OSU-style latency sweep over message sizes"),
+    "skew": (skew, add_skew_args, "eager-SGD Fig. 9: latency and NAP under a skew pattern"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):           # usage on rank 0 only, exit 2 on every rank
+        if MPI.COMM_WORLD.rank == 0:
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+    def exit(self, status=0, message=None):
+        if message and MPI.COMM_WORLD.rank == 0:
+            sys.stderr.write(message)
+        sys.exit(status)
+
+    def print_help(self, file=None):
+        if MPI.COMM_WORLD.rank == 0:
+            super().print_help(file)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="partialcoll-bench", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (_, add_args, helptext) in COMMANDS.items():
+        sp = sub.add_parser(name, help=helptext, description=helptext)
+        add_args(sp)
+        sp.add_argument("--json", metavar="FILE", help="write every measured figure as JSON")
+        sp.add_argument("--csv", metavar="FILE", help="write the table as CSV")
+        sp.add_argument("--plot", metavar="FILE.png", help="draw the results (needs matplotlib)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parser().parse_args(argv)
+    comm = MPI.COMM_WORLD
+    run: Callable = COMMANDS[args.command][0]
+    try:
+        result = run(comm, args)
+    except (ValueError, TypeError) as exc:     # bad option values found while running
+        if comm.rank == 0:
+            sys.stderr.write(f"partialcoll-bench {args.command}: error: {exc}\n")
+        sys.exit(2)
+    if comm.rank == 0:
+        write_outputs(args, result)

@@ -1,0 +1,4 @@
+"""python -m partialcoll.bench"""
+from . import main
+
+main()

@@ -1,0 +1,77 @@
+"""Shared by the benchmark commands: size parsing, modes, data that differs per rank."""
+from __future__ import annotations
+
+import time
+from typing import List
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+
+MODES = ("mpi", "impi", "full", "solo", "majority", "probe", "quorum")
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    t = text.strip().lower()
+    num = t.rstrip("kmgib")
+    unit = t[len(num):]
+    if not num or unit not in _UNITS:
+        raise ValueError(f"bad size {text!r} (use e.g. 8, 64K, 16M)")
+    return int(float(num) * _UNITS[unit])
+
+
+def sizes(spec: str) -> List[int]:
+    """MIN:MAX -> MIN, 4*MIN, 16*MIN ... up to MAX (MAX always included)."""
+    lo, _, hi = spec.partition(":")
+    lo_b, hi_b = parse_bytes(lo), parse_bytes(hi or lo)
+    if lo_b < 1 or hi_b < lo_b:
+        raise ValueError(f"bad size range {spec!r}")
+    out, s = [], lo_b
+    while s < hi_b:
+        out.append(s)
+        s *= 4
+    out.append(hi_b)
+    return out
+
+
+def modes(spec: str) -> List[str]:
+    out = [m.strip() for m in spec.split(",") if m.strip()]
+    bad = [m for m in out if m not in MODES]
+    if bad or not out:
+        raise ValueError(f"unknown mode(s) {bad}; choose from {','.join(MODES)}")
+    return out
+
+
+def data(count: int, dtype, rank: int) -> np.ndarray:
+    """Values that differ per rank and per element (to verify results)."""
+    return ((np.arange(count) % 97) + rank).astype(dtype)
+
+
+class Collective:
+    """One mode behind one interface: call(x, y) -> nap (blocking), close()."""
+
+    def __init__(self, mode: str, count: int, dtype, comm, algorithm: str, quorum: int, candidates: int):
+        self.mode, self.comm = mode, comm
+        if mode in ("mpi", "impi"):
+            self.coll = None
+            return
+        kw = {"quorum": quorum} if mode == "quorum" else {"candidates": candidates} if mode == "probe" else {}
+        self.coll = pc.PartialAllreduce(count, dtype, MPI.SUM, comm, mode=mode, algorithm=algorithm, **kw)
+
+    def call(self, x: np.ndarray, y: np.ndarray) -> int:
+        if self.mode == "mpi":
+            self.comm.Allreduce(x, y)
+            return self.comm.size
+        if self.mode == "impi":                 # MPI_Iallreduce waited with a sleeping test loop
+            req = self.comm.Iallreduce(x, y)
+            while not req.Test():
+                time.sleep(20e-6)
+            return self.comm.size
+        return self.coll.post(x, out=y).wait().nap
+
+    def close(self) -> None:
+        if self.coll is not None:
+            self.coll.close()
