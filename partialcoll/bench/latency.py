@@ -21,7 +21,7 @@ def add_latency_args(p) -> None:
 
 def _iterations(nbytes: int, base: int) -> int:
     """OSU-like: fewer iterations for large messages."""
-    return max(5, min(base, base * 8192 // max(nbytes, 8192)))
+    return max(20, min(base, base * 8192 // max(nbytes, 8192)))
 
 
 def latency(comm, args) -> dict:

@@ -1,0 +1,1 @@
+"""Framework integrations (imported on demand: `import partialcoll.integrations.torch`)."""
