@@ -1147,6 +1147,13 @@ int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
     return PC_OK;
 }
 
+/* pc_coll_wait, then pc_coll_take_result: one call on the hot path. */
+int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
+{
+    int rc = pc_coll_wait(c, index, timeout_s);
+    return rc ? rc : pc_coll_take_result(c, out, mask, info);
+}
+
 /* Start closing: from now on this rank triggers every round it is armed for, and a
  * round in which every rank is closing is the final one. */
 int pc_coll_close(pc_coll *c)

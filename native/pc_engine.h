@@ -130,6 +130,7 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
 int pc_coll_test(pc_coll *c, int64_t index, int *done);
 int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s);
 int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info);  /* mask: 2*W words */
+int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info);
 int pc_coll_close(pc_coll *c);
 int pc_coll_free(pc_coll *c);
 int pc_coll_round_kind(pc_coll *c, int64_t round);

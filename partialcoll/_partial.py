@@ -13,7 +13,6 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
@@ -35,16 +34,27 @@ _LATE = ("latest", "fold")
 _BOR = 8
 
 
-@dataclass(frozen=True)
 class Result:
-    """What a round gives back (the same data, round and active set on every rank)."""
+    """What a round gives back (the same data, round and active set on every rank).
 
-    data: np.ndarray          # the reduction
-    round: int                # round number n (the last one, if several are folded)
-    active: Tuple[int, ...]   # ranks whose post #round was included (eager-SGD's s_t)
-    contributed: bool         # whether this rank's post was included in its own round
-    rounds: int               # how many rounds data covers (1; 0 or more with late="fold")
-    closing: Tuple[int, ...] = ()   # ranks that had begun close() when the round read their input
+    data         the reduction
+    round        round number n (the last one, if several are folded)
+    active       ranks whose post #round was included (eager-SGD's s_t)
+    contributed  whether this rank's post was included in its own round
+    rounds       how many rounds data covers (1; 0 or more with late="fold")
+    closing      ranks that had begun close() when the round read their input
+    """
+
+    __slots__ = ("data", "round", "active", "contributed", "rounds", "closing")
+
+    def __init__(self, data: np.ndarray, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
+                 closing: Tuple[int, ...] = ()) -> None:
+        self.data, self.round, self.active = data, round, active
+        self.contributed, self.rounds, self.closing = contributed, rounds, closing
+
+    def __repr__(self) -> str:
+        return (f"Result(round={self.round}, rounds={self.rounds}, active={self.active}, "
+                f"contributed={self.contributed}, closing={self.closing}, data={self.data!r})")
 
     @property
     def nap(self) -> int:
@@ -74,9 +84,8 @@ class PartialRequest:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         if self._result is None:
             timeout = rc.timeout if timeout is None else timeout
-            c = self._coll._native_coll()
-            check(_engine.lib.pc_coll_wait(c, self.index, -1.0 if timeout is None else float(timeout)))
-            self._result = self._coll._take(self._out, contributed=not self.late)
+            self._result = self._coll._take(self._out, not self.late, self.index,
+                                            -1.0 if timeout is None else float(timeout))
         return self._result
 
     Wait = wait
@@ -239,12 +248,13 @@ class PartialAllreduce:
                                        index, late))
         return PartialRequest(self, int(index[0]), bool(late[0]), out)
 
-    def _take(self, out: Optional[np.ndarray], contributed: bool) -> Result:
+    def _take(self, out: Optional[np.ndarray], contributed: bool, index: int, timeout: float) -> Result:
+        """Wait until round `index` completed here (timeout < 0: forever), then take the result."""
         ffi, lib = _engine.ffi, _engine.lib
         data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
-        check(lib.pc_coll_take_result(self._coll, ffi.from_buffer(data), mask, info))
+        check(lib.pc_coll_wait_take(self._native_coll(), index, timeout, ffi.from_buffer(data), mask, info))
         active, closing = self._ranks_of(bytes(ffi.buffer(mask)))
         return Result(data=data, round=info.round, active=active,
                       contributed=contributed and self.rank in active, rounds=info.rounds, closing=closing)
@@ -279,8 +289,7 @@ class PartialAllreduce:
         lib = _engine.lib
         timeout = rc.timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
-        check(lib.pc_coll_wait(c, 2 ** 62, -1.0 if timeout is None else float(timeout)))
-        result = self._take(None, contributed=True)
+        result = self._take(None, True, 2 ** 62, -1.0 if timeout is None else float(timeout))
         self._closed = True
         for sched in self._schedules.values():
             check(lib.pc_sched_free(sched._native))
