@@ -840,8 +840,8 @@ int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
     int rc = wait_until(sched_reached, &a, timeout_s);
     if (rc == PC_OK && s->err) rc = fail(s->err, "%s", s->errmsg);
     else if (rc == PC_ERR_TIMEOUT)
-        rc = fail(PC_ERR_TIMEOUT, "schedule execution %lld did not complete within %g s (rank %d; %d ops in flight)",
-                  (long long)execution, timeout_s, s->rank, s->nreq);
+        rc = fail(PC_ERR_TIMEOUT, "schedule execution %lld did not complete (rank %d; %d messages in flight)",
+                  (long long)execution, s->rank, s->nreq);
     app_unlock();
     return rc;
 }
@@ -1122,9 +1122,9 @@ int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
     int rc = wait_until(coll_reached, &a, timeout_s);
     if (rc == PC_OK && c->err) rc = coll_error(c);
     else if (rc == PC_ERR_TIMEOUT)
-        rc = fail(PC_ERR_TIMEOUT, "round %lld did not complete within %g s at rank %d "
+        rc = fail(PC_ERR_TIMEOUT, "round %lld did not complete at rank %d "
                   "(%lld rounds completed here; the round waits for its initiator or for peers)",
-                  (long long)(index < 0 ? c->completed : index), timeout_s, c->rank, (long long)c->completed);
+                  (long long)(index >= (1LL << 61) ? c->completed : index), c->rank, (long long)c->completed);
     app_unlock();
     return rc;
 }

@@ -46,3 +46,25 @@ def check(rc: int) -> None:
     msg = ffi.string(lib.pc_last_error()).decode(errors="replace") or \
         ffi.string(lib.pc_strerror(rc)).decode()
     raise _BY_CODE.get(rc, PartialcollError)(msg)
+
+
+TIMEOUT_CODE = 5
+_SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
+
+
+def wait_in_slices(call, timeout) -> None:
+    """Run call(seconds) -> engine code until it stops timing out or `timeout` (None:
+    forever) has passed; then raise as check() does (Timeout after the deadline)."""
+    import time
+    deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
+    while True:
+        left = _SLICE if deadline is None else min(_SLICE, max(deadline - time.monotonic(), 0.0))
+        rc = call(left)
+        if rc != TIMEOUT_CODE or (deadline is not None and time.monotonic() >= deadline):
+            if rc == TIMEOUT_CODE:
+                try:
+                    check(rc)
+                except Timeout as exc:
+                    raise Timeout(f"{exc} (timeout={timeout} s)") from None
+            check(rc)
+            return

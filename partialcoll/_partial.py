@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import ArgumentError, BufferError_, StateError, check
+from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
 from ._rc import rc
 from ._types import check_op_dtype, dtype_code, identity, op_code
 from .activation import BUILDERS
@@ -84,8 +84,7 @@ class PartialRequest:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         if self._result is None:
             timeout = rc.timeout if timeout is None else timeout
-            self._result = self._coll._take(self._out, not self.late, self.index,
-                                            -1.0 if timeout is None else float(timeout))
+            self._result = self._coll._take(self._out, not self.late, self.index, timeout)
         return self._result
 
     Wait = wait
@@ -248,13 +247,15 @@ class PartialAllreduce:
                                        index, late))
         return PartialRequest(self, int(index[0]), bool(late[0]), out)
 
-    def _take(self, out: Optional[np.ndarray], contributed: bool, index: int, timeout: float) -> Result:
-        """Wait until round `index` completed here (timeout < 0: forever), then take the result."""
+    def _take(self, out: Optional[np.ndarray], contributed: bool, index: int,
+              timeout: Optional[float]) -> Result:
+        """Wait until round `index` completed here (timeout None: forever), then take the result."""
         ffi, lib = _engine.ffi, _engine.lib
         data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
-        check(lib.pc_coll_wait_take(self._native_coll(), index, timeout, ffi.from_buffer(data), mask, info))
+        c, buf = self._native_coll(), ffi.from_buffer(data)
+        wait_in_slices(lambda seconds: lib.pc_coll_wait_take(c, index, seconds, buf, mask, info), timeout)
         active, closing = self._ranks_of(bytes(ffi.buffer(mask)))
         return Result(data=data, round=info.round, active=active,
                       contributed=contributed and self.rank in active, rounds=info.rounds, closing=closing)
@@ -289,7 +290,7 @@ class PartialAllreduce:
         lib = _engine.lib
         timeout = rc.timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
-        result = self._take(None, True, 2 ** 62, -1.0 if timeout is None else float(timeout))
+        result = self._take(None, True, 2 ** 62, timeout)
         self._closed = True
         for sched in self._schedules.values():
             check(lib.pc_sched_free(sched._native))

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import _engine
 from ._buffers import BufRef
-from ._errors import ArgumentError, BufferError_, StateError, Timeout, check
+from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
 from ._rc import rc
 from ._types import COPY, OP_NAMES, check_op_dtype, op_code
 
@@ -85,8 +85,8 @@ class Request:
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the execution completes; raises partialcoll.Timeout after `timeout` s."""
         timeout = rc.timeout if timeout is None else timeout
-        check(_engine.lib.pc_sched_wait(self._schedule._native, self._execution,
-                                        -1.0 if timeout is None else float(timeout)))
+        native, execution = self._schedule._native, self._execution
+        wait_in_slices(lambda seconds: _engine.lib.pc_sched_wait(native, execution, seconds), timeout)
 
     Wait = wait
     Test = test
