@@ -176,7 +176,7 @@ struct pc_sched {
     /* in-flight MPI requests, compact */
     int nreq;
     MPI_Request *reqs;
-    int *req_op, *done_idx;
+    int *req_op, *done_idx, *finished;  /* finished: ops whose messages completed in a pass */
     MPI_Status *statuses;
     int64_t inflight_big;    /* messages >= policy.busy_bytes in flight */
     /* execution state */
@@ -517,14 +517,9 @@ static int engine_progress_locked(void)
         int ndone = 0;
         if (mpi_test(s, &ndone) == PC_OK && ndone > 0) {
             progressed = 1;
-            int *done = malloc(sizeof(int) * (size_t)ndone);
-            if (done) {
-                memcpy(done, s->done_idx, sizeof(int) * (size_t)ndone);
-                for (int k = 0; k < ndone && !s->err; k++) op_complete(s, done[k]);
-                free(done);
-            } else {
-                sched_fail(s, -1, PC_ERR_NOMEM, "out of memory");
-            }
+            /* copy first: completing ops may post (and test) new requests */
+            memcpy(s->finished, s->done_idx, sizeof(int) * (size_t)ndone);
+            for (int k = 0; k < ndone && !s->err; k++) op_complete(s, s->finished[k]);
             sched_check_done(s);
         }
         s = next;
@@ -728,10 +723,12 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
     s->reqs = calloc((size_t)nops + 1, sizeof(MPI_Request));
     s->req_op = calloc((size_t)nops + 1, sizeof(int));
     s->done_idx = calloc((size_t)nops + 1, sizeof(int));
+    s->finished = calloc((size_t)nops + 1, sizeof(int));
     s->statuses = calloc((size_t)nops + 1, sizeof(MPI_Status));
     int *sendseq = calloc((size_t)s->size, sizeof(int)), *recvseq = calloc((size_t)s->size, sizeof(int));
     int rc = PC_OK;
-    if (!s->ops || !s->succ_store || !s->stack || !s->reqs || !s->req_op || !s->done_idx || !s->statuses
+    if (!s->ops || !s->succ_store || !s->stack || !s->reqs || !s->req_op || !s->done_idx || !s->finished
+        || !s->statuses
         || !sendseq || !recvseq) {
         rc = fail(PC_ERR_NOMEM, "out of memory");
         goto out;
@@ -855,7 +852,7 @@ int pc_sched_free(pc_sched *s)
     if (s->running) { app_unlock(); return fail(PC_ERR_STATE, "cannot free a running schedule"); }
     app_unlock();
     free(s->ops); free(s->succ_store); free(s->stack); free(s->reqs); free(s->req_op);
-    free(s->done_idx); free(s->statuses); free(s);
+    free(s->done_idx); free(s->finished); free(s->statuses); free(s);
     return PC_OK;
 }
 

@@ -1,0 +1,66 @@
+"""Errors that need a process of their own: MPI without MPI_THREAD_MULTIPLE, use after
+finalize, CuPy-like device arrays without GPU support."""
+import subprocess
+import sys
+import textwrap
+
+
+def run_py(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_needs_thread_multiple():
+    p = run_py("""
+        import mpi4py
+        mpi4py.rc.thread_level = "single"
+        from mpi4py import MPI
+        import numpy as np, partialcoll as pc
+        try:
+            pc.allreduce_init(4, np.float64)
+        except pc.EngineError as exc:
+            assert "MPI_THREAD_MULTIPLE" in str(exc), exc
+            print("clear error")
+    """)
+    assert p.returncode == 0 and "clear error" in p.stdout, p.stdout + p.stderr
+
+
+def test_finalize_then_use_restarts_or_errors():
+    p = run_py("""
+        from mpi4py import MPI
+        import numpy as np, partialcoll as pc
+        s = pc.Schedule(MPI.COMM_SELF)
+        s.recv(np.zeros(1), 0)
+        s.commit()
+        req = s.start()
+        pc.finalize()                      # abandons the pending receive
+        try:
+            req.wait(timeout=5)
+        except pc.PartialcollError as exc:
+            print("error:", type(exc).__name__)
+        t = pc.Schedule(MPI.COMM_SELF)     # the engine starts again on next use
+        t.nop()
+        t.commit().start().wait(timeout=5)
+        print("restarted")
+    """)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "error: StateError" in p.stdout and "restarted" in p.stdout, p.stdout
+
+
+def test_device_array_is_a_clear_error():
+    p = run_py("""
+        from mpi4py import MPI
+        import numpy as np, partialcoll as pc
+
+        class FakeDeviceArray:             # what CuPy arrays expose
+            __cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "data": (0, False), "version": 3}
+
+        coll = pc.allreduce_init(4, np.float64, comm=MPI.COMM_SELF)
+        try:
+            coll.post(FakeDeviceArray())
+        except pc.BufferError as exc:
+            assert "device arrays" in str(exc), exc
+            print("clear error")
+        coll.close()
+    """)
+    assert p.returncode == 0 and "clear error" in p.stdout, p.stdout + p.stderr
