@@ -56,3 +56,15 @@ def test_bad_option_is_a_usage_error(args):
     p = run(2, *args, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert "error" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.mpi
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    lat, sk = tmp_path / "lat.png", tmp_path / "skew.png"
+    p = run(2, "latency", "-m", "8:128", "-i", "10", "-x", "1", "--plot", str(lat))
+    assert p.returncode == 0, p.stderr
+    p = run(2, "skew", "--skew", "uniform:0:1ms", "-i", "5", "-x", "1", "--modes", "mpi,solo", "--plot", str(sk))
+    assert p.returncode == 0, p.stderr
+    for f in (lat, sk):
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

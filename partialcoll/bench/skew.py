@@ -140,6 +140,8 @@ def skew(comm, args) -> dict:
         a1.legend()
         a2.bar(names, [r["nap"] for r in rows])
         a2.set_ylabel("mean NAP")
+        for ax in (a1, a2):
+            ax.tick_params(axis="x", rotation=30)
         fig.suptitle(f"skew {args.skew}, P = {comm.size}")
         fig.savefig(path, dpi=120, bbox_inches="tight")
 
