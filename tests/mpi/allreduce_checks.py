@@ -36,11 +36,10 @@ def check_one(comm, algorithm, count, dtype, op, salt=0, in_place=False):
 def body(comm):
     p = comm.size
     large = "--large" in sys.argv
-    if large:
+    if large:                        # count 2^20 + 3, every op x dtype, every algorithm
         n = 2 ** 20 + 3
         for algorithm in ALGORITHMS:
-            for dtype, op in [(np.float32, MPI.SUM), (np.int64, MPI.BXOR), (np.float64, MPI.MIN),
-                              (np.complex128, MPI.PROD)]:
+            for dtype, op in combos():
                 check_one(comm, algorithm, n, dtype, op)
         return
     counts = sorted({0, 1, 2, max(p - 1, 0), p, p + 1, 1000})
