@@ -52,19 +52,24 @@ TIMEOUT_CODE = 5
 _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 
 
-def wait_in_slices(call, timeout) -> None:
-    """Run call(seconds) -> engine code until it stops timing out or `timeout` (None:
-    forever) has passed; then raise as check() does (Timeout after the deadline)."""
+def wait_in_slices(call, timeout, *args) -> None:
+    """Run call(*args, seconds) -> engine code until it stops timing out or `timeout`
+    (None: forever) has passed; then raise as check() does (Timeout after the deadline)."""
+    if timeout is None:                      # the hot path: usually done at the first call
+        rc = call(*args, _SLICE)
+        while rc == TIMEOUT_CODE:
+            rc = call(*args, _SLICE)
+        check(rc)
+        return
     import time
-    deadline = None if timeout is None else time.monotonic() + max(float(timeout), 0.0)
-    while True:
-        left = _SLICE if deadline is None else min(_SLICE, max(deadline - time.monotonic(), 0.0))
-        rc = call(left)
-        if rc != TIMEOUT_CODE or (deadline is not None and time.monotonic() >= deadline):
-            if rc == TIMEOUT_CODE:
-                try:
-                    check(rc)
-                except Timeout as exc:
-                    raise Timeout(f"{exc} (timeout={timeout} s)") from None
-            check(rc)
-            return
+    deadline = time.monotonic() + max(float(timeout), 0.0)
+    rc = call(*args, min(_SLICE, max(float(timeout), 0.0)))
+    while rc == TIMEOUT_CODE:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            try:
+                check(rc)
+            except Timeout as exc:
+                raise Timeout(f"{exc} (timeout={timeout} s)") from None
+        rc = call(*args, min(_SLICE, left))
+    check(rc)

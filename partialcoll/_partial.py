@@ -29,6 +29,10 @@ from .algorithms import ALGORITHMS, choose
 from .schedule import Schedule, _create_native
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
+
+
+def _wait_take(c, index, out, mask, info, seconds):
+    return _engine.lib.pc_coll_wait_take(c, index, seconds, out, mask, info)
 _MODE_CODES = {m: i for i, m in enumerate(MODES)}
 _LATE = ("latest", "fold")
 _BOR = 8
@@ -254,21 +258,18 @@ class PartialAllreduce:
         data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
-        c, buf = self._native_coll(), ffi.from_buffer(data)
-        wait_in_slices(lambda seconds: lib.pc_coll_wait_take(c, index, seconds, buf, mask, info), timeout)
-        active, closing = self._ranks_of(bytes(ffi.buffer(mask)))
+        wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info)
+        active, closing = self._ranks_of(tuple(mask))
         return Result(data=data, round=info.round, active=active,
                       contributed=contributed and self.rank in active, rounds=info.rounds, closing=closing)
 
-    def _ranks_of(self, mask: bytes) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
-        """(active, closing) rank tuples of a result's bitmasks (memoized: few distinct masks)."""
+    def _ranks_of(self, mask: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+        """(active, closing) rank tuples of a result's bitmask words (memoized: few distinct masks)."""
         hit = self._mask_cache.get(mask)
         if hit is None:
-            words = np.frombuffer(mask, np.uint64)
-
             def ranks(w):
-                return tuple(r for r in range(self.size) if (int(w[r // 64]) >> (r % 64)) & 1)
-            hit = (ranks(words[:self._mask_words]), ranks(words[self._mask_words:]))
+                return tuple(r for r in range(self.size) if (w[r // 64] >> (r % 64)) & 1)
+            hit = (ranks(mask[:self._mask_words]), ranks(mask[self._mask_words:]))
             if len(self._mask_cache) < 4096:
                 self._mask_cache[mask] = hit
         return hit

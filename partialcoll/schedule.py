@@ -85,8 +85,7 @@ class Request:
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the execution completes; raises partialcoll.Timeout after `timeout` s."""
         timeout = rc.timeout if timeout is None else timeout
-        native, execution = self._schedule._native, self._execution
-        wait_in_slices(lambda seconds: _engine.lib.pc_sched_wait(native, execution, seconds), timeout)
+        wait_in_slices(_engine.lib.pc_sched_wait, timeout, self._schedule._native, self._execution)
 
     Wait = wait
     Test = test
