@@ -15,12 +15,13 @@
 #include <time.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 
 /* ------------------------------------------------------------------ errors */
 static __thread char last_error[512];
 
+/* Record a message for pc_last_error() (per thread) and return the code. */
 static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#include <stdarg.h>
 static int fail(int code, const char *fmt, ...)
 {
     va_list ap;
@@ -94,7 +95,7 @@ int pc_op_valid(int redop, int dtype)
         z[i] = r; } return PC_OK; } }
 
 /* out = a (op) b, elementwise; out may alias a or b. */
-int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n)
+static int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n)
 {
     if (!pc_op_valid(redop, dtype))
         return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", redop, dtype);
@@ -405,7 +406,7 @@ static void mpi_cancel_all(pc_sched *s)
     s->nreq = 0;
 }
 
-int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits)
+static int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits)
 {
     MPI_Comm comm = *(MPI_Comm *)comm_handle;
     int *ub = NULL, flag = 0;
@@ -532,15 +533,6 @@ static int engine_busy(void)
     for (pc_sched *s = E.running; s; s = s->next)
         if (s->inflight_big > 0) return 1;
     return 0;
-}
-
-int pc_engine_progress(int *progressed)
-{
-    app_lock();
-    int p = engine_progress_locked();
-    app_unlock();
-    if (progressed) *progressed = p;
-    return PC_OK;
 }
 
 /* The adaptive idle policy, shared by the progress thread and inline waits:
@@ -878,7 +870,7 @@ static void fill_identity(pc_coll *c, void *dst)
 
 static void swap_ptr(void **a, void **b) { void *t = *a; *a = *b; *b = t; }
 
-int pc_coll_round_kind(pc_coll *c, int64_t n)
+static int pc_coll_round_kind(pc_coll *c, int64_t n)
 {
     if (c->spec.mode == PC_MODE_FULL) return 1;
     if (c->spec.max_staleness > 0 && (n + 1) % c->spec.max_staleness == 0) return 1;
@@ -886,7 +878,7 @@ int pc_coll_round_kind(pc_coll *c, int64_t n)
     return 0;
 }
 
-int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
+static int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
 {
     if (pc_coll_round_kind(c, n) == 1) return 1;
     int q;
@@ -1112,7 +1104,7 @@ int pc_coll_test(pc_coll *c, int64_t index, int *done)
     return rc;
 }
 
-int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
+static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
 {
     app_lock();
     coll_wait_arg a = {c, index};
@@ -1128,7 +1120,7 @@ int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
 
 /* Copy out the result: the latest round (latest), or the fold of the rounds not yet
  * taken (fold, and always after close). */
-int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
+static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
     app_lock();
     void *src = c->result_ext ? c->result_ext : c->result;

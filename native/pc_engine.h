@@ -107,11 +107,8 @@ const char *pc_last_error(void);
 
 int pc_engine_start(int use_thread, const pc_idle_policy *policy);
 int pc_engine_stop(void);
-int pc_engine_progress(int *progressed);
 int pc_engine_threaded(void);
-int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
 
-int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t count);
 int pc_op_valid(int redop, int dtype);
 int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
 
@@ -128,13 +125,10 @@ int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s);
 int pc_coll_begin(pc_coll *c);
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late);
 int pc_coll_test(pc_coll *c, int64_t index, int *done);
-int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s);
-int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info);  /* mask: 2*W words */
+/* wait until round `index` completed here (or the timeout), then copy out the result; mask: 2*W words */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info);
 int pc_coll_close(pc_coll *c);
 int pc_coll_free(pc_coll *c);
-int pc_coll_round_kind(pc_coll *c, int64_t round);
-int pc_coll_eligible(pc_coll *c, int64_t round, int rank);
 /* CDEF END */
 
 #endif

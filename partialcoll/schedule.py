@@ -108,7 +108,6 @@ class Schedule:
         self._dup: Optional[MPI.Comm] = None
         self._persistent = True
         self._keep: list = []          # scratch buffers the schedule owns
-        self._coll = None              # native partial collective owning the slots
 
     # -- building --------------------------------------------------------------------
     def _deps(self, after, need: Need) -> tuple:
