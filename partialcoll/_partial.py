@@ -29,13 +29,14 @@ from .algorithms import ALGORITHMS, choose
 from .schedule import Schedule, _create_native
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
+_MODE_CODES = {m: i for i, m in enumerate(MODES)}
+_LATE = ("latest", "fold")
+_BOR = op_code(MPI.BOR)
 
 
 def _wait_take(c, index, out, mask, info, seconds):
+    """One slice of a wait (see wait_in_slices): wait for round `index`, then take the result."""
     return _engine.lib.pc_coll_wait_take(c, index, seconds, out, mask, info)
-_MODE_CODES = {m: i for i, m in enumerate(MODES)}
-_LATE = ("latest", "fold")
-_BOR = 8
 
 
 class Result:
@@ -115,7 +116,7 @@ class PartialAllreduce:
         everyone = comm.allgather((repr(problem) if problem else None, params))
         if problem is not None:
             raise problem
-        bad = [(r, p) for r, (err, _) in enumerate(everyone) if err]
+        bad = [(r, err) for r, (err, _) in enumerate(everyone) if err]
         if bad:
             raise ArgumentError(f"PartialAllreduce: rank {bad[0][0]} rejected its arguments: {bad[0][1]} "
                                 f"(this is rank {rank})")

@@ -53,13 +53,15 @@ def data(count: int, dtype, rank: int) -> np.ndarray:
 class Collective:
     """One mode behind one interface: call(x, y) -> nap (blocking), close()."""
 
-    def __init__(self, mode: str, count: int, dtype, comm, algorithm: str, quorum: int, candidates: int):
+    def __init__(self, mode: str, count: int, dtype, comm, algorithm: str, quorum: int, candidates: int,
+                 seed: int = 0):
         self.mode, self.comm = mode, comm
         if mode in ("mpi", "impi"):
             self.coll = None
             return
         kw = {"quorum": quorum} if mode == "quorum" else {"candidates": candidates} if mode == "probe" else {}
-        self.coll = pc.PartialAllreduce(count, dtype, MPI.SUM, comm, mode=mode, algorithm=algorithm, **kw)
+        self.coll = pc.PartialAllreduce(count, dtype, MPI.SUM, comm, mode=mode, algorithm=algorithm, seed=seed,
+                                        **kw)
 
     def call(self, x: np.ndarray, y: np.ndarray) -> int:
         if self.mode == "mpi":

@@ -103,9 +103,7 @@ def skew(comm, args) -> dict:
         print(header(f"skew {args.skew}, {count * dtype.itemsize} B, {args.iterations} iterations", comm))
         print(f"# {'mode':>9} {'latency us':>12} {'vs MPI':>8} {'mean NAP':>9} {'ideal us':>10} {'ideal/meas':>10}")
     for mode in mode_list:
-        coll = Collective(mode, count, dtype, comm, args.algorithm, quorum, args.candidates)
-        if coll.coll is not None:
-            coll.coll.seed = args.seed
+        coll = Collective(mode, count, dtype, comm, args.algorithm, quorum, args.candidates, args.seed)
         y = np.empty_like(x)
         for _ in range(args.warmup):
             coll.call(x, y)

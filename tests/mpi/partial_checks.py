@@ -210,6 +210,10 @@ def bad_input(comm):
     expect_raises(pc.ArgumentError, pc.PartialAllreduce, 5, np.float32 if r else np.float64, MPI.SUM, comm,
                   match="dtype" if comm.size > 1 else "", **({} if comm.size > 1 else {"mode": "nonsense"}))
     expect_raises(pc.OpError, pc.PartialAllreduce, 5, np.float32, MPI.BXOR, comm, match="not defined")
+    if comm.size > 1:                 # one rank's bad argument: it raises its error, the others name it
+        bad = comm.rank == 1
+        exc = expect_raises(pc.ArgumentError, pc.PartialAllreduce, -1 if bad else 5, np.float32, MPI.SUM, comm)
+        assert ("count must be" in str(exc)) if bad else ("rank 1 rejected" in str(exc) and "count" in str(exc)), exc
     expect_raises(pc.ArgumentError, pc.PartialAllreduce, 5, np.float32, MPI.SUM, comm, mode="quorum",
                   quorum=comm.size + 1, match="quorum")
     coll = pc.PartialAllreduce(5, np.float32, MPI.SUM, comm, mode=MODE, **options(comm))
