@@ -165,7 +165,7 @@ class PartialAllreduce:
                 "seed": int(seed), "max_staleness": max_staleness, "late": late, "algorithm": algorithm}
 
     # -- construction ---------------------------------------------------------------
-    def _round_schedule(self, comm: MPI.Comm, activation: str) -> Schedule:
+    def _round_schedule(self, activation: str) -> Schedule:
         """Pure builder of one round: trigger -> activation -> take -> allreduce(s) -> deliver."""
         s = Schedule(rank=self.rank, size=self.size)
         trigger = s._trigger()
@@ -180,7 +180,6 @@ class PartialAllreduce:
             mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
             done.append(ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take))
         s._deliver(after=done)
-        s.comm = comm
         return s
 
     def _build(self, comm: MPI.Comm) -> None:
@@ -207,7 +206,7 @@ class PartialAllreduce:
             self._schedules = {}
             kinds = {1: "full"} if self.mode == "full" else {0: self._activation_kind(), 1: "full"}
             for kind, activation in kinds.items():
-                sched = self._round_schedule(dup, activation)
+                sched = self._round_schedule(activation)
                 native = _create_native(sched, dup, self._coll)
                 sched._native = native
                 self._schedules[kind] = sched

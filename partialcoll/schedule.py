@@ -159,10 +159,8 @@ class Schedule:
         """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf)."""
         code = op_code(op)
         ra = BufRef.of(a, writable=False, what="compute input a")
-        rb = BufRef.of(b, writable=False, what="compute input b")
+        rb = BufRef.of(b, writable=out is None, what="compute output (b)" if out is None else "compute input b")
         ro = rb if out is None else BufRef.of(out, writable=True, what="compute output")
-        if out is None and rb.array is not None and not rb.array.flags.writeable:
-            raise BufferError_("compute output (b) is read-only, but it is written")
         self._check_same(ra, rb, ro)
         check_op_dtype(code, ra.dtype)
         return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label)

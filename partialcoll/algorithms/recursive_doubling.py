@@ -60,7 +60,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[Op] = None) 
         peer = newpeer * 2 + 1 if newpeer < rem else newpeer + rem
         sent = s.send(buf, peer, after=last, label=f"round {mask.bit_length() - 1}: my vector")
         got = s.recv(tmp, peer, after=pending_tmp, label=f"round {mask.bit_length() - 1}: peer's vector")
-        last = s.compute(op, tmp, buf, out=buf, after=[sent, got] + ([last] if last else []),
+        last = s.compute(op, tmp, buf, out=buf, after=[sent, got],    # sent follows the previous compute
                          label="buf = tmp (op) buf")
         pending_tmp = last
         mask <<= 1

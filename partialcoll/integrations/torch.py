@@ -75,7 +75,7 @@ def partial_allreduce_hook(state: PartialHookState,
                            bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: reduce the bucket with a persistent partial allreduce."""
     buf = bucket.buffer()
-    coll = state.coll_for(bucket.index(), buf.numel(), np.dtype(str(buf.dtype).replace("torch.", "")))
+    coll = state.coll_for(bucket.index(), buf.numel(), _np_dtype(buf))
     res = coll.post(_as_numpy(buf)).wait()
     state.last[bucket.index()] = res
     out = torch.from_numpy(_scale(res.data, res, state.average, state.comm.size).astype(res.data.dtype))

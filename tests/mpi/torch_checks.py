@@ -91,12 +91,10 @@ def nap_average_and_model_sync(comm):
         x, y = batch(comm.rank, step)
         m.zero_grad()
         ((m(x).squeeze() - y) ** 2).mean().backward()
-        raw = m.weight.grad.clone()
         res = sync.sync()[0]
         assert np.allclose(m.weight.grad.numpy().ravel(), res.data / res.nap, rtol=1e-6), "not divided by nap"
         with torch.no_grad():
             m.weight -= 0.01 * m.weight.grad
-        del raw
     sync.close()
     weights = comm.allgather(m.weight.detach().numpy().copy())   # step 10 synced the model
     assert all(np.array_equal(weights[0], w) for w in weights), "models differ after sync"
