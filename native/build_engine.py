@@ -75,7 +75,7 @@ def make_ffibuilder() -> FFI:
         sources=[os.path.relpath(os.path.join(HERE, "pc_engine.c"))],
         include_dirs=[HERE] + inc,
         library_dirs=libdirs,          # link time only: no rpath is recorded
-        libraries=libs,
+        libraries=libs + ["dl"],      # dl: dlsym for MPIX_Query_cuda_support
         extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-fwrapv", "-pthread"],
         extra_link_args=["-pthread"],
     )

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <dlfcn.h>
 
 /* ------------------------------------------------------------------ errors */
 static __thread char last_error[512];
@@ -56,6 +57,14 @@ typedef struct { double re, im; } c128;
 /* class of each dtype: 0 bool, 1 integer, 2 floating, 3 complex */
 static const int dt_class[PC_DT_COUNT] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3};
 static const size_t dt_size[PC_DT_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 8, 16};
+
+/* MPIX_Query_cuda_support() of the loaded libmpi (MPICH >= 4, Open MPI), looked up at
+ * run time so that the engine loads with any MPI: 1 CUDA-aware, 0 not, -1 no such query. */
+int pc_mpi_cuda_support(void)
+{
+    int (*query)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support");
+    return query ? (query() != 0) : -1;
+}
 
 int pc_op_valid(int redop, int dtype)
 {
@@ -1054,15 +1063,30 @@ int pc_coll_begin(pc_coll *c)
 
 static int coll_error(pc_coll *c) { return fail(c->err, "%s", c->errmsg); }
 
-int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+/* Every post begins here (lock held): refuse after an error or close, number the post. */
+static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 {
-    app_lock();
-    int rc = PC_OK;
-    if (c->err) { rc = coll_error(c); goto out; }
-    if (c->closing) { rc = fail(PC_ERR_STATE, "post after close"); goto out; }
+    if (c->err) return coll_error(c);
+    if (c->closing) return fail(PC_ERR_STATE, "post after close");
     *index = c->posts;
     /* late: round #index has already read this rank's input (or completed) */
     *late = c->completed > c->posts || (c->armed_round == c->posts && c->taken);
+    return PC_OK;
+}
+
+/* ... and ends here, once x is in place: count it, and start the round if eligible. */
+static int coll_post_end(pc_coll *c)
+{
+    c->posts++;
+    int rc = coll_maybe_trigger(c);
+    return rc == PC_OK && c->err ? coll_error(c) : rc;
+}
+
+int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+{
+    app_lock();
+    int rc = coll_post_begin(c, index, late);
+    if (rc) goto out;
     int direct = c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
                  && !c->acc_full && !c->work_filled && !(c->fold && c->pending > 0);
     if (direct) {                        /* full mode: x goes straight into the round's buffer */
@@ -1077,10 +1101,39 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
         memcpy(c->acc, x, c->nbytes);
         c->acc_full = 1;
     }
-    c->posts++;
-    rc = coll_maybe_trigger(c);
-    if (rc == PC_OK && c->err) rc = coll_error(c);
+    rc = coll_post_end(c);
 out:
+    app_unlock();
+    return rc;
+}
+
+/* Staged posts (device buffers, partialcoll/_device.py). The caller keeps a copy of
+ * what its earlier posts put into acc and folds x into it where x lives (on the GPU),
+ * so that a post costs one device-side op and one copy to the host:
+ *   pc_coll_acc_full:     does acc hold posts that no round has taken yet?
+ *   pc_coll_post_replace: if it still does, acc = x (x is acc (op) the new post) and
+ *                         the post counts; if a TAKE emptied acc meanwhile, nothing
+ *                         happens (*replaced = 0) and the caller posts the new data alone.
+ * Only posts fill acc, and only TAKE empties it, so "still full" means "unchanged". */
+int pc_coll_acc_full(pc_coll *c, int *full)
+{
+    app_lock();
+    *full = c->acc_full;
+    int rc = c->err ? coll_error(c) : PC_OK;
+    app_unlock();
+    return rc;
+}
+
+int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
+{
+    app_lock();
+    int rc = coll_post_begin(c, index, late);
+    *replaced = 0;
+    if (rc == PC_OK && c->acc_full) {
+        memcpy(c->acc, x, c->nbytes);
+        *replaced = 1;
+        rc = coll_post_end(c);
+    }
     app_unlock();
     return rc;
 }

@@ -110,6 +110,7 @@ int pc_engine_stop(void);
 int pc_engine_threaded(void);
 
 int pc_op_valid(int redop, int dtype);
+int pc_mpi_cuda_support(void);
 int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
 
 int pc_sched_create(void *comm_handle, int nops, const pc_opspec *ops,
@@ -124,6 +125,9 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
 int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s);
 int pc_coll_begin(pc_coll *c);
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late);
+/* staged (device) posts: see pc_engine.c */
+int pc_coll_acc_full(pc_coll *c, int *full);
+int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced);
 int pc_coll_test(pc_coll *c, int64_t index, int *done);
 /* wait until round `index` completed here (or the timeout), then copy out the result; mask: 2*W words */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info);

@@ -1,4 +1,5 @@
-"""Buffer references: a NumPy array, or a buffer slot owned by a partial collective.
+"""Buffer references: a NumPy array (or a device array's pinned mirror), or a buffer slot
+owned by a partial collective.
 
 A BufRef is a contiguous run of `count` elements of `dtype`, starting `offset` bytes
 into its base. Builders slice BufRefs (ring segments) without caring which it is.
@@ -17,13 +18,10 @@ _SLOT_NAMES = {SLOT_WORK: "work", SLOT_MASK: "mask"}
 
 
 def as_array(obj, *, writable: bool, what: str = "buffer") -> np.ndarray:
-    """Validate a user buffer: a C-contiguous NumPy array (writable where written)."""
+    """Validate a host buffer: a C-contiguous NumPy array (writable where written).
+    Device arrays are recognised before this (_device.backend_of)."""
     if not isinstance(obj, np.ndarray):
-        mod = type(obj).__module__.split(".")[0]
-        if mod == "cupy" or hasattr(obj, "__cuda_array_interface__"):
-            raise BufferError_(f"{what}: device arrays (CuPy) are not supported yet; "
-                               "pass a NumPy array (cupy.asnumpy(x))")
-        raise BufferError_(f"{what} must be a NumPy array, not {type(obj).__name__}")
+        raise BufferError_(f"{what} must be a NumPy or CuPy array, not {type(obj).__name__}")
     if not obj.flags.c_contiguous:
         raise BufferError_(f"{what} must be C-contiguous (use np.ascontiguousarray)")
     if writable and not obj.flags.writeable:

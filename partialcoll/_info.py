@@ -5,11 +5,13 @@ from typing import Dict
 
 
 def info() -> Dict[str, object]:
-    """Library and MPI versions, progress mode, and the buffer paths available."""
+    """Library and MPI versions, progress mode, and the buffer paths available (imports CuPy if present)."""
     from mpi4py import MPI
 
-    from . import _engine
+    from . import _device, _engine
     from ._version import __version__
+    buffers, path = _device.describe()
+    cuda_aware = _engine.lib.pc_mpi_cuda_support()
     return {
         "partialcoll": __version__,
         "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
@@ -18,5 +20,9 @@ def info() -> Dict[str, object]:
                          MPI.THREAD_SERIALIZED: "serialized",
                          MPI.THREAD_MULTIPLE: "multiple"}.get(MPI.Query_thread(), "?"),
         "progress": _engine.progress_mode() or _engine.rc.progress,
-        "buffers": "host (NumPy)",
+        "buffers": buffers,
+        # how device buffers travel: "staging" (pinned host memory), or None without a GPU
+        "gpu_path": path,
+        # MPIX_Query_cuda_support() of this MPI (None: the MPI has no such query)
+        "mpi_cuda_aware": None if cuda_aware < 0 else bool(cuda_aware),
     }

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine
+from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
 from ._rc import rc
@@ -42,7 +42,7 @@ def _wait_take(c, index, out, mask, info, seconds):
 class Result:
     """What a round gives back (the same data, round and active set on every rank).
 
-    data         the reduction
+    data         the reduction (a device array where the post's buffers were on the device)
     round        round number n (the last one, if several are folded)
     active       ranks whose post #round was included (eager-SGD's s_t)
     contributed  whether this rank's post was included in its own round
@@ -52,7 +52,7 @@ class Result:
 
     __slots__ = ("data", "round", "active", "contributed", "rounds", "closing")
 
-    def __init__(self, data: np.ndarray, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
+    def __init__(self, data, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
                  closing: Tuple[int, ...] = ()) -> None:
         self.data, self.round, self.active = data, round, active
         self.contributed, self.rounds, self.closing = contributed, rounds, closing
@@ -70,11 +70,12 @@ class Result:
 class PartialRequest:
     """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool."""
 
-    def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[np.ndarray]) -> None:
+    def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out, on_device: bool = False) -> None:
         self._coll = coll
         self.index = index
         self.late = late
         self._out = out
+        self._on_device = on_device
         self._result: Optional[Result] = None
 
     def test(self) -> bool:
@@ -89,7 +90,7 @@ class PartialRequest:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         if self._result is None:
             timeout = rc.timeout if timeout is None else timeout
-            self._result = self._coll._take(self._out, not self.late, self.index, timeout)
+            self._result = self._coll._take(self._out, not self.late, self.index, timeout, self._on_device)
         return self._result
 
     Wait = wait
@@ -134,6 +135,8 @@ class PartialAllreduce:
         self.size, self.rank = size, rank
         self._closed = False
         self._mask_cache: dict = {}
+        self._staging: Optional[_device.Staging] = None   # created by the first device buffer
+        self._last_on_device = False
         self._build(comm)
 
     @staticmethod
@@ -240,25 +243,90 @@ class PartialAllreduce:
         """Fold x into this rank's accumulator (and start round n if eligible); returns a request.
 
         out: optional array that receives the result (the full mode then runs the round in it).
+        x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
+        or where x lives when out is None.
         """
         c = self._native_coll()
+        xdev = None if type(x) is np.ndarray else _device.backend_of(x)
+        odev = None if out is None or type(out) is np.ndarray else _device.backend_of(out)
+        if xdev is not None or odev is not None:
+            return self._post_device(x, xdev, out, odev)
         x = self._check_input(x, "post buffer", writable=False)
         if out is not None:
             out = self._check_input(out, "out buffer", writable=True)
+        if self._staging is not None:
+            self._staging.pending_valid = False
+        self._last_on_device = False
+        index, late = self._post_host(x, out, c)
+        return PartialRequest(self, index, late, out)
+
+    def _post_host(self, x: np.ndarray, out: Optional[np.ndarray], c=None) -> Tuple[int, bool]:
         ffi = _engine.ffi
         index, late = ffi.new("int64_t *"), ffi.new("int *")
-        check(_engine.lib.pc_coll_post(c, ffi.from_buffer(x), ffi.from_buffer(out) if out is not None else ffi.NULL,
-                                       index, late))
-        return PartialRequest(self, int(index[0]), bool(late[0]), out)
+        check(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
+                                       ffi.from_buffer(out) if out is not None else ffi.NULL, index, late))
+        return int(index[0]), bool(late[0])
 
-    def _take(self, out: Optional[np.ndarray], contributed: bool, index: int,
-              timeout: Optional[float]) -> Result:
+    # -- device buffers (staged through pinned host memory: see _device.py) ------------
+    def _post_device(self, x, xdev, out, odev) -> PartialRequest:
+        if xdev is not None:
+            x = self._check_device(xdev, x, "post buffer")
+        else:
+            x = self._check_input(x, "post buffer", writable=False)
+        if odev is not None:
+            out = self._check_device(odev, out, "out buffer")
+        elif out is not None:
+            out = self._check_input(out, "out buffer", writable=True)
+        stage = self._staging_for(xdev or odev, x if xdev is not None else out)
+        if xdev is not None:
+            stage.check_device(x, "post buffer")
+            index, late = stage.post(x, self)
+        else:
+            stage.pending_valid = False
+            index, late = self._post_host(x, None)
+        on_device = odev is not None or (out is None and xdev is not None)
+        self._last_on_device = xdev is not None
+        return PartialRequest(self, index, late, out, on_device)
+
+    def _check_device(self, backend, x, what: str):
+        arr = _device.device_array(backend, x, what=what)
+        if arr.dtype != self.dtype:
+            raise BufferError_(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
+        if arr.size != self.count:
+            raise BufferError_(f"{what} has {arr.size} elements, but this allreduce was created for {self.count}")
+        return arr
+
+    def _staging_for(self, backend, like) -> _device.Staging:
+        if self._staging is None:
+            self._staging = _device.Staging(backend, like, self.count, self.dtype, op_code(self.op))
+        elif self._staging.backend is not backend:
+            raise BufferError_("this allreduce already stages through another array library")
+        return self._staging
+
+    def _acc_full(self) -> bool:
+        full = _engine.ffi.new("int *")
+        check(_engine.lib.pc_coll_acc_full(self._native_coll(), full))
+        return bool(full[0])
+
+    def _post_replace(self, x: np.ndarray) -> Tuple[int, bool, bool]:
+        ffi = _engine.ffi
+        index, late, replaced = ffi.new("int64_t *"), ffi.new("int *"), ffi.new("int *")
+        check(_engine.lib.pc_coll_post_replace(self._native_coll(), ffi.from_buffer(x), index, late, replaced))
+        return int(index[0]), bool(late[0]), bool(replaced[0])
+
+    def _take(self, out, contributed: bool, index: int, timeout: Optional[float],
+              on_device: bool = False) -> Result:
         """Wait until round `index` completed here (timeout None: forever), then take the result."""
-        ffi, lib = _engine.ffi, _engine.lib
-        data = out if out is not None else np.empty(self.count, self.dtype)
+        ffi = _engine.ffi
+        if on_device:
+            data = self._staging.outbox
+        else:
+            data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
         wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info)
+        if on_device:
+            data = self._staging.deliver(out)
         active, closing = self._ranks_of(tuple(mask))
         return Result(data=data, round=info.round, active=active,
                       contributed=contributed and self.rank in active, rounds=info.rounds, closing=closing)
@@ -291,7 +359,7 @@ class PartialAllreduce:
         lib = _engine.lib
         timeout = rc.timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
-        result = self._take(None, True, 2 ** 62, timeout)
+        result = self._take(None, True, 2 ** 62, timeout, self._last_on_device)
         self._closed = True
         for sched in self._schedules.values():
             check(lib.pc_sched_free(sched._native))

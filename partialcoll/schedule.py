@@ -14,11 +14,11 @@ runs it on a duplicate of the communicator, so schedules never share tags.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from mpi4py import MPI
 
-from . import _engine
+from . import _device, _engine
 from ._buffers import BufRef
 from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
 from ._rc import rc
@@ -75,17 +75,32 @@ class Request:
     def __init__(self, schedule: "Schedule", execution: int) -> None:
         self._schedule = schedule
         self._execution = execution
+        self._finished = False
 
     def test(self) -> bool:
         """True once the execution has completed (inline progress: also makes progress)."""
+        if self._finished:
+            return True
         done = _engine.ffi.new("int *")
         check(_engine.lib.pc_sched_test(self._schedule._native, self._execution, done))
+        if done[0]:
+            self._finish()
         return bool(done[0])
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until the execution completes; raises partialcoll.Timeout after `timeout` s."""
+        if self._finished:
+            return
         timeout = rc.timeout if timeout is None else timeout
         wait_in_slices(_engine.lib.pc_sched_wait, timeout, self._schedule._native, self._execution)
+        self._finish()
+
+    def _finish(self) -> None:
+        """Once complete: device buffers the schedule wrote get their data (staging)."""
+        self._finished = True
+        if self._schedule._mirrors and self._schedule._unstaged is self:
+            self._schedule._unstaged = None
+            self._schedule._mirrors.stage_out()
 
     Wait = wait
     Test = test
@@ -108,6 +123,8 @@ class Schedule:
         self._dup: Optional[MPI.Comm] = None
         self._persistent = True
         self._keep: list = []          # scratch buffers the schedule owns
+        self._mirrors = _device.Mirrors()  # pinned host mirrors of device buffers
+        self._unstaged: Optional[Request] = None   # an execution whose outputs are not on the device yet
 
     # -- building --------------------------------------------------------------------
     def _deps(self, after, need: Need) -> tuple:
@@ -147,34 +164,43 @@ class Schedule:
 
     def send(self, buf, dest: int, *, after=None, need: Need = "all", label: str = "") -> Op:
         """Send buf to rank dest (MPI_Isend once the dependencies are met)."""
-        ref = BufRef.of(buf, writable=False, what="send buffer")
+        ref = self._ref(buf, writable=False, what="send buffer")
         return self._add(SEND, peer=self._peer(dest, "dest"), bufs=(ref,), after=after, need=need, label=label)
 
     def recv(self, buf, source: int, *, after=None, need: Need = "all", label: str = "") -> Op:
         """Receive into buf from rank source (exactly buf's size; MPI_Irecv once ready)."""
-        ref = BufRef.of(buf, writable=True, what="receive buffer")
+        ref = self._ref(buf, writable=True, what="receive buffer")
         return self._add(RECV, peer=self._peer(source, "source"), bufs=(ref,), after=after, need=need, label=label)
 
     def compute(self, op, a, b, out=None, *, after=None, need: Need = "all", label: str = "") -> Op:
         """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf)."""
         code = op_code(op)
-        ra = BufRef.of(a, writable=False, what="compute input a")
-        rb = BufRef.of(b, writable=out is None, what="compute output (b)" if out is None else "compute input b")
-        ro = rb if out is None else BufRef.of(out, writable=True, what="compute output")
+        ra = self._ref(a, writable=False, what="compute input a")
+        rb = self._ref(b, writable=out is None, what="compute output (b)" if out is None else "compute input b")
+        ro = rb if out is None else self._ref(out, writable=True, what="compute output")
         self._check_same(ra, rb, ro)
         check_op_dtype(code, ra.dtype)
         return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label)
 
     def copy(self, src, dst, *, after=None, need: Need = "all", label: str = "") -> Op:
         """dst = src."""
-        rs = BufRef.of(src, writable=False, what="copy source")
-        rd = BufRef.of(dst, writable=True, what="copy destination")
+        rs = self._ref(src, writable=False, what="copy source")
+        rd = self._ref(dst, writable=True, what="copy destination")
         self._check_same(rs, rd, rd)
         return self._add(COMPUTE, redop=COPY, bufs=(rs, rs, rd), after=after, need=need, label=label)
 
     def nop(self, *, after=None, need: Need = "all", label: str = "") -> Op:
         """An op that completes as soon as it fires: joins and fans out dependencies."""
         return self._add(NOP, after=after, need=need, label=label)
+
+    def _ref(self, obj, *, writable: bool, what: str) -> BufRef:
+        """A host buffer as it is; a device buffer through its pinned mirror (staging)."""
+        backend = None if isinstance(obj, BufRef) else _device.backend_of(obj)
+        if backend is None:
+            return BufRef.of(obj, writable=writable, what=what)
+        if self._native is not None:
+            raise StateError("the schedule is committed; build a new one to add ops")
+        return self._mirrors.ref(backend, obj, writable=writable, what=what)
 
     @staticmethod
     def _check_same(*refs: BufRef) -> None:
@@ -238,8 +264,14 @@ class Schedule:
         executions = _engine.lib.pc_sched_executions(self._native)
         if not self._persistent and executions > 0:
             raise StateError("a non-persistent schedule runs once; commit(persistent=True) to rerun it")
+        if self._unstaged is not None and not self._unstaged.test():
+            raise StateError("the previous execution is still running; wait() for it before start()")
+        if self._mirrors:
+            self._mirrors.stage_in()
         check(_engine.lib.pc_sched_start(self._native))
-        return Request(self, executions)
+        req = Request(self, executions)
+        self._unstaged = req if self._mirrors else None
+        return req
 
     def free(self) -> None:
         """Release the native schedule and the duplicated communicator (collective)."""

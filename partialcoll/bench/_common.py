@@ -50,29 +50,59 @@ def data(count: int, dtype, rank: int) -> np.ndarray:
     return ((np.arange(count) % 97) + rank).astype(dtype)
 
 
+def as_buffers(x: np.ndarray, buffers: str):
+    """x where the benchmark's buffers live: host (NumPy) or cupy (the GPU)."""
+    if buffers == "host":
+        return x
+    from .._device import cupy_backend
+    return cupy_backend().cp.asarray(x)          # a clear error without CuPy or a GPU
+
+
+def to_numpy(y) -> np.ndarray:
+    return y if isinstance(y, np.ndarray) else y.get()
+
+
 class Collective:
-    """One mode behind one interface: call(x, y) -> nap (blocking), close()."""
+    """One mode behind one interface: call(x, y) -> nap (blocking), close().
+
+    With device buffers, mpi and impi are what a user of a MPI that is not CUDA-aware
+    writes: copy to pinned host memory, MPI_Allreduce, copy back.
+    """
 
     def __init__(self, mode: str, count: int, dtype, comm, algorithm: str, quorum: int, candidates: int,
-                 seed: int = 0):
+                 seed: int = 0, buffers: str = "host"):
         self.mode, self.comm = mode, comm
+        self.staged = None
         if mode in ("mpi", "impi"):
             self.coll = None
+            if buffers != "host":
+                import cupyx
+                self.staged = (cupyx.empty_pinned(count, dtype), cupyx.empty_pinned(count, dtype))
             return
         kw = {"quorum": quorum} if mode == "quorum" else {"candidates": candidates} if mode == "probe" else {}
         self.coll = pc.PartialAllreduce(count, dtype, MPI.SUM, comm, mode=mode, algorithm=algorithm, seed=seed,
                                         **kw)
 
-    def call(self, x: np.ndarray, y: np.ndarray) -> int:
+    def call(self, x, y) -> int:
+        if self.staged is not None:
+            xh, yh = self.staged
+            x.get(out=xh)
+            self._mpi(xh, yh)
+            y.set(yh)
+            y.device.synchronize()
+            return self.comm.size
+        if self.coll is None:
+            return self._mpi(x, y)
+        return self.coll.post(x, out=y).wait().nap
+
+    def _mpi(self, x: np.ndarray, y: np.ndarray) -> int:
         if self.mode == "mpi":
             self.comm.Allreduce(x, y)
-            return self.comm.size
-        if self.mode == "impi":                 # MPI_Iallreduce waited with a sleeping test loop
+        else:                                   # impi: MPI_Iallreduce waited with a sleeping test loop
             req = self.comm.Iallreduce(x, y)
             while not req.Test():
                 time.sleep(20e-6)
-            return self.comm.size
-        return self.coll.post(x, out=y).wait().nap
+        return self.comm.size
 
     def close(self) -> None:
         if self.coll is not None:

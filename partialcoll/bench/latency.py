@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ._common import Collective, data, modes, sizes
+from ._common import Collective, as_buffers, data, modes, sizes, to_numpy
 from ._report import header, progress
 
 
@@ -17,6 +17,8 @@ def add_latency_args(p) -> None:
     p.add_argument("--dtype", default="float32", help="element type (default float32)")
     p.add_argument("--quorum", type=int, default=None, help="k for mode quorum (default P/2)")
     p.add_argument("--candidates", type=int, default=2, help="q for mode probe (default 2)")
+    p.add_argument("--buffers", default="host", choices=("host", "cupy"),
+                   help="host (NumPy) or cupy (GPU; mpi/impi then stage through pinned host memory)")
 
 
 def _iterations(nbytes: int, base: int) -> int:
@@ -33,22 +35,24 @@ def latency(comm, args) -> dict:
     quorum = args.quorum or max(1, comm.size // 2)
     rows = []
     if comm.rank == 0:
-        print(header("latency (allreduce, SUM)", comm))
+        print(header(f"latency (allreduce, SUM), {args.buffers} buffers", comm))
         print(f"# {'bytes':>10} " + " ".join(f"{m + ' avg/min/max us':>30}" for m in mode_list))
     for nbytes in size_list:
         count = max(1, nbytes // dtype.itemsize)
         x = data(count, dtype, comm.rank)
         expect = np.empty_like(x)
         comm.Allreduce(x, expect)
+        x = as_buffers(x, args.buffers)
         iters = _iterations(count * dtype.itemsize, args.iterations)
         row = {"bytes": count * dtype.itemsize, "iterations": iters}
         for mode in mode_list:
-            coll = Collective(mode, count, dtype, comm, args.algorithm, quorum, args.candidates)
-            y = np.empty_like(x)
+            coll = Collective(mode, count, dtype, comm, args.algorithm, quorum, args.candidates,
+                              buffers=args.buffers)
+            y = x.copy()
             for _ in range(args.warmup if nbytes < (1 << 20) else min(args.warmup, 3)):
                 coll.call(x, y)
             if mode in ("mpi", "impi", "full"):
-                assert np.allclose(y, expect), f"{mode}: wrong result at {nbytes} B"
+                assert np.allclose(to_numpy(y), expect), f"{mode}: wrong result at {nbytes} B"
             comm.Barrier()
             t = MPI.Wtime()
             for _ in range(iters):
@@ -80,4 +84,4 @@ def latency(comm, args) -> dict:
         fig.savefig(path, dpi=120, bbox_inches="tight")
 
     return {"command": "latency", "P": comm.size, "modes": mode_list, "algorithm": args.algorithm,
-            "dtype": dtype.name, "rows": rows, "plot": plot} if comm.rank == 0 else {"rows": rows}
+            "dtype": dtype.name, "buffers": args.buffers, "rows": rows, "plot": plot} if comm.rank == 0 else {"rows": rows}

@@ -14,8 +14,10 @@
 * ``sync_parameters`` -- periodic model synchronisation (eager-SGD §5): average the
   parameters (or broadcast rank 0's) with a full allreduce, so models do not drift.
 
-CPU tensors go through NumPy without copies; CUDA tensors are staged through host
-memory (the library's GPU path is not implemented yet).
+CPU tensors go through NumPy without copies. CUDA tensors go to the library as CuPy
+views (DLPack, no copy) where CuPy and a GPU are present, so the accumulator's fold runs
+on the GPU and only the library's staging touches host memory; without CuPy they are
+copied to the host and back.
 """
 from typing import Dict, Iterable, List, Optional
 
@@ -24,7 +26,8 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .._errors import ArgumentError
+from .. import _device
+from .._errors import ArgumentError, BufferError_
 from .._partial import PartialAllreduce, Result
 
 _AVERAGES = ("world", "nap", "none")
@@ -37,7 +40,29 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
-def _scale(data: np.ndarray, res: Result, average: str, size: int) -> np.ndarray:
+def _as_buffer(t: torch.Tensor):
+    """What to post: a CuPy view of a CUDA tensor where CuPy can use the GPU, else NumPy."""
+    if t.is_cuda and _gpu_usable():
+        return _device.cupy_backend().adopt(t.detach().contiguous())
+    return _as_numpy(t)
+
+
+def _to_tensor(data, device: torch.device) -> torch.Tensor:
+    """A tensor on `device` holding a result (a CuPy result stays on the GPU: DLPack)."""
+    if isinstance(data, np.ndarray):
+        return torch.from_numpy(data).to(device)
+    return torch.from_dlpack(data).to(device)
+
+
+def _gpu_usable() -> bool:
+    try:
+        _device.cupy_backend()
+        return True
+    except BufferError_:
+        return False
+
+
+def _scale(data, res: Result, average: str, size: int):
     if average == "world":
         return data / size
     if average == "nap":
@@ -76,11 +101,11 @@ def partial_allreduce_hook(state: PartialHookState,
     """DDP communication hook: reduce the bucket with a persistent partial allreduce."""
     buf = bucket.buffer()
     coll = state.coll_for(bucket.index(), buf.numel(), _np_dtype(buf))
-    res = coll.post(_as_numpy(buf)).wait()
+    res = coll.post(_as_buffer(buf)).wait()
     state.last[bucket.index()] = res
-    out = torch.from_numpy(_scale(res.data, res, state.average, state.comm.size).astype(res.data.dtype))
+    out = _to_tensor(_scale(res.data, res, state.average, state.comm.size).astype(res.data.dtype), buf.device)
     fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(out.to(buf.device))
+    fut.set_result(out)
     return fut
 
 
@@ -119,9 +144,9 @@ class GradientSynchronizer:
         self.last = []
         reqs = []
         for bucket, coll in zip(self.buckets, self.colls):
-            flat = np.concatenate([_as_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).ravel()
-                                   for p in bucket])
-            reqs.append(coll.post(flat))
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                              for p in bucket])
+            reqs.append(coll.post(_as_buffer(flat)))
         for bucket, req in zip(self.buckets, reqs):
             res = req.wait()
             self.last.append(res)
@@ -132,13 +157,14 @@ class GradientSynchronizer:
         return self.last
 
     @staticmethod
-    def _write(bucket, flat: np.ndarray) -> None:
+    def _write(bucket, flat) -> None:
+        flat = _to_tensor(flat, bucket[0].device)
         offset = 0
         for p in bucket:
             n = p.numel()
-            g = torch.from_numpy(flat[offset:offset + n].reshape(p.shape).astype(_np_dtype(p)))
+            g = flat[offset:offset + n].reshape(p.shape).to(p.dtype)
             if p.grad is None:
-                p.grad = g.to(p.device)
+                p.grad = g.clone()
             else:
                 p.grad.copy_(g)
             offset += n

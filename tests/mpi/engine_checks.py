@@ -125,7 +125,7 @@ def nonpersistent_runs_once(comm):
 
 
 def bad_inputs(comm):
-    r, p = comm.rank, comm.size
+    p = comm.size
     s = pc.Schedule(comm)
     a32, a64 = np.zeros(4, np.float32), np.zeros(4, np.float64)
     expect_raises(pc.BufferError, s.compute, MPI.SUM, a32, a64, match="dtype")
@@ -162,7 +162,7 @@ def size_mismatch(comm):
 
 def timeout(comm):
     """A receive that is never matched: wait(timeout=) raises Timeout, it does not hang."""
-    r, p = comm.rank, comm.size
+    r = comm.rank
     s = pc.Schedule(comm)
     s.recv(np.zeros(1), r)
     s.commit()

@@ -1,7 +1,8 @@
 """Partial allreduce semantics (issue 4): python partial_checks.py MODE [ROUNDS]
 
 Every rank sleeps a random 0-20 ms before each post (seeded per rank), so rounds start
-with different initiators and different active sets.
+with different initiators and different active sets. PC_TEST_BUFFERS=cupy|emulated runs the
+same checks with device buffers (tests/mpi/_devices.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
+from _devices import on_buffers
 from _util import expect_raises, main
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "solo"
@@ -25,6 +27,10 @@ def options(comm):
     if MODE == "probe":
         return {"candidates": 2}
     return {}
+
+
+def make(*args, **kwargs):
+    return on_buffers(pc.PartialAllreduce(*args, **kwargs))
 
 
 def skewed_rounds(comm, coll, rounds, value_of, max_sleep=0.02):
@@ -71,7 +77,7 @@ def check_agreement(comm, log):
 
 
 def fold_sum_nothing_lost(comm):
-    coll = pc.PartialAllreduce(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=7, **options(comm))
+    coll = make(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=7, **options(comm))
     log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.arange(COUNT, dtype=np.int64) * 1000 + comm.rank * 7 + i)
     final = coll.close()
     received = sum(res.data for _, res, _ in log) + final.data
@@ -85,7 +91,7 @@ def fold_sum_nothing_lost(comm):
 
 
 def fold_max_nothing_lost(comm):
-    coll = pc.PartialAllreduce(3, np.float64, MPI.MAX, comm, mode=MODE, late="fold", seed=3, **options(comm))
+    coll = make(3, np.float64, MPI.MAX, comm, mode=MODE, late="fold", seed=3, **options(comm))
     rng = np.random.default_rng(comm.rank)
     log = skewed_rounds(comm, coll, ROUNDS // 4, lambda i: rng.normal(size=3), max_sleep=0.005)
     final = coll.close()
@@ -102,7 +108,7 @@ def fold_max_nothing_lost(comm):
 
 def latest_each_value_once(comm):
     """late="latest": every posted value appears in exactly one round's result."""
-    coll = pc.PartialAllreduce(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="latest", seed=11,
+    coll = make(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="latest", seed=11,
                                **options(comm))
     log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.full(COUNT, 1 + comm.rank + 10 * i, np.int64))
     final = coll.close()
@@ -131,7 +137,7 @@ def latest_each_value_once(comm):
 
 def several_open_at_once(comm):
     """Three collectives (one per 'layer') interleaved: they never interfere."""
-    colls = [pc.PartialAllreduce(4 + j, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=j, **options(comm))
+    colls = [make(4 + j, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=j, **options(comm))
              for j in range(3)]
     sums = [np.zeros(4 + j, np.int64) for j in range(3)]
     for i in range(20):
@@ -146,7 +152,7 @@ def several_open_at_once(comm):
 
 def staleness(comm):
     s = 3
-    coll = pc.PartialAllreduce(2, np.int64, MPI.SUM, comm, mode=MODE, late="fold", max_staleness=s,
+    coll = make(2, np.int64, MPI.SUM, comm, mode=MODE, late="fold", max_staleness=s,
                                **options(comm))
     rng = np.random.default_rng(comm.rank)
     total = np.zeros(2, np.int64)
@@ -167,7 +173,7 @@ def liveness(comm):
     if MODE != "solo" or comm.size < 2 or pc.rc.progress != "thread":
         return
     sleeper = comm.size - 1
-    coll = pc.PartialAllreduce(1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
+    coll = make(1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
     comm.Barrier()
     start = MPI.Wtime()
     got = 0

@@ -1,4 +1,7 @@
-"""PyTorch integration (issue 6): python torch_checks.py"""
+"""PyTorch integration (issue 6): python torch_checks.py
+
+PC_TEST_TORCH_DEVICE=cuda runs the model on the GPU: its gradients then reach the
+library as CuPy views (issue 7)."""
 from __future__ import annotations
 
 import os
@@ -7,17 +10,30 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
 
-import partialcoll as pc
 from partialcoll.integrations.torch import (GradientSynchronizer, PartialHookState, partial_allreduce_hook,
                                             sync_parameters)
 from _util import main
 
 D = 16
+DEV = torch.device(os.environ.get("PC_TEST_TORCH_DEVICE", "cpu"))
+
+
+def host(x) -> np.ndarray:
+    """A NumPy copy of a tensor, a CuPy array or a NumPy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    if type(x).__module__.split(".")[0] == "cupy":
+        if DEV.type == "cuda":
+            assert x.device.id == torch.cuda.current_device()
+        return x.get()
+    assert DEV.type == "cpu", f"a CUDA model's result came back as {type(x).__name__}"
+    return x
 
 
 def init_gloo(comm):
+    if DEV.type == "cuda":
+        torch.cuda.set_device(comm.rank % torch.cuda.device_count())
     port = comm.bcast(29500 + (os.getpid() % 2000) if comm.rank == 0 else None)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
@@ -26,12 +42,12 @@ def init_gloo(comm):
 def batch(rank, step):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(8, D, generator=g)
-    return x, x @ torch.arange(D, dtype=torch.float32) / D
+    return x.to(DEV), (x @ torch.arange(D, dtype=torch.float32) / D).to(DEV)
 
 
 def model():
     torch.manual_seed(0)
-    return torch.nn.Linear(D, 1, bias=False)
+    return torch.nn.Linear(D, 1, bias=False).to(DEV)
 
 
 def ddp_full_matches_ddp(comm):
@@ -73,11 +89,11 @@ def solo_nothing_lost(comm):
         sync.sync()
         with torch.no_grad():
             m.weight -= lr * m.weight.grad
-    flushed = torch.from_numpy(sync.close()[0].data).reshape(m.weight.shape)
-    applied = (w0 - m.weight.detach()) / lr            # sum of applied (summed) gradients
+    flushed = host(sync.close()[0].data).reshape(tuple(m.weight.shape))
+    applied = host((w0 - m.weight.detach()) / lr)      # sum of applied (summed) gradients
     everyone = np.empty(D, np.float32)
-    comm.Allreduce(local_sum.numpy().ravel(), everyone)
-    assert np.allclose((applied + flushed).numpy().ravel(), everyone, rtol=1e-4, atol=1e-4)
+    comm.Allreduce(host(local_sum).ravel(), everyone)
+    assert np.allclose((applied + flushed).ravel(), everyone, rtol=1e-4, atol=1e-4)
     assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
 
 
@@ -92,11 +108,11 @@ def nap_average_and_model_sync(comm):
         m.zero_grad()
         ((m(x).squeeze() - y) ** 2).mean().backward()
         res = sync.sync()[0]
-        assert np.allclose(m.weight.grad.numpy().ravel(), res.data / res.nap, rtol=1e-6), "not divided by nap"
+        assert np.allclose(host(m.weight.grad).ravel(), host(res.data) / res.nap, rtol=1e-6), "not divided by nap"
         with torch.no_grad():
             m.weight -= 0.01 * m.weight.grad
     sync.close()
-    weights = comm.allgather(m.weight.detach().numpy().copy())   # step 10 synced the model
+    weights = comm.allgather(host(m.weight).copy())   # step 10 synced the model
     assert all(np.array_equal(weights[0], w) for w in weights), "models differ after sync"
     sync_parameters(m.parameters(), comm, how="broadcast")
 

@@ -1,0 +1,64 @@
+"""Device buffers (issue 7).
+
+Emulated: partialcoll's device path with NumPy standing in for CuPy (tests/mpi/_devices.py)
+runs everywhere, so CI covers the staging protocol. GPU: the same checks with CuPy on a
+real GPU, skipped (not failed) where CuPy finds none; run them on a GPU machine with
+`pytest -m gpu`.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+MODES = ["solo", "majority", "probe", "quorum", "full"]
+
+
+def _gpu() -> bool:
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    import cupy
+    return bool(cupy.cuda.is_available())
+
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs CuPy and a GPU")]
+
+
+def runs(emulated_nprocs, gpu_nprocs=(2, 4)):
+    """(kind, nprocs) pairs: emulated runs everywhere, cupy runs are gpu-marked."""
+    return ([pytest.param("emulated", n, id=f"emulated-{n}") for n in emulated_nprocs]
+            + [pytest.param("cupy", n, marks=GPU, id=f"cupy-{n}") for n in gpu_nprocs])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind,nprocs", runs([1, 2, 3, 4, 5, 8]))
+def test_device_buffers(mpirun, kind, nprocs):
+    mpirun("device_checks.py", nprocs, env={"PC_TEST_BUFFERS": kind}, timeout=300)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind,nprocs", runs([3, 5]))
+def test_partial_semantics(mpirun, kind, nprocs, mode):
+    """Issue 4's checks (nothing lost, agreement, liveness...) with device posts and results."""
+    mpirun("partial_checks.py", nprocs, mode, "80", env={"PC_TEST_BUFFERS": kind}, timeout=300)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [pytest.param(n, marks=GPU) for n in (2, 4)])
+def test_torch_cuda_tensors(mpirun, nprocs):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    mpirun("torch_checks.py", nprocs, env={"PC_TEST_TORCH_DEVICE": "cuda"}, timeout=300)
+
+
+def test_info_names_the_gpu_path():
+    out = subprocess.run([sys.executable, "-c", "import json, partialcoll as pc; print(json.dumps(pc.info()))"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["gpu_path"] == ("staging" if _gpu() else None), info
+    assert info["mpi_cuda_aware"] in (True, False, None)
+    assert ("CuPy" in info["buffers"]) and ("staged" in info["buffers"]) == _gpu(), info
