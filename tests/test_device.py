@@ -1,12 +1,14 @@
 """Device buffers (issue 7).
 
 Emulated: partialcoll's device path with NumPy standing in for CuPy (tests/mpi/_devices.py)
-runs everywhere, so CI covers the staging protocol. GPU: the same checks with CuPy on a
-real GPU, skipped (not failed) where CuPy finds none; run them on a GPU machine with
-`pytest -m gpu`.
+runs everywhere, so CI covers the staging protocol; fakecupy: the real CupyBackend over a
+stand-in CuPy module on host memory (tests/fakecupy), so CI runs its calls too. GPU: the
+same checks with CuPy on a real GPU, skipped (not failed) where CuPy finds none; run them
+on a GPU machine with `pytest -m gpu` (bench/gpu.sh).
 """
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -25,16 +27,25 @@ def _gpu() -> bool:
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs CuPy and a GPU")]
 
 
-def runs(emulated_nprocs, gpu_nprocs=(2, 4)):
-    """(kind, nprocs) pairs: emulated runs everywhere, cupy runs are gpu-marked."""
+def runs(emulated_nprocs, fake_nprocs=(), gpu_nprocs=(2, 4)):
+    """(kind, nprocs) pairs: emulated and fakecupy run everywhere, cupy runs are gpu-marked."""
     return ([pytest.param("emulated", n, id=f"emulated-{n}") for n in emulated_nprocs]
+            + [pytest.param("fakecupy", n, id=f"fakecupy-{n}") for n in fake_nprocs]
             + [pytest.param("cupy", n, marks=GPU, id=f"cupy-{n}") for n in gpu_nprocs])
 
 
+def env_of(kind: str) -> dict:
+    if kind == "fakecupy":
+        fake = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakecupy")
+        return {"PC_TEST_BUFFERS": "cupy", "PYTHONPATH": os.pathsep.join(filter(None, [fake,
+                                                                             os.environ.get("PYTHONPATH")]))}
+    return {"PC_TEST_BUFFERS": kind}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("kind,nprocs", runs([1, 2, 3, 4, 5, 8]))
+@pytest.mark.parametrize("kind,nprocs", runs([1, 2, 3, 4, 5, 8], fake_nprocs=(2, 3)))
 def test_device_buffers(mpirun, kind, nprocs):
-    mpirun("device_checks.py", nprocs, env={"PC_TEST_BUFFERS": kind}, timeout=300)
+    mpirun("device_checks.py", nprocs, env=env_of(kind), timeout=300)
 
 
 @pytest.mark.mpi
@@ -42,7 +53,7 @@ def test_device_buffers(mpirun, kind, nprocs):
 @pytest.mark.parametrize("kind,nprocs", runs([3, 5]))
 def test_partial_semantics(mpirun, kind, nprocs, mode):
     """Issue 4's checks (nothing lost, agreement, liveness...) with device posts and results."""
-    mpirun("partial_checks.py", nprocs, mode, "80", env={"PC_TEST_BUFFERS": kind}, timeout=300)
+    mpirun("partial_checks.py", nprocs, mode, "80", env=env_of(kind), timeout=300)
 
 
 @pytest.mark.mpi
