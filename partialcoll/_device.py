@@ -32,6 +32,9 @@ from ._errors import BufferError_
 from ._types import dtype_code
 
 _DLPACK_CUDA = (2, 13)          # kDLCUDA, kDLCUDAManaged
+# engine op code (PC_OP_*) -> the NumPy-style ufunc that folds with it
+UFUNCS = {0: "add", 1: "multiply", 2: "minimum", 3: "maximum", 4: "logical_and", 5: "logical_or",
+          6: "logical_xor", 7: "bitwise_and", 8: "bitwise_or", 9: "bitwise_xor"}
 _registered: List[object] = []  # extra backends (tests run the staging logic on the CPU)
 _cupy_backend = None
 
@@ -94,10 +97,7 @@ class CupyBackend:
         self.cp, self.cupyx = cupy, cupyx
         self.name = f"CuPy {cupy.__version__}"
         self._streams: Dict[int, object] = {}
-        ufuncs = {0: cupy.add, 1: cupy.multiply, 2: cupy.minimum, 3: cupy.maximum, 4: cupy.logical_and,
-                  5: cupy.logical_or, 6: cupy.logical_xor, 7: cupy.bitwise_and, 8: cupy.bitwise_or,
-                  9: cupy.bitwise_xor}
-        self._ufuncs = ufuncs
+        self._ufuncs = {op: getattr(cupy, name) for op, name in UFUNCS.items()}
 
     def owns(self, obj) -> bool:
         return isinstance(obj, self.cp.ndarray)

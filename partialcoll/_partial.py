@@ -228,11 +228,16 @@ class PartialAllreduce:
         return self._coll
 
     # -- use -------------------------------------------------------------------------
-    def _check_input(self, x, what: str, writable: bool) -> np.ndarray:
-        if (type(x) is np.ndarray and x.dtype == self.dtype and x.size == self.count
+    def _check_input(self, x, what: str, writable: bool, backend=None):
+        """x as a buffer of this allreduce's dtype and count: a NumPy array, or a device
+        array of `backend`."""
+        if backend is not None:
+            arr = _device.device_array(backend, x, what=what)
+        elif (type(x) is np.ndarray and x.dtype == self.dtype and x.size == self.count
                 and x.flags.c_contiguous and (x.flags.writeable or not writable)):
             return x                     # the common case, checked cheaply
-        arr = as_array(x, writable=writable, what=what)
+        else:
+            arr = as_array(x, writable=writable, what=what)
         if arr.dtype != self.dtype:
             raise BufferError_(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
         if arr.size != self.count:
@@ -247,36 +252,17 @@ class PartialAllreduce:
         or where x lives when out is None.
         """
         c = self._native_coll()
-        xdev = None if type(x) is np.ndarray else _device.backend_of(x)
-        odev = None if out is None or type(out) is np.ndarray else _device.backend_of(out)
-        if xdev is not None or odev is not None:
-            return self._post_device(x, xdev, out, odev)
-        x = self._check_input(x, "post buffer", writable=False)
+        xdev = _device.backend_of(x)
+        odev = None if out is None else _device.backend_of(out)
+        x = self._check_input(x, "post buffer", writable=False, backend=xdev)
         if out is not None:
-            out = self._check_input(out, "out buffer", writable=True)
-        if self._staging is not None:
-            self._staging.pending_valid = False
-        self._last_on_device = False
-        index, late = self._post_host(x, out, c)
-        return PartialRequest(self, index, late, out)
-
-    def _post_host(self, x: np.ndarray, out: Optional[np.ndarray], c=None) -> Tuple[int, bool]:
-        ffi = _engine.ffi
-        index, late = ffi.new("int64_t *"), ffi.new("int *")
-        check(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
-                                       ffi.from_buffer(out) if out is not None else ffi.NULL, index, late))
-        return int(index[0]), bool(late[0])
-
-    # -- device buffers (staged through pinned host memory: see _device.py) ------------
-    def _post_device(self, x, xdev, out, odev) -> PartialRequest:
-        if xdev is not None:
-            x = self._check_device(xdev, x, "post buffer")
-        else:
-            x = self._check_input(x, "post buffer", writable=False)
-        if odev is not None:
-            out = self._check_device(odev, out, "out buffer")
-        elif out is not None:
-            out = self._check_input(out, "out buffer", writable=True)
+            out = self._check_input(out, "out buffer", writable=True, backend=odev)
+        self._last_on_device = xdev is not None
+        if xdev is None and odev is None:
+            if self._staging is not None:
+                self._staging.pending_valid = False       # this post folds on the host
+            return PartialRequest(self, *self._post_host(x, out, c), out)
+        # device buffers: staged through pinned host memory (see _device.py)
         stage = self._staging_for(xdev or odev, x if xdev is not None else out)
         if xdev is not None:
             stage.check_device(x, "post buffer")
@@ -284,17 +270,15 @@ class PartialAllreduce:
         else:
             stage.pending_valid = False
             index, late = self._post_host(x, None)
-        on_device = odev is not None or (out is None and xdev is not None)
-        self._last_on_device = xdev is not None
+        on_device = odev is not None or out is None
         return PartialRequest(self, index, late, out, on_device)
 
-    def _check_device(self, backend, x, what: str):
-        arr = _device.device_array(backend, x, what=what)
-        if arr.dtype != self.dtype:
-            raise BufferError_(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
-        if arr.size != self.count:
-            raise BufferError_(f"{what} has {arr.size} elements, but this allreduce was created for {self.count}")
-        return arr
+    def _post_host(self, x: np.ndarray, out: Optional[np.ndarray], c=None) -> Tuple[int, bool]:
+        ffi = _engine.ffi
+        index, late = ffi.new("int64_t *"), ffi.new("int *")
+        check(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
+                                       ffi.from_buffer(out) if out is not None else ffi.NULL, index, late))
+        return int(index[0]), bool(late[0])
 
     def _staging_for(self, backend, like) -> _device.Staging:
         if self._staging is None:

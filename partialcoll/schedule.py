@@ -98,7 +98,7 @@ class Request:
     def _finish(self) -> None:
         """Once complete: device buffers the schedule wrote get their data (staging)."""
         self._finished = True
-        if self._schedule._mirrors and self._schedule._unstaged is self:
+        if self._schedule._unstaged is self:       # set only where there are mirrors
             self._schedule._unstaged = None
             self._schedule._mirrors.stage_out()
 
@@ -148,9 +148,12 @@ class Schedule:
             raise ArgumentError(f"need must be 'all', 'any' or k in 1..{n} (ops in after=), not {need!r}")
         return tuple(d.index for d in deps), k
 
-    def _add(self, kind: int, *, after=None, need: Need = "all", **fields) -> Op:
+    def _check_building(self) -> None:
         if self._native is not None:
             raise StateError("the schedule is committed; build a new one to add ops")
+
+    def _add(self, kind: int, *, after=None, need: Need = "all", **fields) -> Op:
+        self._check_building()
         deps, k = self._deps(after, need)
         op = Op(self, len(self.ops), kind, deps=deps, need=k, **fields)
         self.ops.append(op)
@@ -195,11 +198,10 @@ class Schedule:
 
     def _ref(self, obj, *, writable: bool, what: str) -> BufRef:
         """A host buffer as it is; a device buffer through its pinned mirror (staging)."""
-        backend = None if isinstance(obj, BufRef) else _device.backend_of(obj)
+        backend = _device.backend_of(obj)
         if backend is None:
             return BufRef.of(obj, writable=writable, what=what)
-        if self._native is not None:
-            raise StateError("the schedule is committed; build a new one to add ops")
+        self._check_building()             # before a mirror is added that no op would use
         return self._mirrors.ref(backend, obj, writable=writable, what=what)
 
     @staticmethod

@@ -25,8 +25,7 @@ class EmulatedArray(np.ndarray):
 
 class EmulatedBackend:
     name = "emulated (NumPy)"
-    _ufuncs = {0: np.add, 1: np.multiply, 2: np.minimum, 3: np.maximum, 4: np.logical_and, 5: np.logical_or,
-               6: np.logical_xor, 7: np.bitwise_and, 8: np.bitwise_or, 9: np.bitwise_xor}
+    _ufuncs = {op: getattr(np, name) for op, name in _device.UFUNCS.items()}
 
     def owns(self, obj) -> bool:
         return isinstance(obj, EmulatedArray)
