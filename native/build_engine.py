@@ -24,6 +24,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "pc_engine.h")
+UNITS = ("errors.c", "kernels.c", "mpi.c", "progress.c", "sched.c", "coll.c")
 
 
 def cdef_source() -> str:
@@ -72,7 +73,7 @@ def make_ffibuilder() -> FFI:
     ffi.set_source(
         "partialcoll._native",
         '#include "pc_engine.h"',
-        sources=[os.path.relpath(os.path.join(HERE, "pc_engine.c"))],
+        sources=[os.path.relpath(os.path.join(HERE, unit)) for unit in UNITS],
         include_dirs=[HERE] + inc,
         library_dirs=libdirs,          # link time only: no rpath is recorded
         libraries=libs + ["dl"],      # dl: dlsym for MPIX_Query_cuda_support

@@ -125,7 +125,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
 int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s);
 int pc_coll_begin(pc_coll *c);
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late);
-/* staged (device) posts: see pc_engine.c */
+/* staged (device) posts: see coll.c */
 int pc_coll_acc_full(pc_coll *c, int *full);
 int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced);
 int pc_coll_test(pc_coll *c, int64_t index, int *done);

@@ -1,0 +1,90 @@
+"""Idle CPU of a rank whose collective is armed (issue 11). Run: mpiexec -n 2 python bench/idle.py
+
+For each vector size x mode x progress ("thread", "inline") two scenarios, each
+`--seconds` long, reporting the CPU (user + system, all threads) of the busiest rank
+as a percentage of one core:
+
+armed    one round done, then every rank sleeps: the next round is armed (its first
+         receives are posted) but nothing moves on the wire.
+waiting  rank 0 posts and waits for round n while rank 1 sleeps, posting only after
+         the window (full mode waits for it; solo's round needs rank 1's engine,
+         which in inline mode runs only inside rank 1's calls): a waiting rank must
+         not spin.
+
+Rank 0 prints one row per case and, with --json, writes them all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+
+SIZES = {"8B": 2, "1MiB": 1 << 18, "25MiB": 25 << 18}     # float32 elements
+
+
+def cpu_over(comm, seconds, body):
+    """Run body() on every rank, then sleep out the rest of `seconds`; return each
+    rank's CPU % of one core over that window."""
+    comm.Barrier()
+    c0, t0 = time.process_time(), time.perf_counter()
+    body()
+    time.sleep(max(0.0, t0 + seconds - time.perf_counter()))
+    cpu = (time.process_time() - c0) / (time.perf_counter() - t0) * 100
+    return comm.gather(cpu, root=0)
+
+
+def measure(comm, count, mode, seconds):
+    x = np.ones(count, np.float32)
+    coll = pc.PartialAllreduce(count, np.float32, comm=comm, mode=mode, late="fold")
+    coll.post(x).wait()
+    armed = cpu_over(comm, seconds, lambda: time.sleep(seconds))
+
+    def wait_for_late_peer():
+        if comm.rank == 0:
+            coll.post(x).wait()
+        else:
+            time.sleep(seconds)
+    waiting = cpu_over(comm, seconds, wait_for_late_peer)
+    if comm.rank == 1:
+        coll.post(x).wait()             # the late post (solo: its round is long done)
+    coll.close()
+    return armed, waiting
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--sizes", default=",".join(SIZES))
+    ap.add_argument("--modes", default="solo,full")
+    ap.add_argument("--progress", default="thread,inline")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    rows = []
+    if comm.rank == 0:
+        print(f"# idle CPU, % of one core, busiest of {comm.size} ranks ({args.seconds:g} s each)")
+        print(f"# {'progress':<8} {'mode':<6} {'size':>6} {'armed':>8} {'waiting':>8}")
+    for progress in args.progress.split(","):
+        pc.finalize()
+        pc.rc.progress = progress
+        for mode in args.modes.split(","):
+            for name in args.sizes.split(","):
+                armed, waiting = measure(comm, SIZES[name], mode, args.seconds)
+                if comm.rank == 0:
+                    row = {"progress": progress, "mode": mode, "size": name,
+                           "armed": max(armed), "waiting": max(waiting), "waiting_rank0": waiting[0]}
+                    rows.append(row)
+                    print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f}",
+                          flush=True)
+    if comm.rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

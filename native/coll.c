@@ -1,0 +1,404 @@
+/* coll.c -- partial collectives (pc_coll): rounds, accumulator, results, close;
+ * and the counter-based choice of each round's candidates. */
+#define _GNU_SOURCE
+#include "pc_internal.h"
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ candidates */
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* q distinct ranks out of [0, size) for (seed, round): a partial Fisher-Yates shuffle
+ * driven by a counter-based hash, so every rank computes the same set without messages. */
+int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
+{
+    if (size <= 0 || q <= 0 || q > size) return fail(PC_ERR_ARG, "candidates: need 0 < q <= size");
+    int *perm = malloc(sizeof(int) * (size_t)size);
+    if (!perm) return fail(PC_ERR_NOMEM, "candidates: out of memory");
+    for (int i = 0; i < size; i++) perm[i] = i;
+    uint64_t key = splitmix64(seed ^ splitmix64((uint64_t)round));
+    for (int i = 0; i < q; i++) {
+        int j = i + (int)(splitmix64(key + (uint64_t)i) % (uint64_t)(size - i));
+        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        out[i] = perm[i];
+    }
+    free(perm);
+    return PC_OK;
+}
+
+/* ------------------------------------------------------------------ partial collectives
+ *
+ * Round n runs on sched[kind(n)] with version n. Buffers: acc (what post folds into),
+ * work (what the round's allreduce reduces), result (what wait returns); moving data
+ * between them is a pointer swap wherever possible, so a post costs one pass over x.
+ *
+ *   post(x):   acc = acc (op) x; posts++; maybe trigger the armed round
+ *   TAKE:      work = acc; acc = empty; set my active bit if posts > n, closing bit if closing
+ *   DELIVER:   result = work (latest) or result = result (op) work (fold); completed = n + 1
+ *   done:      arm round n + 1, unless every rank was closing in round n
+ */
+static void fill_identity(pc_coll *c, void *dst)
+{
+    const unsigned char *id = c->spec.identity;
+    size_t k, z = 1;
+    for (k = 0; k < c->itemsize; k++) z &= id[k] == 0;
+    if (z) { memset(dst, 0, c->nbytes); return; }
+    for (int64_t i = 0; i < c->spec.count; i++) memcpy((char *)dst + i * c->itemsize, id, c->itemsize);
+}
+
+static void swap_ptr(void **a, void **b) { void *t = *a; *a = *b; *b = t; }
+
+static int pc_coll_round_kind(pc_coll *c, int64_t n)
+{
+    if (c->spec.mode == PC_MODE_FULL) return 1;
+    if (c->spec.max_staleness > 0 && (n + 1) % c->spec.max_staleness == 0) return 1;
+    if (c->close_seen >= 0 && n > c->close_seen) return 1;   /* someone is closing: full rounds */
+    return 0;
+}
+
+static int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
+{
+    if (pc_coll_round_kind(c, n) == 1) return 1;
+    int q;
+    switch (c->spec.mode) {
+    case PC_MODE_MAJORITY: q = 1; break;
+    case PC_MODE_PROBE: q = c->spec.candidates; break;
+    default: return 1;   /* solo: everyone; quorum: everyone notifies the leader */
+    }
+    int cand[q > 0 ? q : 1], hit = 0;
+    if (pc_candidates(c->spec.seed, n, c->size, q, cand)) return 0;
+    for (int i = 0; i < q; i++) hit |= cand[i] == rank;
+    return hit;
+}
+
+/* Fire the armed round's trigger if this rank may start it now (lock held). */
+int coll_maybe_trigger(pc_coll *c)
+{
+    pc_sched *s = c->armed;
+    if (!s || c->triggered || !s->running || s->trigger_op < 0) return PC_OK;
+    int64_t n = c->armed_round;
+    if (!(c->closing || (c->posts > n && pc_coll_eligible(c, n, c->rank)))) return PC_OK;
+    c->triggered = 1;
+    s->ops[s->trigger_op].state = ST_FIRED;
+    int rc = op_complete(s, s->trigger_op);
+    sched_check_done(s);
+    kick();
+    return rc;
+}
+
+static int coll_arm(pc_coll *c, int64_t n)
+{
+    pc_sched *s = c->sched[pc_coll_round_kind(c, n)];
+    if (!s) return fail(PC_ERR_STATE, "no schedule for round %lld", (long long)n);
+    c->armed_round = n;
+    c->armed = s;
+    c->triggered = 0;
+    c->taken = 0;
+    int rc = sched_begin(s, n);
+    if (rc) return rc;
+    return coll_maybe_trigger(c);
+}
+
+int coll_take(pc_coll *c)
+{
+    int64_t n = c->armed_round;
+    if (c->work_filled) {
+        c->work_filled = 0;            /* a direct post already placed the data */
+    } else if (c->acc_full) {
+        swap_ptr(&c->acc, &c->work);
+        c->work_slot = c->work;
+    } else {
+        fill_identity(c, c->work);
+    }
+    c->acc_full = 0;
+    c->taken = 1;
+    c->closing_taken = c->closing;
+    if (c->spec.has_mask) {
+        uint64_t *m = c->mask_slot;
+        int W = c->spec.mask_words;
+        memset(m, 0, sizeof(uint64_t) * 2 * (size_t)W);
+        if (c->posts > n) m[c->rank / 64] |= 1ULL << (c->rank % 64);
+        if (c->closing) m[W + c->rank / 64] |= 1ULL << (c->rank % 64);
+    }
+    return PC_OK;
+}
+
+static int coll_round_end(pc_coll *c, int64_t n, int all_closing)
+{
+    c->res_round = n;
+    c->completed = n + 1;
+    if (all_closing && c->closing) c->finished = 1;
+    return PC_OK;
+}
+
+int coll_deliver(pc_coll *c)
+{
+    int64_t n = c->armed_round;
+    int W = c->spec.mask_words, all_closing = 1;
+    uint64_t *m = c->mask_slot;
+    if (c->spec.has_mask) {
+        memcpy(c->res_mask, m, sizeof(uint64_t) * 2 * (size_t)W);
+        for (int r = 0; r < c->size; r++) all_closing &= (int)((m[W + r / 64] >> (r % 64)) & 1);
+    } else {
+        all_closing = c->closing_taken;   /* full mode: close is one collective final round */
+        memset(c->res_mask, 0, sizeof(uint64_t) * 2 * (size_t)W);
+        for (int r = 0; r < c->size; r++) {
+            c->res_mask[r / 64] |= 1ULL << (r % 64);
+            if (all_closing) c->res_mask[W + r / 64] |= 1ULL << (r % 64);
+        }
+    }
+    if (c->spec.has_mask && c->close_seen < 0)
+        for (int w = 0; w < W; w++) if (m[W + w]) c->close_seen = n;
+    void *src = c->work_slot;
+    if ((c->fold || c->closing) && c->pending > 0) {
+        void *dst = c->result_ext ? c->result_ext : c->result;
+        int rc = pc_reduce_local(c->spec.redop, c->spec.dtype, dst, src, dst, c->spec.count);
+        if (rc) return rc;
+        if (src != c->work) c->work_slot = c->work;
+        c->pending++;
+        return coll_round_end(c, n, all_closing);
+    }
+    if (src != c->work) {         /* the round ran in the user's out buffer */
+        c->result_ext = src;
+        c->work_slot = c->work;
+    } else {
+        c->result_ext = NULL;
+        swap_ptr(&c->work, &c->result);
+        c->work_slot = c->work;
+    }
+    c->pending = 1;
+    return coll_round_end(c, n, all_closing);
+}
+
+void coll_round_done(pc_coll *c)
+{
+    c->armed = NULL;
+    if (c->finished || c->err) return;
+    int rc = coll_arm(c, c->completed);
+    if (rc && !c->err) { c->err = rc; snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error()); }
+}
+
+int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
+{
+    if (!pc_op_valid(spec->redop, spec->dtype) || spec->redop == PC_OP_COPY)
+        return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", spec->redop, spec->dtype);
+    if (spec->count < 0) return fail(PC_ERR_ARG, "count must be >= 0");
+    pc_coll *c = calloc(1, sizeof *c);
+    if (!c) return fail(PC_ERR_NOMEM, "out of memory");
+    MPI_Comm comm = *(MPI_Comm *)comm_handle;
+    MPI_Comm_rank(comm, &c->rank);
+    MPI_Comm_size(comm, &c->size);
+    c->spec = *spec;
+    c->itemsize = pc_dt_size[spec->dtype];
+    c->nbytes = (size_t)spec->count * c->itemsize;
+    void *id = malloc(c->itemsize);
+    int W = spec->mask_words > 0 ? spec->mask_words : 1;
+    c->spec.mask_words = W;
+    c->mask_slot = calloc(2 * (size_t)W, sizeof(uint64_t));
+    c->res_mask = calloc(2 * (size_t)W, sizeof(uint64_t));
+    for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
+    if (!id || !c->mask_slot || !c->res_mask || !c->buf[0] || !c->buf[1] || !c->buf[2]) {
+        free(id);
+        pc_coll_free(c);
+        return fail(PC_ERR_NOMEM, "out of memory for a partial allreduce of %zu bytes", c->nbytes);
+    }
+    memcpy(id, spec->identity, c->itemsize);
+    c->spec.identity = id;
+    c->acc = c->buf[0]; c->work = c->buf[1]; c->result = c->buf[2];
+    c->work_slot = c->work;
+    c->fold = spec->late == PC_LATE_FOLD;
+    c->armed_round = -1;
+    c->close_seen = -1;
+    fill_identity(c, c->result);
+    *out = c;
+    return PC_OK;
+}
+
+int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s)
+{
+    if (kind < 0 || kind > 1 || s->coll != c) return fail(PC_ERR_ARG, "bad schedule for this collective");
+    c->sched[kind] = s;
+    return PC_OK;
+}
+
+int pc_coll_begin(pc_coll *c)
+{
+    app_lock();
+    int rc = !E.started ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
+    app_unlock();
+    return rc;
+}
+
+static int coll_error(pc_coll *c) { return fail(c->err, "%s", c->errmsg); }
+
+/* Every post begins here (lock held): refuse after an error or close, number the post. */
+static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
+{
+    if (c->err) return coll_error(c);
+    if (c->closing) return fail(PC_ERR_STATE, "post after close");
+    *index = c->posts;
+    /* late: round #index has already read this rank's input (or completed) */
+    *late = c->completed > c->posts || (c->armed_round == c->posts && c->taken);
+    return PC_OK;
+}
+
+/* ... and ends here, once x is in place: count it, and start the round if eligible. */
+static int coll_post_end(pc_coll *c)
+{
+    c->posts++;
+    int rc = coll_maybe_trigger(c);
+    return rc == PC_OK && c->err ? coll_error(c) : rc;
+}
+
+int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+{
+    app_lock();
+    int rc = coll_post_begin(c, index, late);
+    if (rc) goto out;
+    int direct = c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
+                 && !c->acc_full && !c->work_filled && !(c->fold && c->pending > 0);
+    if (direct) {                        /* full mode: x goes straight into the round's buffer */
+        void *dst = out ? out : c->work;
+        if (dst != x) memcpy(dst, x, c->nbytes);
+        c->work_slot = dst;
+        c->work_filled = 1;
+    } else if (c->acc_full) {
+        rc = pc_reduce_local(c->spec.redop, c->spec.dtype, c->acc, x, c->acc, c->spec.count);
+        if (rc) goto out;
+    } else {
+        memcpy(c->acc, x, c->nbytes);
+        c->acc_full = 1;
+    }
+    rc = coll_post_end(c);
+out:
+    app_unlock();
+    return rc;
+}
+
+/* Staged posts (device buffers, partialcoll/_device.py). The caller keeps a copy of
+ * what its earlier posts put into acc and folds x into it where x lives (on the GPU),
+ * so that a post costs one device-side op and one copy to the host:
+ *   pc_coll_acc_full:     does acc hold posts that no round has taken yet?
+ *   pc_coll_post_replace: if it still does, acc = x (x is acc (op) the new post) and
+ *                         the post counts; if a TAKE emptied acc meanwhile, nothing
+ *                         happens (*replaced = 0) and the caller posts the new data alone.
+ * Only posts fill acc, and only TAKE empties it, so "still full" means "unchanged". */
+int pc_coll_acc_full(pc_coll *c, int *full)
+{
+    app_lock();
+    *full = c->acc_full;
+    int rc = c->err ? coll_error(c) : PC_OK;
+    app_unlock();
+    return rc;
+}
+
+int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
+{
+    app_lock();
+    int rc = coll_post_begin(c, index, late);
+    *replaced = 0;
+    if (rc == PC_OK && c->acc_full) {
+        memcpy(c->acc, x, c->nbytes);
+        *replaced = 1;
+        rc = coll_post_end(c);
+    }
+    app_unlock();
+    return rc;
+}
+
+typedef struct { pc_coll *c; int64_t index; } coll_wait_arg;
+
+static int coll_reached(void *p)
+{
+    coll_wait_arg *a = p;
+    return a->c->err || a->c->finished || a->c->completed > a->index;
+}
+
+int pc_coll_test(pc_coll *c, int64_t index, int *done)
+{
+    app_lock();
+    if (!E.threaded) engine_progress_locked();
+    coll_wait_arg a = {c, index};
+    *done = coll_reached(&a);
+    int rc = c->err ? coll_error(c) : PC_OK;
+    app_unlock();
+    return rc;
+}
+
+static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
+{
+    app_lock();
+    coll_wait_arg a = {c, index};
+    int rc = wait_until(coll_reached, &a, timeout_s);
+    if (rc == PC_OK && c->err) rc = coll_error(c);
+    else if (rc == PC_ERR_TIMEOUT)
+        rc = fail(PC_ERR_TIMEOUT, "round %lld did not complete at rank %d "
+                  "(%lld rounds completed here; the round waits for its initiator or for peers)",
+                  (long long)(index >= (1LL << 61) ? c->completed : index), c->rank, (long long)c->completed);
+    app_unlock();
+    return rc;
+}
+
+/* Copy out the result: the latest round (latest), or the fold of the rounds not yet
+ * taken (fold, and always after close). */
+static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
+{
+    app_lock();
+    void *src = c->result_ext ? c->result_ext : c->result;
+    int folding = c->fold || c->closing;
+    if (folding && c->pending == 0) fill_identity(c, out);
+    else if (out != src) memcpy(out, src, c->nbytes);
+    info->round = c->res_round;
+    info->rounds = folding ? c->pending : (c->completed > 0);
+    info->finished = c->finished;
+    memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);
+    c->pending = 0;
+    app_unlock();
+    return PC_OK;
+}
+
+/* pc_coll_wait, then pc_coll_take_result: one call on the hot path. */
+int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
+{
+    int rc = pc_coll_wait(c, index, timeout_s);
+    return rc ? rc : pc_coll_take_result(c, out, mask, info);
+}
+
+/* Start closing: from now on this rank triggers every round it is armed for, and a
+ * round in which every rank is closing is the final one. */
+int pc_coll_close(pc_coll *c)
+{
+    app_lock();
+    int rc = PC_OK;
+    if (!c->closing) {
+        c->closing = 1;
+        if (!c->fold && c->pending == 0) {   /* from now on fold: close never drops a round */
+            c->result_ext = NULL;
+            fill_identity(c, c->result);
+        }
+        rc = coll_maybe_trigger(c);
+    }
+    app_unlock();
+    return rc;
+}
+
+int pc_coll_free(pc_coll *c)
+{
+    if (!c) return PC_OK;
+    app_lock();
+    int busy = (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
+    app_unlock();
+    if (busy) return fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight");
+    for (int b = 0; b < 3; b++) free(c->buf[b]);
+    free(c->mask_slot); free(c->res_mask); free((void *)c->spec.identity);
+    free(c);
+    return PC_OK;
+}

@@ -1,0 +1,81 @@
+/* kernels.c -- elementwise reductions (MPI_Reduce_local's job) for every dtype x op. */
+#define _GNU_SOURCE
+#include "pc_internal.h"
+#include <string.h>
+
+typedef struct { float re, im; } c64;
+typedef struct { double re, im; } c128;
+
+/* class of each dtype: 0 bool, 1 integer, 2 floating, 3 complex */
+static const int dt_class[PC_DT_COUNT] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3};
+const size_t pc_dt_size[PC_DT_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 8, 16};
+
+int pc_op_valid(int redop, int dtype)
+{
+    if (dtype < 0 || dtype >= PC_DT_COUNT || redop < 0 || redop >= PC_OP_COUNT) return 0;
+    int k = dt_class[dtype];
+    switch (redop) {
+    case PC_OP_COPY: return 1;
+    case PC_OP_SUM: case PC_OP_PROD: return k != 0;          /* MPI: no arithmetic on C_BOOL */
+    case PC_OP_MIN: case PC_OP_MAX: return k == 1 || k == 2;
+    case PC_OP_LAND: case PC_OP_LOR: case PC_OP_LXOR: return k <= 1;
+    default: return k == 1;                                  /* BAND BOR BXOR: integers */
+    }
+}
+
+#define LOOP(T, EXPR) do { const T *x = (const T *)a, *y = (const T *)b; T *z = (T *)out; \
+        for (int64_t i = 0; i < n; i++) { T u = x[i], v = y[i]; z[i] = (T)(EXPR); } } while (0)
+
+#define ARITH(T) switch (redop) { \
+    case PC_OP_SUM: LOOP(T, u + v); return PC_OK; \
+    case PC_OP_PROD: LOOP(T, u * v); return PC_OK; \
+    case PC_OP_MIN: LOOP(T, v < u ? v : u); return PC_OK; \
+    case PC_OP_MAX: LOOP(T, v > u ? v : u); return PC_OK; \
+    case PC_OP_LAND: LOOP(T, (u != 0) && (v != 0)); return PC_OK; \
+    case PC_OP_LOR: LOOP(T, (u != 0) || (v != 0)); return PC_OK; \
+    case PC_OP_LXOR: LOOP(T, (u != 0) != (v != 0)); return PC_OK; }
+
+#define BITS(T) switch (redop) { \
+    case PC_OP_BAND: LOOP(T, u & v); return PC_OK; \
+    case PC_OP_BOR: LOOP(T, u | v); return PC_OK; \
+    case PC_OP_BXOR: LOOP(T, u ^ v); return PC_OK; }
+
+#define COMPLEX(T) switch (redop) { \
+    case PC_OP_SUM: { const T *x = a, *y = b; T *z = out; for (int64_t i = 0; i < n; i++) { \
+        T r = {x[i].re + y[i].re, x[i].im + y[i].im}; z[i] = r; } return PC_OK; } \
+    case PC_OP_PROD: { const T *x = a, *y = b; T *z = out; for (int64_t i = 0; i < n; i++) { \
+        T r = {x[i].re * y[i].re - x[i].im * y[i].im, x[i].re * y[i].im + x[i].im * y[i].re}; \
+        z[i] = r; } return PC_OK; } }
+
+/* out = a (op) b, elementwise; out may alias a or b. */
+int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n)
+{
+    if (!pc_op_valid(redop, dtype))
+        return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", redop, dtype);
+    if (n <= 0) return PC_OK;
+    if (redop == PC_OP_COPY) {
+        if (out != a) memmove(out, a, (size_t)n * pc_dt_size[dtype]);
+        return PC_OK;
+    }
+    switch (dtype) {
+    case PC_DT_BOOL: { const uint8_t *x = a, *y = b; uint8_t *z = out;
+        for (int64_t i = 0; i < n; i++) {
+            int u = x[i] != 0, v = y[i] != 0;
+            z[i] = (uint8_t)(redop == PC_OP_LAND ? (u && v) : redop == PC_OP_LOR ? (u || v) : (u != v));
+        }
+        return PC_OK; }
+    case PC_DT_INT8: ARITH(int8_t) BITS(int8_t) break;
+    case PC_DT_INT16: ARITH(int16_t) BITS(int16_t) break;
+    case PC_DT_INT32: ARITH(int32_t) BITS(int32_t) break;
+    case PC_DT_INT64: ARITH(int64_t) BITS(int64_t) break;
+    case PC_DT_UINT8: ARITH(uint8_t) BITS(uint8_t) break;
+    case PC_DT_UINT16: ARITH(uint16_t) BITS(uint16_t) break;
+    case PC_DT_UINT32: ARITH(uint32_t) BITS(uint32_t) break;
+    case PC_DT_UINT64: ARITH(uint64_t) BITS(uint64_t) break;
+    case PC_DT_FLOAT32: ARITH(float) break;
+    case PC_DT_FLOAT64: ARITH(double) break;
+    case PC_DT_COMPLEX64: COMPLEX(c64) break;
+    case PC_DT_COMPLEX128: COMPLEX(c128) break;
+    }
+    return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", redop, dtype);
+}

@@ -1,0 +1,102 @@
+/* mpi.c -- the one place that talks to MPI: post, test, cancel messages; tag bits;
+ * communicator queries. Everything here runs with E.lock held. */
+#define _GNU_SOURCE
+#include "pc_internal.h"
+#include <mpi.h>
+#include <dlfcn.h>
+#include <stdio.h>
+
+
+/* MPIX_Query_cuda_support() of the loaded libmpi (MPICH >= 4, Open MPI), looked up at
+ * run time so that the engine loads with any MPI: 1 CUDA-aware, 0 not, -1 no such query. */
+int pc_mpi_cuda_support(void)
+{
+    int (*query)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support");
+    return query ? (query() != 0) : -1;
+}
+
+static int mpi_tag(const pc_sched *s, const pc_op *op)
+{
+    int64_t v = s->version & ((1LL << s->vbits) - 1);
+    return (int)((v << s->seqbits) | op->tag_seq);
+}
+
+int mpi_post(pc_sched *s, int i)
+{
+    pc_op *op = &s->ops[i];
+    MPI_Request *r = &s->reqs[s->nreq];
+    int rc = op->kind == PC_SEND
+        ? MPI_Isend(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r)
+        : MPI_Irecv(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING]; int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        sched_fail(s, i, PC_ERR_MPI, msg);
+        return PC_ERR_MPI;
+    }
+    s->req_op[s->nreq++] = i;
+    if (op->nbytes >= E.policy.busy_bytes) s->inflight_big++;
+    return PC_OK;
+}
+
+/* Test the schedule's requests; complete the ops whose messages are done. */
+int mpi_test(pc_sched *s, int *ndone)
+{
+    int outcount = 0;
+    *ndone = 0;
+    if (s->nreq == 0) return PC_OK;
+    int rc = MPI_Testsome(s->nreq, s->reqs, &outcount, s->done_idx, s->statuses);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING]; int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        sched_fail(s, s->req_op[0], PC_ERR_MPI, msg);
+        return PC_ERR_MPI;
+    }
+    if (outcount == MPI_UNDEFINED || outcount == 0) return PC_OK;
+    for (int k = 0; k < outcount; k++) {
+        int op = s->req_op[s->done_idx[k]];
+        if (s->ops[op].kind == PC_RECV) {
+            int got = 0;
+            MPI_Get_count(&s->statuses[k], MPI_BYTE, &got);
+            if (got != s->ops[op].nbytes) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "expected %lld bytes from rank %d, received %d",
+                         (long long)s->ops[op].nbytes, s->ops[op].peer, got);
+                sched_fail(s, op, PC_ERR_TRUNCATE, msg);
+                return PC_ERR_TRUNCATE;
+            }
+        }
+        if (s->ops[op].nbytes >= E.policy.busy_bytes) s->inflight_big--;
+        s->done_idx[k] = op;   /* reuse as the list of completed ops */
+    }
+    /* compact: drop the completed (now MPI_REQUEST_NULL) requests */
+    int w = 0;
+    for (int r = 0; r < s->nreq; r++) {
+        if (s->reqs[r] != MPI_REQUEST_NULL) { s->reqs[w] = s->reqs[r]; s->req_op[w] = s->req_op[r]; w++; }
+    }
+    s->nreq = w;
+    *ndone = outcount;
+    return PC_OK;
+}
+
+void mpi_cancel_all(pc_sched *s)
+{
+    for (int r = 0; r < s->nreq; r++) {
+        MPI_Cancel(&s->reqs[r]);
+        MPI_Request_free(&s->reqs[r]);
+    }
+    s->nreq = 0;
+}
+
+int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits)
+{
+    MPI_Comm comm = *(MPI_Comm *)comm_handle;
+    int *ub = NULL, flag = 0;
+    MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
+    long long tag_ub = flag && ub ? *ub : 32767;
+    int bits = 0;
+    while (bits < 31 && (1LL << (bits + 1)) - 1 <= tag_ub) bits++;
+    *seqbits = bits >= 24 ? 16 : bits - 4;   /* at least 4 bits of version */
+    *vbits = bits - *seqbits;
+    return PC_OK;
+}

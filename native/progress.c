@@ -1,0 +1,282 @@
+/* progress.c -- the engine: its lock, the progress thread, the idle policy, and the
+ * waits of application threads (thread mode) or inline progress (inline mode). */
+#define _GNU_SOURCE
+#include "pc_internal.h"
+#include <mpi.h>
+#include <errno.h>
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+pc_engine_state E = {.lock = PTHREAD_MUTEX_INITIALIZER, .wmtx = PTHREAD_MUTEX_INITIALIZER,
+                     .dmtx = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
+                     .done = PTHREAD_COND_INITIALIZER};
+
+double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+void abs_deadline(struct timespec *ts, double us)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    long long ns = ts->tv_nsec + (long long)(us * 1e3);
+    ts->tv_sec += ns / 1000000000LL;
+    ts->tv_nsec = ns % 1000000000LL;
+}
+
+void kick(void)
+{
+    pthread_mutex_lock(&E.wmtx);
+    E.kicked = 1;
+    pthread_cond_signal(&E.work);
+    pthread_mutex_unlock(&E.wmtx);
+}
+
+int take_kick(void)
+{
+    pthread_mutex_lock(&E.wmtx);
+    int k = E.kicked;
+    E.kicked = 0;
+    pthread_mutex_unlock(&E.wmtx);
+    return k;
+}
+
+/* Sleep until kicked or for us microseconds (us < 0: until kicked). No E.lock held. */
+void sleep_for_kick(double us)
+{
+    pthread_mutex_lock(&E.wmtx);
+    if (!E.kicked && !E.stop) {
+        if (us < 0) {
+            pthread_cond_wait(&E.work, &E.wmtx);
+        } else {
+            struct timespec ts;
+            abs_deadline(&ts, us);
+            pthread_cond_timedwait(&E.work, &E.wmtx, &ts);
+        }
+    }
+    E.kicked = 0;            /* a kick ends one sleep */
+    pthread_mutex_unlock(&E.wmtx);
+}
+
+void notify_done(void)
+{
+    pthread_mutex_lock(&E.dmtx);
+    pthread_cond_broadcast(&E.done);
+    pthread_mutex_unlock(&E.dmtx);
+}
+
+/* Application threads take the lock through app_lock(): the progress thread sees
+ * E.want > 0 and steps aside, so a post never waits behind a polling loop. */
+void app_lock(void)
+{
+    __atomic_add_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&E.lock);
+    __atomic_sub_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
+}
+
+void app_unlock(void) { pthread_mutex_unlock(&E.lock); }
+
+void running_add(pc_sched *s)
+{
+    s->prev = NULL;
+    s->next = E.running;
+    if (E.running) E.running->prev = s;
+    E.running = s;
+}
+
+void running_remove(pc_sched *s)
+{
+    if (s->prev) s->prev->next = s->next; else if (E.running == s) E.running = s->next;
+    if (s->next) s->next->prev = s->prev;
+    s->next = s->prev = NULL;
+}
+
+int engine_progress_locked(void)
+{
+    int progressed = 0;
+    pc_sched *s = E.running;
+    while (s) {
+        pc_sched *next = s->next;   /* s may leave the list (and a new one join at the head) */
+        int ndone = 0;
+        if (mpi_test(s, &ndone) == PC_OK && ndone > 0) {
+            progressed = 1;
+            /* copy first: completing ops may post (and test) new requests */
+            memcpy(s->finished, s->done_idx, sizeof(int) * (size_t)ndone);
+            for (int k = 0; k < ndone && !s->err; k++) op_complete(s, s->finished[k]);
+            sched_check_done(s);
+        }
+        s = next;
+    }
+    return progressed;
+}
+
+static int engine_busy(void)
+{
+    for (pc_sched *s = E.running; s; s = s->next)
+        if (s->inflight_big > 0) return 1;
+    return 0;
+}
+
+/* The adaptive idle policy, shared by the progress thread and inline waits:
+ * spin, then yield, then sleep with a doubling, capped backoff (never while a large
+ * message is in flight: its transfer needs polling). A kick (a local post) ends a
+ * sleep at once. Called without E.lock. */
+typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
+
+static void idle_reset(idle_state *st)
+{
+    st->idle_since = now_us();
+    st->sleep_us = E.policy.sleep_min_us;
+    st->spins = 0;
+}
+
+static void idle_step(idle_state *st, int busy)
+{
+    /* read the clock on every 16th spin only: one read per spin was a fifth of a busy loop */
+    if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) return;
+    double idle = now_us() - st->idle_since;
+    if (idle < E.policy.spin_us) return;
+    if (idle < E.policy.spin_us + E.policy.yield_us || busy) {
+        sched_yield();
+        return;
+    }
+    sleep_for_kick(st->sleep_us);
+    double cap = idle > E.policy.deep_after_us ? E.policy.deep_sleep_us : E.policy.sleep_max_us;
+    st->sleep_us *= 2;
+    if (st->sleep_us > cap) st->sleep_us = cap;
+}
+
+/* Take E.lock from the progress thread, after any application thread that wants it. */
+static void progress_lock(void)
+{
+    while (__atomic_load_n(&E.want, __ATOMIC_SEQ_CST) > 0) sched_yield();
+    pthread_mutex_lock(&E.lock);
+}
+
+static void *progress_main(void *arg)
+{
+    (void)arg;
+    idle_state st;
+    idle_reset(&st);
+    for (;;) {
+        progress_lock();
+        if (E.stop) break;
+        if (__atomic_load_n(&E.app_polling, __ATOMIC_SEQ_CST) > 0) {
+            /* an application thread is polling in wait(): stay off its core */
+            pthread_mutex_unlock(&E.lock);
+            sleep_for_kick(E.policy.sleep_max_us);
+            idle_reset(&st);
+            continue;
+        }
+        int any = E.running != NULL;
+        int progressed = any && engine_progress_locked();
+        int busy = any && engine_busy();
+        pthread_mutex_unlock(&E.lock);
+        if (!any) {                           /* nothing to do: sleep until a post */
+            sleep_for_kick(-1);
+            idle_reset(&st);
+        } else if (progressed || take_kick()) {
+            idle_reset(&st);
+        } else {
+            idle_step(&st, busy);
+        }
+    }
+    pthread_mutex_unlock(&E.lock);
+    return NULL;
+}
+
+int pc_engine_start(int use_thread, const pc_idle_policy *policy)
+{
+    int provided = 0, rc = PC_OK;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+        return fail(PC_ERR_THREAD, "partialcoll needs MPI_THREAD_MULTIPLE, but MPI provides level %d "
+                    "(initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE); mpi4py does so by default)",
+                    provided);
+    app_lock();
+    if (E.started) { app_unlock(); return fail(PC_ERR_STATE, "engine already started"); }
+    if (!E.conds_ready) {             /* deadlines are CLOCK_MONOTONIC (abs_deadline) */
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&E.work, &attr);
+        pthread_cond_init(&E.done, &attr);
+        pthread_condattr_destroy(&attr);
+        E.conds_ready = 1;
+    }
+    E.policy = *policy;
+    E.stop = 0;
+    E.threaded = use_thread;
+    if (use_thread && pthread_create(&E.thread, NULL, progress_main, NULL) != 0)
+        rc = fail(PC_ERR_THREAD, "cannot start the progress thread: %s", strerror(errno));
+    E.started = rc == PC_OK;
+    app_unlock();
+    return rc;
+}
+
+int pc_engine_stop(void)
+{
+    app_lock();
+    if (!E.started) { app_unlock(); return PC_OK; }
+    E.stop = 1;
+    app_unlock();
+    kick();
+    if (E.threaded) pthread_join(E.thread, NULL);
+    app_lock();
+    while (E.running) {                   /* abandon what is still in flight */
+        pc_sched *s = E.running;
+        mpi_cancel_all(s);
+        sched_fail(s, -1, PC_ERR_STATE, "engine stopped (partialcoll.finalize) while running");
+    }
+    E.started = 0;
+    notify_done();
+    app_unlock();
+    return PC_OK;
+}
+
+int pc_engine_threaded(void) { return E.started && E.threaded; }
+
+/* Wait (E.lock held on entry and exit) until pred(arg) or the timeout.
+ * Thread mode: poll pred briefly, then sleep on the done signal without E.lock.
+ * Inline mode: this thread drives progress, under the adaptive idle policy. */
+int wait_until(int (*pred)(void *), void *arg, double timeout_s)
+{
+    double deadline = timeout_s >= 0 ? now_us() + timeout_s * 1e6 : -1;
+    idle_state st;
+    idle_reset(&st);
+    int polling = 0, rc = PC_OK;
+    while (!pred(arg)) {
+        if (!E.started) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
+        double now = now_us();
+        if (deadline >= 0 && now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
+        if (E.threaded && now - st.idle_since < E.policy.spin_us) {
+            /* spin phase: progress here, sparing the hand-off to the progress thread */
+            if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
+            if (engine_progress_locked()) idle_reset(&st);
+        } else if (E.threaded) {
+            if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); kick(); }
+            pthread_mutex_unlock(&E.lock);
+            {
+                double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
+                struct timespec ts;
+                abs_deadline(&ts, slice);
+                pthread_mutex_lock(&E.dmtx);
+                if (!pred(arg)) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+                pthread_mutex_unlock(&E.dmtx);
+            }
+            app_lock();
+        } else if (engine_progress_locked()) {
+            idle_reset(&st);
+        } else {
+            int busy = engine_busy();
+            pthread_mutex_unlock(&E.lock);
+            idle_step(&st, busy);
+            app_lock();
+        }
+    }
+    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); kick(); }
+    return rc;
+}
