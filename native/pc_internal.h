@@ -43,6 +43,11 @@ struct pc_sched {
     int *req_op, *done_idx, *finished;  /* finished: ops whose messages completed in a pass */
     MPI_Status *statuses;
     int64_t inflight_big;    /* messages >= policy.busy_bytes in flight */
+    int live;                /* this execution's data is moving: a plain schedule from its start,
+                              * a round of a partial collective from its TAKE (before that only
+                              * pre-posted receives wait, and they need no polling) */
+    int needs_trigger;       /* nothing but pre-posted receives can happen before the TRIGGER
+                              * (full rounds: TAKE follows the trigger alone) */
     /* execution state */
     int running, remaining, err;
     int64_t version, executions;
@@ -87,6 +92,7 @@ typedef struct {
     int app_polling;         /* application threads progressing in wait() (atomic) */
     int conds_ready;
     pc_idle_policy policy;
+    int64_t last_event_us;   /* see note_event() in progress.c (atomic) */
     pc_sched *running;
 } pc_engine_state;
 extern pc_engine_state E;
@@ -107,7 +113,8 @@ int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
 /* progress.c */
 double now_us(void);
 void abs_deadline(struct timespec *ts, double us);
-void kick(void);
+void kick(void);                         /* new work: note the event, wake the poller */
+void wake(void);                         /* wake the poller, no new work */
 int take_kick(void);
 void sleep_for_kick(double us);          /* without E.lock */
 void notify_done(void);

@@ -27,7 +27,23 @@ void abs_deadline(struct timespec *ts, double us)
     ts->tv_nsec = ns % 1000000000LL;
 }
 
+/* The time of the last event (a message completed, a post, a round armed), in us:
+ * the idle policy counts from it, so waits that return to Python in slices and
+ * wake-ups that bring no work do not restart its spinning. */
+static void note_event(void)
+{
+    __atomic_store_n(&E.last_event_us, (int64_t)now_us(), __ATOMIC_RELAXED);
+}
+
+/* New work: note the event and wake the poller. */
 void kick(void)
+{
+    note_event();
+    wake();
+}
+
+/* Wake the poller (the progress thread, or an inline waiter) without new work. */
+void wake(void)
 {
     pthread_mutex_lock(&E.wmtx);
     E.kicked = 1;
@@ -103,6 +119,7 @@ int engine_progress_locked(void)
         int ndone = 0;
         if (mpi_test(s, &ndone) == PC_OK && ndone > 0) {
             progressed = 1;
+            note_event();
             /* copy first: completing ops may post (and test) new requests */
             memcpy(s->finished, s->done_idx, sizeof(int) * (size_t)ndone);
             for (int k = 0; k < ndone && !s->err; k++) op_complete(s, s->finished[k]);
@@ -113,22 +130,39 @@ int engine_progress_locked(void)
     return progressed;
 }
 
+/* Is a large message moving? Only in a live execution (see pc_sched.live): the receives
+ * a round pre-posts when it is armed wait for peers that may be computing for seconds. */
 static int engine_busy(void)
 {
     for (pc_sched *s = E.running; s; s = s->next)
-        if (s->inflight_big > 0) return 1;
+        if (s->live && s->inflight_big > 0) return 1;
+    return 0;
+}
+
+/* Does any running schedule need polling? A full round waiting for this rank's own
+ * post does not: nothing it holds can complete first, and the post kicks the engine. */
+static int engine_pollable(void)
+{
+    for (pc_sched *s = E.running; s; s = s->next) {
+        if (!s->needs_trigger || !s->coll) return 1;
+        if (s->trigger_op >= 0 && s->ops[s->trigger_op].state == ST_DONE) return 1;
+    }
     return 0;
 }
 
 /* The adaptive idle policy, shared by the progress thread and inline waits:
- * spin, then yield, then sleep with a doubling, capped backoff (never while a large
- * message is in flight: its transfer needs polling). A kick (a local post) ends a
- * sleep at once. Called without E.lock. */
+ * spin, then yield, then sleep with a doubling, capped backoff. While a large message
+ * moves (engine_busy) it keeps yielding instead of sleeping, since the transfer needs
+ * polling, but only up to busy_cap_us after the last event: a peer that is late by
+ * more than that is not worth a core. Past deep_after_us without events the sleep cap
+ * grows to a tenth of the idle time (at most deep_sleep_us), so that a long-idle rank
+ * costs almost no CPU while a wake-up adds at most ~10 % to how long it was idle.
+ * A kick (a local post) ends a sleep at once. Called without E.lock. */
 typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
 
 static void idle_reset(idle_state *st)
 {
-    st->idle_since = now_us();
+    st->idle_since = (double)__atomic_load_n(&E.last_event_us, __ATOMIC_RELAXED);
     st->sleep_us = E.policy.sleep_min_us;
     st->spins = 0;
 }
@@ -139,12 +173,14 @@ static void idle_step(idle_state *st, int busy)
     if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) return;
     double idle = now_us() - st->idle_since;
     if (idle < E.policy.spin_us) return;
-    if (idle < E.policy.spin_us + E.policy.yield_us || busy) {
+    if (idle < E.policy.spin_us + E.policy.yield_us || (busy && idle < E.policy.busy_cap_us)) {
         sched_yield();
         return;
     }
     sleep_for_kick(st->sleep_us);
-    double cap = idle > E.policy.deep_after_us ? E.policy.deep_sleep_us : E.policy.sleep_max_us;
+    double cap = E.policy.sleep_max_us;
+    if (idle > E.policy.deep_after_us && idle / 10 > cap)
+        cap = idle / 10 < E.policy.deep_sleep_us ? idle / 10 : E.policy.deep_sleep_us;
     st->sleep_us *= 2;
     if (st->sleep_us > cap) st->sleep_us = cap;
 }
@@ -171,11 +207,11 @@ static void *progress_main(void *arg)
             idle_reset(&st);
             continue;
         }
-        int any = E.running != NULL;
+        int any = engine_pollable();
         int progressed = any && engine_progress_locked();
         int busy = any && engine_busy();
         pthread_mutex_unlock(&E.lock);
-        if (!any) {                           /* nothing to do: sleep until a post */
+        if (!any) {                           /* nothing to poll: sleep until a post */
             sleep_for_kick(-1);
             idle_reset(&st);
         } else if (progressed || take_kick()) {
@@ -257,7 +293,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_progress_locked()) idle_reset(&st);
         } else if (E.threaded) {
-            if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); kick(); }
+            if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
             pthread_mutex_unlock(&E.lock);
             {
                 double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
@@ -277,6 +313,6 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
             app_lock();
         }
     }
-    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); kick(); }
+    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
     return rc;
 }

@@ -65,6 +65,7 @@ static int op_fire(pc_sched *s, int i)
         if (rc) { sched_fail(s, i, rc, pc_last_error()); return rc; }
         return -1;
     case PC_TAKE:
+        s->live = 1;           /* the round has read this rank's input: data moves now */
         rc = coll_take(s->coll);
         if (rc) { sched_fail(s, i, rc, pc_last_error()); return rc; }
         return -1;
@@ -99,6 +100,7 @@ int sched_begin(pc_sched *s, int64_t version)
     s->err = 0;
     s->nreq = 0;
     s->inflight_big = 0;
+    s->live = s->coll == NULL;
     for (int i = 0; i < s->nops; i++) { s->ops[i].got = 0; s->ops[i].state = ST_IDLE; }
     s->running = 1;
     running_add(s);
@@ -197,6 +199,12 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
     }
     memset(cnt, 0, sizeof(int) * (size_t)(nops + 1));
     for (int e = 0; e < nedges; e++) cnt[edges[2 * e + 1]]++;
+    /* A round whose TAKE follows its TRIGGER alone (a full round) cannot advance before a
+     * local post or close, both of which kick the engine: it needs no polling until then. */
+    for (int e = 0; e < nedges; e++) {
+        int a = edges[2 * e], b = edges[2 * e + 1];
+        if (s->ops[b].kind == PC_TAKE && cnt[b] == 1 && s->ops[a].kind == PC_TRIGGER) s->needs_trigger = 1;
+    }
     for (int i = 0; i < nops; i++) {
         int npred = cnt[i];
         pc_op *op = &s->ops[i];

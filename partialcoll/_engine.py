@@ -37,7 +37,7 @@ def ensure_started() -> None:
             "spin_us": float(rc.spin_us), "yield_us": float(rc.yield_us),
             "sleep_min_us": float(rc.sleep_min_us), "sleep_max_us": float(rc.sleep_max_us),
             "deep_after_us": float(rc.deep_after_us), "deep_sleep_us": float(rc.deep_sleep_us),
-            "busy_bytes": int(rc.busy_bytes)})
+            "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us)})
         check(lib.pc_engine_start(1 if rc.progress == "thread" else 0, policy))
         _started = True
 

@@ -14,17 +14,22 @@ class RC:
     yield_us      then sched_yield() this long (default 200).
     sleep_min_us  then sleep, doubling from this (default 10) ...
     sleep_max_us  ... up to this cap (default 200); a local post wakes the engine at once.
-    deep_after_us after this long without any event (default 20000) ...
-    deep_sleep_us ... the sleep cap grows to this (default 2000), so an idle rank costs
-                  well under 1% of a core.
-    busy_bytes    while a message at least this large is in flight, never sleep (default 65536).
+    deep_after_us after this long without any event (default 20000), the sleep cap grows
+                  to a tenth of the idle time, so a wake-up adds at most ~10 % to it ...
+    deep_sleep_us ... up to this (default 10000): an idle rank costs well under 1 % of a
+                  core, and a rank idle for a second answers a peer within 10 ms.
+    busy_bytes    while a message at least this large moves (its round has read this rank's
+                  input, or a plain schedule has started), keep polling (default 65536) ...
+    busy_cap_us   ... until this long after the last event (default 10000): a peer that is
+                  later than that is waited for asleep.
     timeout       default timeout in seconds of wait() (None: wait forever); environment
                   PARTIALCOLL_TIMEOUT.
     """
 
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
-                 "deep_sleep_us": 2000.0, "busy_bytes": 65536, "timeout": None}
+                 "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
+                 "timeout": None}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
