@@ -120,8 +120,7 @@ int coll_take(pc_coll *c)
     }
     c->acc_full = 0;
     c->taken = 1;
-    c->closing_taken = c->closing;
-    if (c->spec.has_mask) {
+    {
         uint64_t *m = c->mask_slot;
         int W = c->spec.mask_words;
         memset(m, 0, sizeof(uint64_t) * 2 * (size_t)W);
@@ -144,18 +143,11 @@ int coll_deliver(pc_coll *c)
     int64_t n = c->armed_round;
     int W = c->spec.mask_words, all_closing = 1;
     uint64_t *m = c->mask_slot;
-    if (c->spec.has_mask) {
-        memcpy(c->res_mask, m, sizeof(uint64_t) * 2 * (size_t)W);
-        for (int r = 0; r < c->size; r++) all_closing &= (int)((m[W + r / 64] >> (r % 64)) & 1);
-    } else {
-        all_closing = c->closing_taken;   /* full mode: close is one collective final round */
-        memset(c->res_mask, 0, sizeof(uint64_t) * 2 * (size_t)W);
-        for (int r = 0; r < c->size; r++) {
-            c->res_mask[r / 64] |= 1ULL << (r % 64);
-            if (all_closing) c->res_mask[W + r / 64] |= 1ULL << (r % 64);
-        }
-    }
-    if (c->spec.has_mask && c->close_seen < 0)
+    /* The masks were reduced in this round (BOR) in every mode, full included: which
+     * ranks were active and which closing is agreed, never taken from local state. */
+    memcpy(c->res_mask, m, sizeof(uint64_t) * 2 * (size_t)W);
+    for (int r = 0; r < c->size; r++) all_closing &= (int)((m[W + r / 64] >> (r % 64)) & 1);
+    if (c->close_seen < 0)
         for (int w = 0; w < W; w++) if (m[W + w]) c->close_seen = n;
     void *src = c->work_slot;
     if ((c->fold || c->closing) && c->pending > 0) {

@@ -90,7 +90,6 @@ typedef struct pc_collspec {
     int candidates;      /* probe: q */
     int quorum;          /* quorum: k */
     int max_staleness;   /* 0: none; s: rounds n with (n+1) % s == 0 are full */
-    int has_mask;        /* rounds carry active/closing bitmasks (every mode but full) */
     int mask_words;      /* 64-bit words per bitmask: ceil(P/64) */
     uint64_t seed;
     int dtype, redop;

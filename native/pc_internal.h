@@ -66,7 +66,7 @@ struct pc_coll {
     void *result_ext;        /* result delivered straight into a user's buffer */
     void *mask_slot;         /* 2*W words: active bits, closing bits */
     uint64_t *res_mask;      /* active bits, then closing bits, of the last delivered round */
-    int acc_full, work_filled, closing, closing_taken, finished, triggered, taken, fold;
+    int acc_full, work_filled, closing, finished, triggered, taken, fold;
     int64_t posts, armed_round, completed, pending, res_round;
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
     pc_sched *sched[2];      /* [0]: the mode's activation, [1]: full rounds */

@@ -7,7 +7,7 @@ after round on its own: it arms round n on the schedule of its kind with version
 fires the trigger when a local post makes this rank eligible, and publishes results.
 Python is never on the per-message path.
 
-Every partial round reduces, next to the data, two bitmasks with BOR in the same
+Every round (full ones too) reduces, next to the data, two bitmasks with BOR in the same
 schedule: the ranks whose post #n was read by round n (active) and the ranks closing.
 """
 from __future__ import annotations
@@ -178,24 +178,22 @@ class PartialAllreduce:
             go = BUILDERS[activation](s, trigger)
         take = s._take(after=go)
         work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
-        done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take)]
-        if self._has_mask:
-            mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
-            done.append(ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take))
+        mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
+        done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take),
+                ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
         return s
 
     def _build(self, comm: MPI.Comm) -> None:
         ffi, lib = _engine.ffi, _engine.lib
         _engine.ensure_started()
-        self._has_mask = self.mode != "full"
         self._mask_words = max(1, math.ceil(self.size / 64))
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
         spec = ffi.new("pc_collspec *", {
             "mode": _MODE_CODES[self.mode], "late": _LATE.index(self.late),
             "candidates": self.candidates or 0, "quorum": self.quorum or 0,
-            "max_staleness": self.max_staleness or 0, "has_mask": int(self._has_mask),
+            "max_staleness": self.max_staleness or 0, 
             "mask_words": self._mask_words, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
             "identity": ffi.cast("void *", ident.ctypes.data)})

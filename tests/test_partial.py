@@ -18,3 +18,15 @@ def test_partial_allreduce(mpirun, mode, nprocs):
 def test_partial_inline_progress(mpirun, nprocs):
     """The same semantics when test/wait drive progress (no progress thread)."""
     mpirun("partial_checks.py", nprocs, "majority", "60", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=240)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+@pytest.mark.parametrize("late", ["fold", "latest"])
+@pytest.mark.parametrize("mode", MODES)
+def test_close_uneven_posts(mpirun, mode, late, nprocs):
+    """close() finishes on every rank and flushes everything when ranks posted different
+    numbers of times (some never waiting, one never posting); 8 B and 1 MiB vectors."""
+    mpirun("close_checks.py", nprocs, mode, late, "1", timeout=120)
+    if nprocs == 3:
+        mpirun("close_checks.py", nprocs, mode, late, str(1 << 17), timeout=120)
