@@ -56,6 +56,17 @@ static void fill_identity(pc_coll *c, void *dst)
 
 static void swap_ptr(void **a, void **b) { void *t = *a; *a = *b; *b = t; }
 
+/* The pending result lives in a user's out= buffer (a full-mode round ran there): copy
+ * it into the collective's own result buffer before anything else is folded into it.
+ * The engine reads a user's buffer only while its request has not been waited for
+ * (Python keeps those buffers alive) and never writes into it after its round. */
+static void result_internal(pc_coll *c)
+{
+    if (!c->result_ext) return;
+    memcpy(c->result, c->result_ext, c->nbytes);
+    c->result_ext = NULL;
+}
+
 static int pc_coll_round_kind(pc_coll *c, int64_t n)
 {
     if (c->spec.mode == PC_MODE_FULL) return 1;
@@ -120,6 +131,8 @@ int coll_take(pc_coll *c)
     }
     c->acc_full = 0;
     c->taken = 1;
+    c->round_lo = c->taken_posts;      /* this rank's posts [round_lo, round_hi) are in the round */
+    c->round_hi = c->taken_posts = c->posts;
     {
         uint64_t *m = c->mask_slot;
         int W = c->spec.mask_words;
@@ -149,15 +162,22 @@ int coll_deliver(pc_coll *c)
     for (int r = 0; r < c->size; r++) all_closing &= (int)((m[W + r / 64] >> (r % 64)) & 1);
     if (c->close_seen < 0)
         for (int w = 0; w < W; w++) if (m[W + w]) c->close_seen = n;
+    int64_t nap = 0;
+    for (int w = 0; w < W; w++) nap += __builtin_popcountll(m[w]);
     void *src = c->work_slot;
     if ((c->fold || c->closing) && c->pending > 0) {
-        void *dst = c->result_ext ? c->result_ext : c->result;
-        int rc = pc_reduce_local(c->spec.redop, c->spec.dtype, dst, src, dst, c->spec.count);
+        result_internal(c);               /* never write into a completed request's buffer */
+        int rc = pc_reduce_local(c->spec.redop, c->spec.dtype, c->result, src, c->result, c->spec.count);
         if (rc) return rc;
         if (src != c->work) c->work_slot = c->work;
         c->pending++;
+        c->res_nap += nap;
+        c->res_hi = c->round_hi;
         return coll_round_end(c, n, all_closing);
     }
+    c->res_nap = nap;
+    c->res_lo = c->round_lo;
+    c->res_hi = c->round_hi;
     if (src != c->work) {         /* the round ran in the user's out buffer */
         c->result_ext = src;
         c->work_slot = c->work;
@@ -350,6 +370,11 @@ static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result 
     else if (out != src) memcpy(out, src, c->nbytes);
     info->round = c->res_round;
     info->rounds = folding ? c->pending : (c->completed > 0);
+    int none = folding && c->pending == 0;
+    info->nap = none ? 0 : c->res_nap;
+    info->post_lo = none ? 0 : c->res_lo;
+    info->post_hi = none ? 0 : c->res_hi;
+    c->result_ext = NULL;     /* the result is in out now: the user's buffer is theirs again */
     info->finished = c->finished;
     memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);
     c->pending = 0;
@@ -372,10 +397,9 @@ int pc_coll_close(pc_coll *c)
     int rc = PC_OK;
     if (!c->closing) {
         c->closing = 1;
-        if (!c->fold && c->pending == 0) {   /* from now on fold: close never drops a round */
-            c->result_ext = NULL;
+        result_internal(c);
+        if (!c->fold && c->pending == 0)      /* from now on fold: close never drops a round */
             fill_identity(c, c->result);
-        }
         rc = coll_maybe_trigger(c);
     }
     app_unlock();

@@ -100,6 +100,8 @@ typedef struct pc_collspec {
 typedef struct pc_result {
     int64_t round;       /* last round included */
     int64_t rounds;      /* how many rounds are folded in */
+    int64_t nap;         /* active processes, summed over those rounds */
+    int64_t post_lo, post_hi; /* this rank's posts [post_lo, post_hi) are in the data */
     int finished;        /* the collective has completed its final round */
 } pc_result;
 

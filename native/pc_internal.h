@@ -68,6 +68,9 @@ struct pc_coll {
     uint64_t *res_mask;      /* active bits, then closing bits, of the last delivered round */
     int acc_full, work_filled, closing, finished, triggered, taken, fold;
     int64_t posts, armed_round, completed, pending, res_round;
+    int64_t taken_posts;     /* posts read by the rounds so far */
+    int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
+    int64_t res_lo, res_hi, res_nap;  /* ... in the pending result; NAP summed over its rounds */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
     pc_sched *sched[2];      /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;

@@ -44,27 +44,25 @@ class Result:
 
     data         the reduction (a device array where the post's buffers were on the device)
     round        round number n (the last one, if several are folded)
-    active       ranks whose post #round was included (eager-SGD's s_t)
-    contributed  whether this rank's post was included in its own round
-    rounds       how many rounds data covers (1; 0 or more with late="fold")
+    active       ranks whose post #round was included in round `round` (eager-SGD's s_t)
+    nap          number of active processes, summed over every round data covers (what
+                 RNA divides by: data / nap is the average of the contributions in it)
+    contributed  whether this post's data is inside data
+    rounds       how many rounds data covers (1; 0 or more with late="fold" and at close)
     closing      ranks that had begun close() when the round read their input
     """
 
-    __slots__ = ("data", "round", "active", "contributed", "rounds", "closing")
+    __slots__ = ("data", "round", "active", "nap", "contributed", "rounds", "closing")
 
     def __init__(self, data, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
-                 closing: Tuple[int, ...] = ()) -> None:
+                 closing: Tuple[int, ...] = (), nap: Optional[int] = None) -> None:
         self.data, self.round, self.active = data, round, active
         self.contributed, self.rounds, self.closing = contributed, rounds, closing
+        self.nap = len(active) if nap is None else nap
 
     def __repr__(self) -> str:
-        return (f"Result(round={self.round}, rounds={self.rounds}, active={self.active}, "
+        return (f"Result(round={self.round}, rounds={self.rounds}, active={self.active}, nap={self.nap}, "
                 f"contributed={self.contributed}, closing={self.closing}, data={self.data!r})")
-
-    @property
-    def nap(self) -> int:
-        """Number of active processes (what RNA divides by)."""
-        return len(self.active)
 
 
 class PartialRequest:
@@ -90,7 +88,7 @@ class PartialRequest:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         if self._result is None:
             timeout = rc.timeout if timeout is None else timeout
-            self._result = self._coll._take(self._out, not self.late, self.index, timeout, self._on_device)
+            self._result = self._coll._take(self._out, self.index, timeout, self._on_device)
         return self._result
 
     Wait = wait
@@ -137,6 +135,7 @@ class PartialAllreduce:
         self._mask_cache: dict = {}
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
+        self._outs: tuple = (None, None)     # user out= buffers the engine may still use
         self._build(comm)
 
     @staticmethod
@@ -259,6 +258,10 @@ class PartialAllreduce:
         if xdev is None and odev is None:
             if self._staging is not None:
                 self._staging.pending_valid = False       # this post folds on the host
+            if out is not None:
+                # the engine may run this round in out and read the last round's out until
+                # it is waited for or folded away: keep both alive (like mpi4py's requests)
+                self._outs = (self._outs[1], out)
             return PartialRequest(self, *self._post_host(x, out, c), out)
         # device buffers: staged through pinned host memory (see _device.py)
         stage = self._staging_for(xdev or odev, x if xdev is not None else out)
@@ -296,7 +299,7 @@ class PartialAllreduce:
         check(_engine.lib.pc_coll_post_replace(self._native_coll(), ffi.from_buffer(x), index, late, replaced))
         return int(index[0]), bool(late[0]), bool(replaced[0])
 
-    def _take(self, out, contributed: bool, index: int, timeout: Optional[float],
+    def _take(self, out, index: int, timeout: Optional[float],
               on_device: bool = False) -> Result:
         """Wait until round `index` completed here (timeout None: forever), then take the result."""
         ffi = _engine.ffi
@@ -310,8 +313,8 @@ class PartialAllreduce:
         if on_device:
             data = self._staging.deliver(out)
         active, closing = self._ranks_of(tuple(mask))
-        return Result(data=data, round=info.round, active=active,
-                      contributed=contributed and self.rank in active, rounds=info.rounds, closing=closing)
+        return Result(data=data, round=info.round, active=active, nap=info.nap,
+                      contributed=info.post_lo <= index < info.post_hi, rounds=info.rounds, closing=closing)
 
     def _ranks_of(self, mask: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         """(active, closing) rank tuples of a result's bitmask words (memoized: few distinct masks)."""
@@ -341,7 +344,7 @@ class PartialAllreduce:
         lib = _engine.lib
         timeout = rc.timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
-        result = self._take(None, True, 2 ** 62, timeout, self._last_on_device)
+        result = self._take(None, 2 ** 62, timeout, self._last_on_device)
         self._closed = True
         for sched in self._schedules.values():
             check(lib.pc_sched_free(sched._native))

@@ -59,10 +59,12 @@ def check_membership(comm, coll, log):
                 assert set(cand) & set(res.active), (MODE, n, cand, res.active)
                 if MODE == "majority":
                     assert cand[0] in res.active
-        if res.round == req.index:
+        if res.round == req.index and res.rounds == 1:
             assert res.contributed == (not req.late) == (comm.rank in res.active), (req.index, res)
-        else:
-            assert not res.contributed
+        elif not req.late and res.round - res.rounds < req.index <= res.round:
+            assert res.contributed, (req.index, res)     # its own round is among those data covers
+        if res.rounds == 1:
+            assert res.nap == len(res.active), res
         assert res.round >= req.index, "a post returned before its round completed"
 
 
@@ -85,6 +87,12 @@ def fold_sum_nothing_lost(comm):
     assert np.array_equal(received, posted), (received, posted)
     rounds = sum(res.rounds for _, res, _ in log) + final.rounds
     assert rounds == final.round + 1, f"fold covered {rounds} rounds, {final.round + 1} ran"
+    # NAP summed over folded rounds: every rank's results cover every round once, so the
+    # sum of their NAPs counts every (rank, round) activity once: the posts not late
+    naps = sum(res.nap for _, res, _ in log) + final.nap
+    assert naps == comm.allreduce(sum(not req.late for req, _, _ in log)), naps
+    # contributed says exactly whether the post's data is in data: each post in one result
+    assert sum(res.contributed for _, res, _ in log) <= len(log)
     check_membership(comm, coll, log)
     check_agreement(comm, log)
     expect_raises(pc.StateError, coll.post, np.zeros(COUNT, np.int64), match="closed")
