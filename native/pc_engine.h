@@ -54,7 +54,9 @@ enum { PC_ACT_FLOOD = 0, PC_ACT_QUORUM = 1, PC_ACT_NONE = 2 };
 enum { PC_MODE_SOLO = 0, PC_MODE_MAJORITY = 1, PC_MODE_PROBE = 2, PC_MODE_QUORUM = 3, PC_MODE_FULL = 4 };
 enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
-enum { PC_SLOT_NONE = 0, PC_SLOT_WORK = 1, PC_SLOT_MASK = 2 };
+/* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
+ * receive ever targets memory Python may free */
+enum { PC_SLOT_NONE = 0, PC_SLOT_WORK = 1, PC_SLOT_MASK = 2, PC_SLOT_SCRATCH = 3 };
 
 typedef struct pc_opspec {
     int kind;
@@ -65,7 +67,7 @@ typedef struct pc_opspec {
     int64_t count;
     int64_t nbytes;
     void *ptr[3];        /* plain buffers; used when slot[i] == PC_SLOT_NONE */
-    int slot[3];         /* PC_SLOT_*: buffer owned by the schedule's collective */
+    int slot[3];         /* PC_SLOT_*: buffer owned by the collective or the schedule */
     int64_t off[3];      /* byte offsets into the slot buffer */
 } pc_opspec;
 
@@ -117,7 +119,7 @@ int pc_mpi_cuda_support(void);
 int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
 
 int pc_sched_create(void *comm_handle, int nops, const pc_opspec *ops,
-                    int nedges, const int *edges, pc_coll *coll, pc_sched **out);
+                    int nedges, const int *edges, pc_coll *coll, int64_t scratch_bytes, pc_sched **out);
 int pc_sched_start(pc_sched *s);
 int pc_sched_test(pc_sched *s, int64_t execution, int *done);
 int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s);

@@ -37,6 +37,7 @@ struct pc_sched {
     pc_op *ops;
     int *succ_store, *stack;
     int trigger_op;          /* index of the TRIGGER op, or -1 */
+    void *scratch;           /* PC_SLOT_SCRATCH buffers (the engine's, freed with the schedule) */
     /* in-flight MPI requests, compact */
     int nreq;
     MPI_Request *reqs;

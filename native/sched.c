@@ -120,9 +120,9 @@ int sched_begin(pc_sched *s, int64_t version)
 
 /* ------------------------------------------------------------------ schedules */
 int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedges, const int *edges,
-                    pc_coll *coll, pc_sched **out)
+                    pc_coll *coll, int64_t scratch_bytes, pc_sched **out)
 {
-    if (nops < 0 || nedges < 0) return fail(PC_ERR_ARG, "negative op or edge count");
+    if (nops < 0 || nedges < 0 || scratch_bytes < 0) return fail(PC_ERR_ARG, "negative op, edge or scratch count");
     pc_sched *s = calloc(1, sizeof *s);
     if (!s) return fail(PC_ERR_NOMEM, "out of memory");
     s->comm = *(MPI_Comm *)comm_handle;
@@ -140,10 +140,11 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
     s->done_idx = calloc((size_t)nops + 1, sizeof(int));
     s->finished = calloc((size_t)nops + 1, sizeof(int));
     s->statuses = calloc((size_t)nops + 1, sizeof(MPI_Status));
+    s->scratch = calloc((size_t)scratch_bytes + 1, 1);
     int *sendseq = calloc((size_t)s->size, sizeof(int)), *recvseq = calloc((size_t)s->size, sizeof(int));
     int rc = PC_OK;
     if (!s->ops || !s->succ_store || !s->stack || !s->reqs || !s->req_op || !s->done_idx || !s->finished
-        || !s->statuses
+        || !s->statuses || !s->scratch
         || !sendseq || !recvseq) {
         rc = fail(PC_ERR_NOMEM, "out of memory");
         goto out;
@@ -157,7 +158,10 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
             op->own[b] = p->ptr[b];
             op->off[b] = p->off[b];
             op->base[b] = &op->own[b];
-            if (p->slot[b] != PC_SLOT_NONE) {
+            if (p->slot[b] == PC_SLOT_SCRATCH) {
+                if (p->off[b] < 0 || p->off[b] > scratch_bytes) { rc = fail(PC_ERR_ARG, "op %d: scratch offset out of range", i); break; }
+                op->base[b] = &s->scratch;
+            } else if (p->slot[b] != PC_SLOT_NONE) {
                 if (!coll) { rc = fail(PC_ERR_ARG, "op %d uses a collective's buffer slot without a collective", i); break; }
                 op->base[b] = p->slot[b] == PC_SLOT_WORK ? &coll->work_slot : &coll->mask_slot;
             }
@@ -273,6 +277,6 @@ int pc_sched_free(pc_sched *s)
     if (s->running) { app_unlock(); return fail(PC_ERR_STATE, "cannot free a running schedule"); }
     app_unlock();
     free(s->ops); free(s->succ_store); free(s->stack); free(s->reqs); free(s->req_op);
-    free(s->done_idx); free(s->finished); free(s->statuses); free(s);
+    free(s->done_idx); free(s->finished); free(s->statuses); free(s->scratch); free(s);
     return PC_OK;
 }

@@ -13,8 +13,8 @@ import numpy as np
 from ._errors import BufferError_
 from ._types import dtype_code
 
-SLOT_NONE, SLOT_WORK, SLOT_MASK = 0, 1, 2
-_SLOT_NAMES = {SLOT_WORK: "work", SLOT_MASK: "mask"}
+SLOT_NONE, SLOT_WORK, SLOT_MASK, SLOT_SCRATCH = 0, 1, 2, 3
+_SLOT_NAMES = {SLOT_WORK: "work", SLOT_MASK: "mask", SLOT_SCRATCH: "scratch"}
 
 
 def as_array(obj, *, writable: bool, what: str = "buffer") -> np.ndarray:
@@ -65,10 +65,12 @@ class BufRef:
                       stop - start, self.dtype)
 
     def address(self) -> int:
-        """Absolute address (plain arrays only)."""
+        """Absolute address (plain arrays only; slots are resolved by the engine)."""
         return self.array.__array_interface__["data"][0] + self.offset
 
     def describe(self) -> str:
         base = _SLOT_NAMES.get(self.slot) or f"buf@{id(self.array) & 0xffff:04x}"
+        if self.slot == SLOT_SCRATCH:
+            return f"scratch@{self.offset}[0:{self.count}]"
         start = self.offset // self.dtype.itemsize
         return f"{base}[{start}:{start + self.count}]"

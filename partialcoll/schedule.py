@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Union
 from mpi4py import MPI
 
 from . import _device, _engine
-from ._buffers import BufRef
+from ._buffers import SLOT_SCRATCH, BufRef
 from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
 from ._rc import rc
 from ._types import COPY, OP_NAMES, check_op_dtype, op_code
@@ -122,7 +122,7 @@ class Schedule:
         self._native = None
         self._dup: Optional[MPI.Comm] = None
         self._persistent = True
-        self._keep: list = []          # scratch buffers the schedule owns
+        self._scratch_bytes = 0        # scratch memory the engine allocates for this schedule
         self._mirrors = _device.Mirrors()  # pinned host mirrors of device buffers
         self._unstaged: Optional[Request] = None   # an execution whose outputs are not on the device yet
 
@@ -214,11 +214,14 @@ class Schedule:
                 raise BufferError_(f"compute buffers differ in size: {first.count} and {r.count} elements")
 
     def scratch(self, count: int, dtype) -> BufRef:
-        """A scratch buffer owned by the schedule (for algorithm builders)."""
+        """A scratch buffer owned by the schedule (for algorithm builders). The engine
+        allocates it at commit and frees it with the schedule, so a receive into scratch
+        never outlives its memory; dry builds (tests/simulate.py) give it memory of their own."""
         import numpy as np
-        arr = np.zeros(max(count, 0), dtype=dtype)
-        self._keep.append(arr)
-        return BufRef.of(arr, writable=True)
+        dt = np.dtype(dtype)
+        offset = -(-self._scratch_bytes // 64) * 64          # 64-byte aligned
+        self._scratch_bytes = offset + max(count, 0) * dt.itemsize
+        return BufRef(None, SLOT_SCRATCH, offset, max(count, 0), dt)
 
     # internal ops of partial collectives
     def _trigger(self) -> Op:
@@ -324,7 +327,7 @@ def _create_native(sched: Schedule, comm: MPI.Comm, coll):
     cedges = ffi.new("int[]", edges or [0])
     out = ffi.new("pc_sched **")
     check(lib.pc_sched_create(_engine.comm_handle(comm), n, specs, len(edges) // 2, cedges,
-                              coll if coll is not None else ffi.NULL, out))
+                              coll if coll is not None else ffi.NULL, sched._scratch_bytes, out))
     return out[0]
 
 

@@ -9,13 +9,18 @@ from typing import List
 
 import numpy as np
 
+from partialcoll._buffers import SLOT_SCRATCH
 from partialcoll.schedule import COMPUTE, RECV, SEND, Schedule
 
 _NUMPY = {0: np.add, 1: np.multiply, 2: np.minimum, 3: np.maximum, 8: np.bitwise_or, 7: np.bitwise_and,
           9: np.bitwise_xor}
 
 
-def view(ref) -> np.ndarray:
+def view(ref, sched) -> np.ndarray:
+    if ref.slot == SLOT_SCRATCH:           # the schedule's scratch: memory of the simulator's own
+        if not hasattr(sched, "_dry_scratch"):
+            sched._dry_scratch = np.zeros(sched._scratch_bytes + 1, np.uint8)
+        return sched._dry_scratch[ref.offset:ref.offset + ref.nbytes].view(ref.dtype)
     start = ref.offset // ref.dtype.itemsize
     return ref.array.reshape(-1).view(ref.dtype)[start:start + ref.count]
 
@@ -45,7 +50,7 @@ def run(scheds: List[Schedule]) -> None:
         while channel[(src, dst)] and posted[(src, dst)]:
             data = channel[(src, dst)].popleft()
             rr, i = posted[(src, dst)].popleft()
-            buf = view(scheds[rr].ops[i].bufs[0])
+            buf = view(scheds[rr].ops[i].bufs[0], scheds[rr])
             assert buf.nbytes == data.nbytes, "message size mismatch"
             buf[...] = data.view(buf.dtype)
             complete(rr, i)
@@ -57,14 +62,14 @@ def run(scheds: List[Schedule]) -> None:
         fired[r][i] = True
         op = scheds[r].ops[i]
         if op.kind == SEND:
-            channel[(r, op.peer)].append(view(op.bufs[0]).copy().view(np.uint8))
+            channel[(r, op.peer)].append(view(op.bufs[0], scheds[r]).copy().view(np.uint8))
             complete(r, i)          # eager in the simulator; buffers are copied
             match(r, op.peer)
         elif op.kind == RECV:
             posted[(op.peer, r)].append((r, i))
             match(op.peer, r)
         elif op.kind == COMPUTE:
-            a, b, out = (view(x) for x in op.bufs)
+            a, b, out = (view(x, scheds[r]) for x in op.bufs)
             out[...] = a if op.redop == 10 else _NUMPY[op.redop](a, b)
             complete(r, i)
         else:
