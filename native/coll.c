@@ -193,7 +193,7 @@ int coll_deliver(pc_coll *c)
 void coll_round_done(pc_coll *c)
 {
     c->armed = NULL;
-    if (c->finished || c->err) return;
+    if (c->finished || c->err || c->abandoned) return;
     int rc = coll_arm(c, c->completed);
     if (rc && !c->err) { c->err = rc; snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error()); }
 }
@@ -205,10 +205,9 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     if (spec->count < 0) return fail(PC_ERR_ARG, "count must be >= 0");
     pc_coll *c = calloc(1, sizeof *c);
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
-    MPI_Comm comm = *(MPI_Comm *)comm_handle;
-    MPI_Comm_rank(comm, &c->rank);
-    MPI_Comm_size(comm, &c->size);
+    if (mpi_comm_info(*(MPI_Comm *)comm_handle, &c->rank, &c->size)) { free(c); return PC_ERR_MPI; }
     c->spec = *spec;
+    c->spec.identity = NULL;              /* ours is copied below; the caller's is never freed */
     c->itemsize = pc_dt_size[spec->dtype];
     c->nbytes = (size_t)spec->count * c->itemsize;
     void *id = malloc(c->itemsize);
@@ -406,15 +405,63 @@ int pc_coll_close(pc_coll *c)
     return rc;
 }
 
+static void coll_destroy(pc_coll *c)
+{
+    for (int k = 0; k < 2; k++) if (c->sched[k]) sched_destroy(c->sched[k]);
+    for (int b = 0; b < 3; b++) free(c->buf[b]);
+    free(c->mask_slot); free(c->res_mask); free((void *)c->spec.identity);
+    free(c);
+}
+
+static int coll_running(const pc_coll *c)
+{
+    return (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
+}
+
 int pc_coll_free(pc_coll *c)
 {
     if (!c) return PC_OK;
     app_lock();
-    int busy = (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
+    int rc = coll_running(c) ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
+    if (rc == PC_OK) coll_destroy(c);
     app_unlock();
-    if (busy) return fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight");
-    for (int b = 0; b < 3; b++) free(c->buf[b]);
-    free(c->mask_slot); free(c->res_mask); free((void *)c->spec.identity);
-    free(c);
+    return rc;
+}
+
+/* Dropped without close() (garbage-collected, or a with-block left by an exception on
+ * this rank): no new round is armed; a round that has not read this rank's input yet is
+ * withdrawn (its receives cancelled); a round already moving data finishes, so peers are
+ * not left with half a message. The collective is freed by reap_doomed() once none of
+ * its schedules runs: the engine never points at freed memory. Peers still using the
+ * collective time out, as with any collective call one rank never makes. */
+int pc_coll_abandon(pc_coll *c, int *deferred)
+{
+    *deferred = 0;
+    if (!c) return PC_OK;
+    app_lock();
+    if (!c->abandoned) {
+        c->abandoned = 1;
+        pc_sched *s = c->armed;
+        if (s && s->running && !s->live) sched_withdraw(s);
+        *deferred = coll_running(c);
+        c->next_doomed = E.doomed;
+        E.doomed = c;
+        reap_doomed();
+        kick();
+    }
+    app_unlock();
     return PC_OK;
+}
+
+/* [progress, top level] Free the abandoned collectives that no longer run. */
+void reap_doomed(void)
+{
+    pc_coll **link = &E.doomed;
+    while (*link) {
+        pc_coll *c = *link;
+        if (c->pinned) { *link = c->next_doomed; continue; }     /* leaked on purpose */
+        if (coll_running(c)) { link = &c->next_doomed; continue; }
+        *link = c->next_doomed;
+        coll_destroy(c);
+    }
 }

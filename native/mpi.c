@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 
 /* MPIX_Query_cuda_support() of the loaded libmpi (MPICH >= 4, Open MPI), looked up at
@@ -21,6 +22,12 @@ static int mpi_tag(const pc_sched *s, const pc_op *op)
     return (int)((v << s->seqbits) | op->tag_seq);
 }
 
+static void mpi_message(int rc, char *msg)
+{
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
+}
+
 int mpi_post(pc_sched *s, int i)
 {
     pc_op *op = &s->ops[i];
@@ -29,8 +36,8 @@ int mpi_post(pc_sched *s, int i)
         ? MPI_Isend(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r)
         : MPI_Irecv(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r);
     if (rc != MPI_SUCCESS) {
-        char msg[MPI_MAX_ERROR_STRING]; int len = 0;
-        MPI_Error_string(rc, msg, &len);
+        char msg[MPI_MAX_ERROR_STRING];
+        mpi_message(rc, msg);
         sched_fail(s, i, PC_ERR_MPI, msg);
         return PC_ERR_MPI;
     }
@@ -39,61 +46,105 @@ int mpi_post(pc_sched *s, int i)
     return PC_OK;
 }
 
-/* Test the schedule's requests; complete the ops whose messages are done. */
+/* Drop the completed (now MPI_REQUEST_NULL) requests from the schedule's list. */
+static void compact(pc_sched *s)
+{
+    int w = 0;
+    for (int r = 0; r < s->nreq; r++) {
+        if (s->reqs[r] != MPI_REQUEST_NULL) { s->reqs[w] = s->reqs[r]; s->req_op[w] = s->req_op[r]; w++; }
+    }
+    s->nreq = w;
+}
+
+/* Test the schedule's requests; complete the ops whose messages are done. The request
+ * list is compacted before any error is reported, so what stays listed is in flight. */
 int mpi_test(pc_sched *s, int *ndone)
 {
-    int outcount = 0;
+    int outcount = 0, bad = -1;
+    char msg[MPI_MAX_ERROR_STRING + 160];
     *ndone = 0;
     if (s->nreq == 0) return PC_OK;
     int rc = MPI_Testsome(s->nreq, s->reqs, &outcount, s->done_idx, s->statuses);
     if (rc != MPI_SUCCESS) {
-        char msg[MPI_MAX_ERROR_STRING]; int len = 0;
-        MPI_Error_string(rc, msg, &len);
+        mpi_message(rc, msg);
         sched_fail(s, s->req_op[0], PC_ERR_MPI, msg);
         return PC_ERR_MPI;
     }
     if (outcount == MPI_UNDEFINED || outcount == 0) return PC_OK;
     for (int k = 0; k < outcount; k++) {
         int op = s->req_op[s->done_idx[k]];
-        if (s->ops[op].kind == PC_RECV) {
+        if (s->ops[op].kind == PC_RECV && bad < 0) {
             int got = 0;
-            MPI_Get_count(&s->statuses[k], MPI_BYTE, &got);
-            if (got != s->ops[op].nbytes) {
-                char msg[160];
+            rc = MPI_Get_count(&s->statuses[k], MPI_BYTE, &got);
+            if (rc != MPI_SUCCESS || got != s->ops[op].nbytes) {
                 snprintf(msg, sizeof msg, "expected %lld bytes from rank %d, received %d",
                          (long long)s->ops[op].nbytes, s->ops[op].peer, got);
-                sched_fail(s, op, PC_ERR_TRUNCATE, msg);
-                return PC_ERR_TRUNCATE;
+                bad = op;
             }
         }
         if (s->ops[op].nbytes >= E.policy.busy_bytes) s->inflight_big--;
         s->done_idx[k] = op;   /* reuse as the list of completed ops */
     }
-    /* compact: drop the completed (now MPI_REQUEST_NULL) requests */
-    int w = 0;
-    for (int r = 0; r < s->nreq; r++) {
-        if (s->reqs[r] != MPI_REQUEST_NULL) { s->reqs[w] = s->reqs[r]; s->req_op[w] = s->req_op[r]; w++; }
+    compact(s);
+    if (bad >= 0) {
+        sched_fail(s, bad, PC_ERR_TRUNCATE, msg);
+        return PC_ERR_TRUNCATE;
     }
-    s->nreq = w;
     *ndone = outcount;
     return PC_OK;
 }
 
-void mpi_cancel_all(pc_sched *s)
+/* Withdraw an execution: cancel its receives (MPI_Cancel is defined for receives in
+ * every MPI; cancelling sends is deprecated and a no-op in Open MPI, so sends are left
+ * to complete). mpi_drain() then completes what is left. */
+void mpi_cancel_recvs(pc_sched *s)
 {
-    for (int r = 0; r < s->nreq; r++) {
-        MPI_Cancel(&s->reqs[r]);
-        MPI_Request_free(&s->reqs[r]);
+    for (int r = 0; r < s->nreq; r++)
+        if (s->ops[s->req_op[r]].kind == PC_RECV) MPI_Cancel(&s->reqs[r]);
+}
+
+/* Test a withdrawn execution's requests without completing ops; returns how many are
+ * still in flight. */
+int mpi_drain(pc_sched *s)
+{
+    int outcount = 0;
+    if (s->nreq == 0) return 0;
+    if (MPI_Testsome(s->nreq, s->reqs, &outcount, s->done_idx, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+        for (int r = 0; r < s->nreq; r++) MPI_Request_free(&s->reqs[r]);   /* the MPI gave up on them */
+        s->nreq = 0;
+        return 0;
     }
+    compact(s);
+    return s->nreq;
+}
+
+/* Forget requests that will not complete (engine stop): MPI keeps them, we no longer test them. */
+void mpi_forget(pc_sched *s)
+{
+    for (int r = 0; r < s->nreq; r++) MPI_Request_free(&s->reqs[r]);
     s->nreq = 0;
+}
+
+int mpi_comm_info(MPI_Comm comm, int *rank, int *size)
+{
+    int rc = MPI_Comm_rank(comm, rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, size);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        mpi_message(rc, msg);
+        return fail(PC_ERR_MPI, "bad communicator: %s", msg);
+    }
+    return PC_OK;
 }
 
 int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits)
 {
     MPI_Comm comm = *(MPI_Comm *)comm_handle;
     int *ub = NULL, flag = 0;
-    MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag);
-    long long tag_ub = flag && ub ? *ub : 32767;
+    if (MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag) != MPI_SUCCESS) flag = 0;
+    long long tag_ub = flag && ub ? *ub : 32767;     /* the least the standard guarantees */
+    const char *forced = getenv("PARTIALCOLL_TAG_UB");  /* tests: the view of a smaller MPI */
+    if (forced && atoll(forced) >= 255 && atoll(forced) < tag_ub) tag_ub = atoll(forced);
     int bits = 0;
     while (bits < 31 && (1LL << (bits + 1)) - 1 <= tag_ub) bits++;
     *seqbits = bits >= 24 ? 16 : bits - 4;   /* at least 4 bits of version */

@@ -120,11 +120,13 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
 
 int pc_sched_create(void *comm_handle, int nops, const pc_opspec *ops,
                     int nedges, const int *edges, pc_coll *coll, int64_t scratch_bytes, pc_sched **out);
-int pc_sched_start(pc_sched *s);
+int pc_sched_start(pc_sched *s, int64_t *execution);
 int pc_sched_test(pc_sched *s, int64_t execution, int *done);
 int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s);
 int64_t pc_sched_executions(pc_sched *s);
 int pc_sched_free(pc_sched *s);
+/* free now if idle (*deferred = 0), else once nothing posted is in flight (*deferred = 1) */
+int pc_sched_abandon(pc_sched *s, int *deferred);
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
 int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s);
@@ -137,7 +139,9 @@ int pc_coll_test(pc_coll *c, int64_t index, int *done);
 /* wait until round `index` completed here (or the timeout), then copy out the result; mask: 2*W words */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info);
 int pc_coll_close(pc_coll *c);
-int pc_coll_free(pc_coll *c);
+int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too */
+/* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
+int pc_coll_abandon(pc_coll *c, int *deferred);
 /* CDEF END */
 
 #endif

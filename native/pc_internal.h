@@ -51,6 +51,9 @@ struct pc_sched {
                               * (full rounds: TAKE follows the trigger alone) */
     /* execution state */
     int running, remaining, err;
+    int draining;            /* withdrawn (failed, abandoned, engine stopped): receives cancelled,
+                              * sends completing, no op fires; off the running list once drained */
+    int doomed;              /* free the schedule once it stops running (pc_sched_abandon) */
     int64_t version, executions;
     char errmsg[384];
     pc_coll *coll;
@@ -75,6 +78,9 @@ struct pc_coll {
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
     pc_sched *sched[2];      /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;
+    int abandoned;           /* dropped without close: no new round; freed once none runs */
+    int pinned;              /* MPI may still touch its memory (engine stopped): never freed */
+    pc_coll *next_doomed;    /* list of abandoned collectives (E.doomed) */
     int err;
     char errmsg[384];
 };
@@ -97,6 +103,7 @@ typedef struct {
     int conds_ready;
     pc_idle_policy policy;
     int64_t last_event_us;   /* see note_event() in progress.c (atomic) */
+    pc_coll *doomed;         /* abandoned collectives, freed by reap_doomed() */
     pc_sched *running;
 } pc_engine_state;
 extern pc_engine_state E;
@@ -111,7 +118,10 @@ int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *ou
 /* mpi.c */
 int mpi_post(pc_sched *s, int i);
 int mpi_test(pc_sched *s, int *ndone);
-void mpi_cancel_all(pc_sched *s);
+void mpi_cancel_recvs(pc_sched *s);
+int mpi_drain(pc_sched *s);
+void mpi_forget(pc_sched *s);
+int mpi_comm_info(MPI_Comm comm, int *rank, int *size);
 int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
 
 /* progress.c */
@@ -132,6 +142,9 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s);
 /* sched.c */
 void *op_addr(const pc_op *op, int i);
 void sched_fail(pc_sched *s, int op, int code, const char *what);
+void sched_withdraw(pc_sched *s);
+int sched_drain(pc_sched *s);            /* [progress] top level only: may free s */
+void sched_destroy(pc_sched *s);
 int op_complete(pc_sched *s, int first);
 void sched_check_done(pc_sched *s);
 int sched_begin(pc_sched *s, int64_t version);
@@ -141,5 +154,6 @@ void coll_round_done(pc_coll *c);
 int coll_take(pc_coll *c);
 int coll_deliver(pc_coll *c);
 int coll_maybe_trigger(pc_coll *c);
+void reap_doomed(void);                  /* top level only: frees abandoned collectives */
 
 #endif

@@ -117,6 +117,11 @@ int engine_progress_locked(void)
     while (s) {
         pc_sched *next = s->next;   /* s may leave the list (and a new one join at the head) */
         int ndone = 0;
+        if (s->draining) {
+            progressed |= sched_drain(s) || !s->running;
+            s = next;
+            continue;
+        }
         if (mpi_test(s, &ndone) == PC_OK && ndone > 0) {
             progressed = 1;
             note_event();
@@ -127,6 +132,7 @@ int engine_progress_locked(void)
         }
         s = next;
     }
+    if (E.doomed) reap_doomed();
     return progressed;
 }
 
@@ -147,7 +153,7 @@ static int engine_busy(void)
 static int engine_pollable(void)
 {
     for (pc_sched *s = E.running; s; s = s->next) {
-        if (!s->needs_trigger || !s->coll) return 1;
+        if (!s->needs_trigger || !s->coll || s->draining) return 1;
         if (s->trigger_op >= 0 && s->ops[s->trigger_op].state == ST_DONE) return 1;
     }
     return 0;
@@ -265,11 +271,22 @@ int pc_engine_stop(void)
     kick();
     if (E.threaded) pthread_join(E.thread, NULL);
     app_lock();
-    while (E.running) {                   /* abandon what is still in flight */
-        pc_sched *s = E.running;
-        mpi_cancel_all(s);
+    /* Withdraw what is still running: receives are cancelled, sends get up to a second
+     * to complete (cancelling sends is no-op in Open MPI; freeing them while they read
+     * a buffer would be wrong). What is still in flight then is forgotten, and the
+     * memory it may touch is leaked on purpose, never freed. */
+    for (pc_sched *s = E.running; s; s = s->next)
         sched_fail(s, -1, PC_ERR_STATE, "engine stopped (partialcoll.finalize) while running");
+    double until = now_us() + 1e6;
+    while (E.running && now_us() < until) engine_progress_locked();
+    while (E.running) {
+        pc_sched *s = E.running;
+        mpi_forget(s);
+        s->doomed = 0;                    /* may still be read by MPI: never freed */
+        if (s->coll) s->coll->pinned = 1;
+        sched_drain(s);
     }
+    if (E.doomed) reap_doomed();
     E.started = 0;
     notify_done();
     app_unlock();

@@ -22,8 +22,38 @@ void sched_fail(pc_sched *s, int op, int code, const char *what)
         s->coll->err = code;
         memcpy(s->coll->errmsg, s->errmsg, sizeof s->errmsg);
     }
-    if (s->running) { s->running = 0; running_remove(s); }
+    sched_withdraw(s);      /* the buffers stay in use until what is posted has drained */
     notify_done();
+}
+
+/* Stop an execution: no op fires any more, receives are cancelled, sends complete;
+ * the progress pass takes it off the running list once nothing is in flight. */
+void sched_withdraw(pc_sched *s)
+{
+    if (!s->running || s->draining) return;
+    s->draining = 1;
+    mpi_cancel_recvs(s);
+}
+
+/* [progress] A draining execution: once nothing is in flight it stops running (its
+ * version is used up: the next execution never reuses it) and, if doomed, is freed.
+ * Returns 1 if s was freed. Called only where nothing else holds s. */
+int sched_drain(pc_sched *s)
+{
+    if (mpi_drain(s) > 0) return 0;
+    s->running = 0;
+    s->draining = 0;
+    running_remove(s);
+    if (!s->coll) s->executions++;
+    notify_done();
+    if (s->doomed && !s->coll) { sched_destroy(s); return 1; }
+    return 0;
+}
+
+void sched_destroy(pc_sched *s)
+{
+    free(s->ops); free(s->succ_store); free(s->stack); free(s->reqs); free(s->req_op);
+    free(s->done_idx); free(s->finished); free(s->statuses); free(s->scratch); free(s);
 }
 
 /* ------------------------------------------------------------------ execution */
@@ -94,7 +124,8 @@ void sched_check_done(pc_sched *s)
 /* Begin one execution with the given version: reset the ops, fire those without deps. */
 int sched_begin(pc_sched *s, int64_t version)
 {
-    if (s->running) return fail(PC_ERR_STATE, "schedule is already running");
+    if (s->running) return fail(PC_ERR_STATE, s->draining ? "the previous execution failed and is still draining"
+                                                        : "schedule is already running");
     s->version = version;
     s->remaining = s->nrequired;
     s->err = 0;
@@ -126,8 +157,7 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
     pc_sched *s = calloc(1, sizeof *s);
     if (!s) return fail(PC_ERR_NOMEM, "out of memory");
     s->comm = *(MPI_Comm *)comm_handle;
-    MPI_Comm_rank(s->comm, &s->rank);
-    MPI_Comm_size(s->comm, &s->size);
+    if (mpi_comm_info(s->comm, &s->rank, &s->size)) { free(s); return PC_ERR_MPI; }
     pc_tag_bits(comm_handle, &s->seqbits, &s->vbits);
     s->nops = nops;
     s->coll = coll;
@@ -179,12 +209,15 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
             rc = fail(PC_ERR_ARG, "op %d: trigger/take/deliver ops need a partial collective", i);
         else if (p->kind == PC_TRIGGER && s->trigger_op >= 0)
             rc = fail(PC_ERR_ARG, "op %d: a schedule has at most one trigger", i);
+        if (rc) break;               /* a rejected op's fields (its peer) are not used */
         if (p->kind == PC_TRIGGER) s->trigger_op = i;
         else s->nrequired++;
         if (p->kind == PC_SEND) op->tag_seq = sendseq[p->peer]++;
         if (p->kind == PC_RECV) op->tag_seq = recvseq[p->peer]++;
         if ((p->kind == PC_SEND || p->kind == PC_RECV) && op->tag_seq >= (1 << s->seqbits))
-            rc = fail(PC_ERR_ARG, "more than %d messages between one pair of ranks", 1 << s->seqbits);
+            rc = fail(PC_ERR_ARG, "op %d: more than %d messages between ranks %d and %d in one schedule "
+                      "(MPI_TAG_UB of this MPI leaves %d bits for them)", i, 1 << s->seqbits, s->rank, p->peer,
+                      s->seqbits);
     }
     if (rc) goto out;
     /* successor lists (CSR) from the edges (pred -> succ) */
@@ -225,10 +258,13 @@ out:
     return PC_OK;
 }
 
-int pc_sched_start(pc_sched *s)
+/* Start the next execution; *execution is its index (read under the lock, so a request
+ * is never bound to the previous execution). */
+int pc_sched_start(pc_sched *s, int64_t *execution)
 {
     app_lock();
     int rc;
+    *execution = s->executions;
     if (!E.started) rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)");
     else if (s->coll) rc = fail(PC_ERR_STATE, "this schedule belongs to a partial collective");
     else rc = sched_begin(s, s->executions);
@@ -268,15 +304,39 @@ int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
     return rc;
 }
 
-int64_t pc_sched_executions(pc_sched *s) { return s->executions; }
+int64_t pc_sched_executions(pc_sched *s)
+{
+    app_lock();
+    int64_t n = s->executions;
+    app_unlock();
+    return n;
+}
 
 int pc_sched_free(pc_sched *s)
 {
     if (!s) return PC_OK;
     app_lock();
-    if (s->running) { app_unlock(); return fail(PC_ERR_STATE, "cannot free a running schedule"); }
+    if (s->draining && !s->coll) sched_drain(s);     /* a failed execution may be done draining */
+    int rc = s->coll ? fail(PC_ERR_STATE, "this schedule belongs to a partial collective (pc_coll_free frees it)")
+           : s->running ? fail(PC_ERR_STATE, s->draining ? "cannot free a schedule while its failed execution drains"
+                                                         : "cannot free a running schedule")
+           : PC_OK;
+    if (rc == PC_OK) sched_destroy(s);
     app_unlock();
-    free(s->ops); free(s->succ_store); free(s->stack); free(s->reqs); free(s->req_op);
-    free(s->done_idx); free(s->finished); free(s->statuses); free(s->scratch); free(s);
-    return PC_OK;
+    return rc;
+}
+
+/* A schedule dropped by its owner: free it now if it is idle, otherwise withdraw its
+ * execution and free it once nothing it posted is in flight (never before). */
+int pc_sched_abandon(pc_sched *s, int *deferred)
+{
+    *deferred = 0;
+    if (!s) return PC_OK;
+    app_lock();
+    int rc = PC_OK;
+    if (s->coll) rc = fail(PC_ERR_STATE, "this schedule belongs to a partial collective");
+    else if (!s->running) sched_destroy(s);
+    else { s->doomed = 1; *deferred = 1; sched_withdraw(s); kick(); }
+    app_unlock();
+    return rc;
 }

@@ -42,6 +42,15 @@ def ensure_started() -> None:
         _started = True
 
 
+_kept: list = []
+
+
+def keep_until_finalize(*objects) -> None:
+    """Keep Python memory that a withdrawn (abandoned) execution may still touch alive
+    until the engine has stopped: a dropped object never leaves MPI pointing at freed memory."""
+    _kept.extend(o for o in objects if o is not None)
+
+
 def finalize() -> None:
     """Stop the engine and its progress thread; the next use starts it again."""
     global _started
@@ -49,6 +58,10 @@ def finalize() -> None:
         if _started:
             check(lib.pc_engine_stop())
             _started = False
+        for obj in _kept:                # communicators of withdrawn executions: now idle
+            if isinstance(obj, MPI.Comm) and obj != MPI.COMM_NULL and not MPI.Is_finalized():
+                obj.Free()
+        _kept.clear()
 
 
 def progress_mode() -> str:

@@ -131,12 +131,13 @@ class PartialAllreduce:
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], max_staleness
         self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
         self.size, self.rank = size, rank
-        self._closed = False
+        self._closed = True              # until _build has made the native collective
         self._mask_cache: dict = {}
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
         self._outs: tuple = (None, None)     # user out= buffers the engine may still use
         self._build(comm)
+        self._closed = False
 
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size) -> dict:
@@ -192,7 +193,7 @@ class PartialAllreduce:
         spec = ffi.new("pc_collspec *", {
             "mode": _MODE_CODES[self.mode], "late": _LATE.index(self.late),
             "candidates": self.candidates or 0, "quorum": self.quorum or 0,
-            "max_staleness": self.max_staleness or 0, 
+            "max_staleness": self.max_staleness or 0,
             "mask_words": self._mask_words, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
             "identity": ffi.cast("void *", ident.ctypes.data)})
@@ -200,20 +201,19 @@ class PartialAllreduce:
         dup.Set_errhandler(MPI.ERRORS_RETURN)
         self._comm = dup
         out = ffi.new("pc_coll **")
+        self._coll = None
         try:
             check(lib.pc_coll_create(spec, _engine.comm_handle(dup), out))
             self._coll = out[0]
-            self._schedules = {}
+            self._schedules = {}          # the dry builds, for dump(); the collective owns the natives
             kinds = {1: "full"} if self.mode == "full" else {0: self._activation_kind(), 1: "full"}
             for kind, activation in kinds.items():
                 sched = self._round_schedule(activation)
-                native = _create_native(sched, dup, self._coll)
-                sched._native = native
                 self._schedules[kind] = sched
-                check(lib.pc_coll_set_sched(self._coll, kind, native))
+                check(lib.pc_coll_set_sched(self._coll, kind, _create_native(sched, dup, self._coll)))
             check(lib.pc_coll_begin(self._coll))
         except BaseException:
-            dup.Free()
+            self._abandon()
             raise
 
     def _activation_kind(self) -> str:
@@ -346,20 +346,42 @@ class PartialAllreduce:
         check(lib.pc_coll_close(c))
         result = self._take(None, 2 ** 62, timeout, self._last_on_device)
         self._closed = True
-        for sched in self._schedules.values():
-            check(lib.pc_sched_free(sched._native))
-            sched._native = None
         check(lib.pc_coll_free(self._coll))
         self._coll = None
         self._comm.Free()
+        self._outs = (None, None)
         return result
+
+    def _abandon(self) -> None:
+        """Drop the collective without the collective close(): this rank only. The engine
+        withdraws the armed round and frees its memory once nothing is in flight; what the
+        engine may still touch of ours (out= buffers, staging) is kept until finalize."""
+        coll, self._coll, self._closed = getattr(self, "_coll", None), None, True
+        comm, self._comm = getattr(self, "_comm", None), None
+        deferred = _engine.ffi.new("int *")
+        if coll is not None and _engine.lib is not None:
+            _engine.lib.pc_coll_abandon(coll, deferred)
+        if deferred[0]:                  # messages still in flight: keep what they may touch
+            _engine.keep_until_finalize(self._outs, self._staging, comm)
+        elif comm is not None and not MPI.Is_finalized():
+            comm.Free()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._abandon()
 
     def __enter__(self) -> "PartialAllreduce":
         return self
 
-    def __exit__(self, *exc) -> None:
-        if not self._closed:
+    def __exit__(self, exc_type, *exc) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
             self.close()
+        else:
+            # close() is collective: running it while other ranks may not reach it would
+            # hang them; the exception propagates here and the others time out instead.
+            self._abandon()
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "

@@ -266,15 +266,15 @@ class Schedule:
         """Start one execution (MPI_Start); a persistent schedule can be started again after it completes."""
         if self._native is None:
             raise StateError("commit() the schedule before start()")
-        executions = _engine.lib.pc_sched_executions(self._native)
-        if not self._persistent and executions > 0:
+        if not self._persistent and _engine.lib.pc_sched_executions(self._native) > 0:
             raise StateError("a non-persistent schedule runs once; commit(persistent=True) to rerun it")
         if self._unstaged is not None and not self._unstaged.test():
             raise StateError("the previous execution is still running; wait() for it before start()")
         if self._mirrors:
             self._mirrors.stage_in()
-        check(_engine.lib.pc_sched_start(self._native))
-        req = Request(self, executions)
+        execution = _engine.ffi.new("int64_t *")
+        check(_engine.lib.pc_sched_start(self._native, execution))
+        req = Request(self, execution[0])
         self._unstaged = req if self._mirrors else None
         return req
 
@@ -288,17 +288,32 @@ class Schedule:
             self._dup = None
 
     def __del__(self) -> None:
-        # Frees native memory only; the engine refuses (and keeps) a running schedule.
-        # The duplicated communicator is left to free() (MPI_Comm_free is collective).
+        # Dropped without free(): the engine frees the native schedule now if it is idle,
+        # or withdraws its execution and frees it once nothing posted is in flight; the
+        # buffers that execution may still touch stay alive until finalize.
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """Drop the schedule on this rank only (no collective call)."""
         if getattr(self, "_native", None) is not None and _engine.lib is not None:
-            _engine.lib.pc_sched_free(self._native)
+            deferred = _engine.ffi.new("int *")
+            _engine.lib.pc_sched_abandon(self._native, deferred)
             self._native = None
+            if deferred[0]:              # messages still in flight: keep what they may touch
+                _engine.keep_until_finalize(self.ops, self._mirrors, self._dup)
+                self._dup = None
+        if getattr(self, "_dup", None) is not None and not MPI.Is_finalized():
+            self._dup.Free()
+            self._dup = None
 
     def __enter__(self) -> "Schedule":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.free()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.free()
+        else:
+            self._abandon()              # an exception on this rank: no collective call
 
     Start = start
     Free = free

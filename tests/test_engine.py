@@ -9,3 +9,11 @@ P = [1, 2, 3, 4, 5, 8]
 @pytest.mark.parametrize("nprocs", P)
 def test_engine_checks(mpirun, nprocs, progress):
     mpirun("engine_checks.py", nprocs, env={"PARTIALCOLL_PROGRESS": progress}, timeout=240)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
+@pytest.mark.parametrize("progress", ["thread", "inline"])
+def test_lifetime(mpirun, nprocs, progress):
+    """Objects dropped without close()/free(), mid-round, with 1 MiB vectors (issue 11)."""
+    mpirun("lifetime_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_PROGRESS": progress})

@@ -1,0 +1,106 @@
+"""Lifetime (issue 11, finding 3): python lifetime_checks.py
+
+1. A collective dropped without close() while its round moves 1 MiB: before, its
+   NumPy scratch buffers were freed under receives still posted into them (a crash or
+   silent corruption); now the engine owns that memory and frees it when the round is over.
+   Results of collectives made afterwards equal MPI_Allreduce's.
+2. A with-block left by an exception on one rank does not run the collective close()
+   there (which waited for ranks that never close): the exception propagates at once.
+3. Schedules dropped while running, and a thousand dropped idle ones: nothing leaks
+   into later executions, and the duplicated communicators are freed.
+"""
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from _util import expect_raises, main
+
+COUNT = 1 << 18                     # 1 MiB of float32
+
+
+def check_fresh(comm, mode):
+    x = np.arange(COUNT, dtype=np.float32) % 97 + comm.rank
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect, op=MPI.SUM)
+    coll = pc.PartialAllreduce(COUNT, np.float32, MPI.SUM, comm, mode="full")
+    for _ in range(2):
+        assert np.array_equal(coll.post(x).wait(timeout=60).data, expect)
+    coll.close(timeout=60)
+
+
+def dropped_mid_round(comm):
+    for mode in ("solo", "full"):
+        coll = pc.PartialAllreduce(COUNT, np.float32, MPI.SUM, comm, mode=mode)
+        x = np.ones(COUNT, np.float32)
+        for _ in range(3):
+            coll.post(x).wait(timeout=60)
+        coll.post(x)                       # round 3 starts here (solo) or when all post (full)
+        if comm.rank == 0:
+            del coll                       # ... and rank 0 drops it at once, round in flight
+            gc.collect()
+            junk = [np.full(COUNT, 7, np.float32) for _ in range(8)]   # reuse freed memory
+            del junk
+        else:
+            time.sleep(0.2)
+            del coll
+            gc.collect()
+        comm.Barrier()
+        check_fresh(comm, mode)
+
+
+def with_block_exception(comm):
+    coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode="solo")
+    t0 = time.perf_counter()
+    if comm.rank == 0:
+        try:
+            with coll:
+                raise ValueError("boom")
+        except ValueError:
+            pass
+        assert time.perf_counter() - t0 < 2.0, "the exception waited for a collective close()"
+        assert comm.size == 1 or True
+    else:
+        time.sleep(0.5)
+        del coll                           # the others drop it too (no collective close)
+    gc.collect()
+    comm.Barrier()
+
+
+def dropped_schedules(comm):
+    r, p = comm.rank, comm.size
+    for _ in range(1000):                  # idle: freed at once, communicators too
+        s = pc.Schedule(comm)
+        s.send(np.zeros(1), (r + 1) % p)
+        s.recv(np.zeros(1), (r - 1) % p)
+        s.commit()
+        del s
+    s = pc.Schedule(comm)                  # running, never matched: withdrawn, then freed
+    s.recv(np.zeros(1 << 18), (r - 1) % p)
+    s.commit()
+    s.start()
+    del s
+    gc.collect()
+    comm.Barrier()
+    buf = np.full(5, float(r))
+    got = np.zeros(5)
+    s = pc.Schedule(comm)
+    s.send(buf, (r + 1) % p)            # never rely on eager sends: both posted at once
+    s.recv(got, (r - 1) % p)
+    with s.commit():
+        for _ in range(3):
+            s.start().wait(timeout=30)
+            assert np.array_equal(got, np.full(5, float((r - 1) % p))), got
+
+
+def body(comm):
+    dropped_mid_round(comm)
+    with_block_exception(comm)
+    dropped_schedules(comm)
+
+
+main(body)
