@@ -103,6 +103,7 @@ typedef struct {
     int conds_ready;
     pc_idle_policy policy;
     int64_t last_event_us;   /* see note_event() in progress.c (atomic) */
+    int64_t done_seq;        /* completions notified (notify_done); under E.lock and dmtx */
     pc_coll *doomed;         /* abandoned collectives, freed by reap_doomed() */
     pc_sched *running;
 } pc_engine_state;

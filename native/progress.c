@@ -64,7 +64,7 @@ int take_kick(void)
 void sleep_for_kick(double us)
 {
     pthread_mutex_lock(&E.wmtx);
-    if (!E.kicked && !E.stop) {
+    if (!E.kicked && !__atomic_load_n(&E.stop, __ATOMIC_SEQ_CST)) {
         if (us < 0) {
             pthread_cond_wait(&E.work, &E.wmtx);
         } else {
@@ -80,6 +80,7 @@ void sleep_for_kick(double us)
 void notify_done(void)
 {
     pthread_mutex_lock(&E.dmtx);
+    E.done_seq++;                 /* written under E.lock and dmtx: readable under either */
     pthread_cond_broadcast(&E.done);
     pthread_mutex_unlock(&E.dmtx);
 }
@@ -266,7 +267,7 @@ int pc_engine_stop(void)
 {
     app_lock();
     if (!E.started) { app_unlock(); return PC_OK; }
-    E.stop = 1;
+    __atomic_store_n(&E.stop, 1, __ATOMIC_SEQ_CST);
     app_unlock();
     kick();
     if (E.threaded) pthread_join(E.thread, NULL);
@@ -293,7 +294,13 @@ int pc_engine_stop(void)
     return PC_OK;
 }
 
-int pc_engine_threaded(void) { return E.started && E.threaded; }
+int pc_engine_threaded(void)
+{
+    app_lock();
+    int t = E.started && E.threaded;
+    app_unlock();
+    return t;
+}
 
 /* Wait (E.lock held on entry and exit) until pred(arg) or the timeout.
  * Thread mode: poll pred briefly, then sleep on the done signal without E.lock.
@@ -314,13 +321,17 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
             if (engine_progress_locked()) idle_reset(&st);
         } else if (E.threaded) {
             if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
+            /* pred() reads engine state: only under E.lock. Sleep until the completion
+             * count moves (notify_done) instead, so no completion between the unlock
+             * and the sleep is missed. */
+            int64_t seen = E.done_seq;
             pthread_mutex_unlock(&E.lock);
             {
                 double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
                 struct timespec ts;
                 abs_deadline(&ts, slice);
                 pthread_mutex_lock(&E.dmtx);
-                if (!pred(arg)) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+                if (E.done_seq == seen) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
                 pthread_mutex_unlock(&E.dmtx);
             }
             app_lock();

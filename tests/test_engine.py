@@ -17,3 +17,11 @@ def test_engine_checks(mpirun, nprocs, progress):
 def test_lifetime(mpirun, nprocs, progress):
     """Objects dropped without close()/free(), mid-round, with 1 MiB vectors (issue 11)."""
     mpirun("lifetime_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_PROGRESS": progress})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+@pytest.mark.parametrize("tag_ub", ["32767", "8388607"])
+def test_small_tag_ub(mpirun, nprocs, tag_ub):
+    """Version wrap-around and the per-pair message limit under Open MPI-sized tag spaces."""
+    mpirun("tag_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_TAG_UB": tag_ub})
