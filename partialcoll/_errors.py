@@ -10,7 +10,7 @@ class ArgumentError(PartialcollError, ValueError):
     """An argument is invalid, or differs between the ranks of a collective call."""
 
 
-class BufferError_(PartialcollError, TypeError):
+class InvalidBufferError(PartialcollError, TypeError):
     """A buffer has the wrong type, dtype, shape, layout or is read-only."""
 
 
@@ -34,7 +34,11 @@ class EngineError(PartialcollError, RuntimeError):
     """The engine cannot run (for example MPI lacks MPI_THREAD_MULTIPLE)."""
 
 
-_BY_CODE = {1: ArgumentError, 2: MPIError, 3: MemoryError, 4: StateError, 5: Timeout,
+class OutOfMemory(PartialcollError, MemoryError):
+    """The engine could not allocate memory (buffers of a collective, a schedule's tables)."""
+
+
+_BY_CODE = {1: ArgumentError, 2: MPIError, 3: OutOfMemory, 4: StateError, 5: Timeout,
             6: EngineError, 7: OpError, 8: MPIError}
 
 

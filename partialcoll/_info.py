@@ -14,7 +14,7 @@ def info() -> Dict[str, object]:
     cuda_aware = _engine.lib.pc_mpi_cuda_support()
     return {
         "partialcoll": __version__,
-        "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+        "mpi_library": " ".join(MPI.Get_library_version().rstrip("\x00").splitlines()[0].split()),
         "mpi_version": "%d.%d" % MPI.Get_version(),
         "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                          MPI.THREAD_SERIALIZED: "serialized",

@@ -13,16 +13,17 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
+from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
 from ._rc import rc
-from ._types import check_op_dtype, dtype_code, identity, op_code
+from ._typing import Buffer, DTypeLike, ReduceOp
+from ._types import check_comm, check_op_dtype, dtype_code, identity, integer, op_code
 from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, choose
@@ -98,12 +99,12 @@ class PartialRequest:
 class PartialAllreduce:
     """A persistent partial allreduce over comm (created collectively)."""
 
-    def __init__(self, count: int, dtype=np.float32, op=MPI.SUM, comm: MPI.Comm = MPI.COMM_WORLD, *,
-                 mode: str = "solo", candidates: int = 2, quorum: Optional[int] = None, seed: int = 0,
+    def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
+                 comm: MPI.Comm = MPI.COMM_WORLD, *,
+                 mode: str = "solo", candidates: Optional[int] = None, quorum: Optional[int] = None, seed: int = 0,
                  max_staleness: Optional[int] = None, late: str = "latest",
                  algorithm: str = "auto") -> None:
-        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
-            raise ArgumentError(f"comm must be an mpi4py communicator, not {comm!r}")
+        check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
         problem = None
@@ -128,7 +129,7 @@ class PartialAllreduce:
                                     "every rank must pass the same count, dtype, op, mode and options")
         self.count, self.dtype, self.mode = params["count"], np.dtype(params["dtype"]), mode
         self.op, self.late, self.seed = op, late, params["seed"]
-        self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], max_staleness
+        self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
         self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
         self.size, self.rank = size, rank
         self._closed = True              # until _build has made the native collective
@@ -141,8 +142,7 @@ class PartialAllreduce:
 
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size) -> dict:
-        if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
-            raise ArgumentError(f"count must be an integer >= 0, not {count!r}")
+        count = integer(count, "count", 0)
         dt = np.dtype(dtype)
         dtype_code(dt)
         code = op_code(op)
@@ -151,21 +151,22 @@ class PartialAllreduce:
             raise ArgumentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if late not in _LATE:
             raise ArgumentError(f"late must be 'latest' or 'fold', not {late!r}")
+        if q is not None and mode != "probe":
+            raise ArgumentError(f"candidates= is for mode='probe'; mode {mode!r} has no use for it")
+        if k is not None and mode != "quorum":
+            raise ArgumentError(f"quorum= is for mode='quorum'; mode {mode!r} has no use for it")
         if mode == "probe":
-            if not isinstance(q, int) or isinstance(q, bool) or q < 1:
-                raise ArgumentError(f"probe needs candidates=q >= 1, not {q!r}")
-            q = min(q, size)               # q >= p: every rank is a candidate (solo)
+            q = min(integer(2 if q is None else q, "candidates (probe's q)", 1), size)  # q >= p: solo
         if mode == "quorum":
-            if k is None or not isinstance(k, int) or not 1 <= k <= size:
-                raise ArgumentError(f"quorum mode needs quorum=k with 1 <= k <= {size}, not {k!r}")
-        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 1):
-            raise ArgumentError(f"max_staleness must be None or an integer >= 1, not {max_staleness!r}")
-        if not isinstance(seed, (int, np.integer)):
-            raise ArgumentError(f"seed must be an integer, not {seed!r}")
-        choose(algorithm, int(count) * dt.itemsize, size)
-        return {"count": int(count), "dtype": dt.str, "op": code, "mode": mode,
-                "candidates": q if mode == "probe" else None, "quorum": k if mode == "quorum" else None,
-                "seed": int(seed), "max_staleness": max_staleness, "late": late, "algorithm": algorithm}
+            if k is None:
+                raise ArgumentError(f"quorum mode needs quorum=k with 1 <= k <= {size}")
+            k = integer(k, "quorum", 1, size)
+        if max_staleness is not None:
+            max_staleness = integer(max_staleness, "max_staleness", 1)
+        seed = integer(seed, "seed")
+        choose(algorithm, count * dt.itemsize, size)
+        return {"count": count, "dtype": dt.str, "op": code, "mode": mode, "candidates": q, "quorum": k,
+                "seed": seed, "max_staleness": max_staleness, "late": late, "algorithm": algorithm}
 
     # -- construction ---------------------------------------------------------------
     def _round_schedule(self, activation: str) -> Schedule:
@@ -236,12 +237,12 @@ class PartialAllreduce:
         else:
             arr = as_array(x, writable=writable, what=what)
         if arr.dtype != self.dtype:
-            raise BufferError_(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
+            raise InvalidBufferError(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
         if arr.size != self.count:
-            raise BufferError_(f"{what} has {arr.size} elements, but this allreduce was created for {self.count}")
+            raise InvalidBufferError(f"{what} has {arr.size} elements, but this allreduce was created for {self.count}")
         return arr
 
-    def post(self, x, out=None) -> PartialRequest:
+    def post(self, x: Buffer, out: Optional[Buffer] = None) -> PartialRequest:
         """Fold x into this rank's accumulator (and start round n if eligible); returns a request.
 
         out: optional array that receives the result (the full mode then runs the round in it).
@@ -285,7 +286,7 @@ class PartialAllreduce:
         if self._staging is None:
             self._staging = _device.Staging(backend, like, self.count, self.dtype, op_code(self.op))
         elif self._staging.backend is not backend:
-            raise BufferError_("this allreduce already stages through another array library")
+            raise InvalidBufferError("this allreduce already stages through another array library")
         return self._staging
 
     def _acc_full(self) -> bool:
@@ -389,8 +390,8 @@ class PartialAllreduce:
 
 
 def _shorthand(mode: str):
-    def make(count: int, dtype=np.float32, op=MPI.SUM, comm: MPI.Comm = MPI.COMM_WORLD,
-             **kwargs) -> PartialAllreduce:
+    def make(count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
+             comm: MPI.Comm = MPI.COMM_WORLD, **kwargs: Any) -> PartialAllreduce:
         return PartialAllreduce(count, dtype, op, comm, mode=mode, **kwargs)
     make.__name__ = f"{mode}_allreduce" if mode != "full" else "allreduce_init"
     make.__doc__ = (f"PartialAllreduce(..., mode={mode!r}): " +

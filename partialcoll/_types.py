@@ -1,10 +1,13 @@
 """NumPy dtypes and MPI ops as the engine knows them, and each op's identity."""
 from __future__ import annotations
 
+import numbers
+from typing import Optional
+
 import numpy as np
 from mpi4py import MPI
 
-from ._errors import ArgumentError, BufferError_, OpError
+from ._errors import ArgumentError, InvalidBufferError, OpError
 
 # numpy dtype -> engine dtype code (PC_DT_* in native/pc_engine.h)
 DTYPES = {np.dtype(np.bool_): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3,
@@ -22,15 +25,35 @@ OP_NAMES[10] = "COPY"
 COPY = 10
 
 
+def integer(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+    """value as an int: any integral number (Python or NumPy), never a bool; in range."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{name} must be an integer, not {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ArgumentError(f"{name} must be an integer {bounds}, not {value}")
+    return value
+
+
+def check_comm(comm, who: str) -> None:
+    """comm must be an intracommunicator (mpi4py), not COMM_NULL."""
+    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        raise ArgumentError(f"{who}: comm must be an mpi4py communicator, not {comm!r}")
+    if comm.Is_inter():
+        raise ArgumentError(f"{who}: intercommunicators are not supported; use an intracommunicator "
+                            "(for example intercomm.Merge())")
+
+
 def dtype_code(dtype) -> int:
     """Engine code of a NumPy dtype, or a clear error."""
     dt = np.dtype(dtype)
     if dt.byteorder not in ("=", "|") and dt != dt.newbyteorder("="):
-        raise BufferError_(f"dtype {dt} is not in native byte order")
+        raise InvalidBufferError(f"dtype {dt} is not in native byte order")
     try:
         return DTYPES[dt.newbyteorder("=")]
     except KeyError:
-        raise BufferError_(f"dtype {dt} has no MPI basic type; use one of "
+        raise InvalidBufferError(f"dtype {dt} has no MPI basic type; use one of "
                            f"{', '.join(str(d) for d in DTYPES)}") from None
 
 

@@ -14,15 +14,17 @@ runs it on a duplicate of the communicator, so schedules never share tags.
 """
 from __future__ import annotations
 
+import numbers
 from typing import List, Optional, Sequence, Union
 
 from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_SCRATCH, BufRef
-from ._errors import ArgumentError, BufferError_, StateError, check, wait_in_slices
+from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
 from ._rc import rc
-from ._types import COPY, OP_NAMES, check_op_dtype, op_code
+from ._typing import Buffer, DTypeLike, ReduceOp
+from ._types import COPY, OP_NAMES, check_comm, check_op_dtype, op_code
 
 SEND, RECV, COMPUTE, NOP, TRIGGER, TAKE, DELIVER = range(7)
 _KIND_NAMES = ("send", "recv", "compute", "nop", "trigger", "take", "deliver")
@@ -30,7 +32,7 @@ _KIND_NAMES = ("send", "recv", "compute", "nop", "trigger", "take", "deliver")
 Need = Union[str, int]
 
 
-class Op:
+class ScheduleOp:
     """A handle to one op of a schedule (what ``after=`` takes)."""
 
     __slots__ = ("schedule", "index", "kind", "peer", "redop", "bufs", "deps", "need", "label")
@@ -48,7 +50,7 @@ class Op:
         self.label = label
 
     def __repr__(self) -> str:
-        return f"<Op {self.index}: {self.describe()}>"
+        return f"<ScheduleOp {self.index}: {self.describe()}>"
 
     def describe(self) -> str:
         kind = _KIND_NAMES[self.kind]
@@ -113,12 +115,12 @@ class Schedule:
                  size: Optional[int] = None) -> None:
         if comm is None and (rank is None or size is None):
             raise ArgumentError("Schedule needs a communicator, or rank= and size= for a dry build")
-        if comm is not None and not isinstance(comm, MPI.Comm):
-            raise ArgumentError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
+        if comm is not None:
+            check_comm(comm, "Schedule")
         self.comm = comm
         self.rank = comm.Get_rank() if comm is not None else int(rank)
         self.size = comm.Get_size() if comm is not None else int(size)
-        self.ops: List[Op] = []
+        self.ops: List[ScheduleOp] = []
         self._native = None
         self._dup: Optional[MPI.Comm] = None
         self._persistent = True
@@ -130,20 +132,20 @@ class Schedule:
     def _deps(self, after, need: Need) -> tuple:
         if after is None:
             deps: tuple = ()
-        elif isinstance(after, Op):
+        elif isinstance(after, ScheduleOp):
             deps = (after,)
         else:
             deps = tuple(after)
         for d in deps:
-            if not isinstance(d, Op) or d.schedule is not self:
+            if not isinstance(d, ScheduleOp) or d.schedule is not self:
                 raise ArgumentError(f"after= takes ops of this schedule, got {d!r}")
         n = len(deps)
         if need == "all":
             k = n
         elif need == "any":
             k = min(n, 1)
-        elif isinstance(need, int) and not isinstance(need, bool) and 1 <= need <= max(n, 1) and n > 0:
-            k = need
+        elif isinstance(need, numbers.Integral) and not isinstance(need, bool) and 1 <= need <= max(n, 1) and n > 0:
+            k = int(need)
         else:
             raise ArgumentError(f"need must be 'all', 'any' or k in 1..{n} (ops in after=), not {need!r}")
         return tuple(d.index for d in deps), k
@@ -152,30 +154,30 @@ class Schedule:
         if self._native is not None:
             raise StateError("the schedule is committed; build a new one to add ops")
 
-    def _add(self, kind: int, *, after=None, need: Need = "all", **fields) -> Op:
+    def _add(self, kind: int, *, after=None, need: Need = "all", **fields) -> ScheduleOp:
         self._check_building()
         deps, k = self._deps(after, need)
-        op = Op(self, len(self.ops), kind, deps=deps, need=k, **fields)
+        op = ScheduleOp(self, len(self.ops), kind, deps=deps, need=k, **fields)
         self.ops.append(op)
         return op
 
     def _peer(self, peer: int, what: str) -> int:
-        if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < self.size:
+        if not isinstance(peer, numbers.Integral) or isinstance(peer, bool) or not 0 <= peer < self.size:
             raise ArgumentError(f"{what} {peer!r} is out of range for a communicator of size {self.size} "
                                 f"(this is rank {self.rank})")
-        return peer
+        return int(peer)
 
-    def send(self, buf, dest: int, *, after=None, need: Need = "all", label: str = "") -> Op:
+    def send(self, buf: Buffer, dest: int, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
         """Send buf to rank dest (MPI_Isend once the dependencies are met)."""
         ref = self._ref(buf, writable=False, what="send buffer")
         return self._add(SEND, peer=self._peer(dest, "dest"), bufs=(ref,), after=after, need=need, label=label)
 
-    def recv(self, buf, source: int, *, after=None, need: Need = "all", label: str = "") -> Op:
+    def recv(self, buf: Buffer, source: int, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
         """Receive into buf from rank source (exactly buf's size; MPI_Irecv once ready)."""
         ref = self._ref(buf, writable=True, what="receive buffer")
         return self._add(RECV, peer=self._peer(source, "source"), bufs=(ref,), after=after, need=need, label=label)
 
-    def compute(self, op, a, b, out=None, *, after=None, need: Need = "all", label: str = "") -> Op:
+    def compute(self, op: ReduceOp, a: Buffer, b: Buffer, out: Optional[Buffer] = None, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
         """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf)."""
         code = op_code(op)
         ra = self._ref(a, writable=False, what="compute input a")
@@ -185,14 +187,14 @@ class Schedule:
         check_op_dtype(code, ra.dtype)
         return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label)
 
-    def copy(self, src, dst, *, after=None, need: Need = "all", label: str = "") -> Op:
+    def copy(self, src: Buffer, dst: Buffer, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
         """dst = src."""
         rs = self._ref(src, writable=False, what="copy source")
         rd = self._ref(dst, writable=True, what="copy destination")
         self._check_same(rs, rd, rd)
         return self._add(COMPUTE, redop=COPY, bufs=(rs, rs, rd), after=after, need=need, label=label)
 
-    def nop(self, *, after=None, need: Need = "all", label: str = "") -> Op:
+    def nop(self, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
         """An op that completes as soon as it fires: joins and fans out dependencies."""
         return self._add(NOP, after=after, need=need, label=label)
 
@@ -209,11 +211,11 @@ class Schedule:
         first = refs[0]
         for r in refs[1:]:
             if r.dtype != first.dtype:
-                raise BufferError_(f"compute buffers differ in dtype: {first.dtype} and {r.dtype}")
+                raise InvalidBufferError(f"compute buffers differ in dtype: {first.dtype} and {r.dtype}")
             if r.count != first.count:
-                raise BufferError_(f"compute buffers differ in size: {first.count} and {r.count} elements")
+                raise InvalidBufferError(f"compute buffers differ in size: {first.count} and {r.count} elements")
 
-    def scratch(self, count: int, dtype) -> BufRef:
+    def scratch(self, count: int, dtype: DTypeLike) -> BufRef:
         """A scratch buffer owned by the schedule (for algorithm builders). The engine
         allocates it at commit and frees it with the schedule, so a receive into scratch
         never outlives its memory; dry builds (tests/simulate.py) give it memory of their own."""
@@ -224,13 +226,13 @@ class Schedule:
         return BufRef(None, SLOT_SCRATCH, offset, max(count, 0), dt)
 
     # internal ops of partial collectives
-    def _trigger(self) -> Op:
+    def _trigger(self) -> ScheduleOp:
         return self._add(TRIGGER, label="a local post starts the round")
 
-    def _take(self, after) -> Op:
+    def _take(self, after) -> ScheduleOp:
         return self._add(TAKE, after=after, label="work = accumulator; set active bit")
 
-    def _deliver(self, after) -> Op:
+    def _deliver(self, after) -> ScheduleOp:
         return self._add(DELIVER, after=after, label="publish the round's result")
 
     # -- inspection ------------------------------------------------------------------

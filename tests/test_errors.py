@@ -50,7 +50,7 @@ def test_finalize_then_use_restarts_or_errors():
 
 
 def test_device_array_is_a_clear_error():
-    """Without CuPy, or without a GPU, a device array is a BufferError that says so."""
+    """Without CuPy, or without a GPU, a device array is an InvalidBufferError that says so."""
     import importlib.util
     if importlib.util.find_spec("cupy") is not None:
         import cupy
@@ -66,9 +66,47 @@ def test_device_array_is_a_clear_error():
         coll = pc.allreduce_init(4, np.float64, comm=MPI.COMM_SELF)
         try:
             coll.post(FakeDeviceArray())
-        except pc.BufferError as exc:
+        except pc.InvalidBufferError as exc:
             assert "CuPy" in str(exc), exc
             print("clear error")
         coll.close()
     """)
     assert p.returncode == 0 and "clear error" in p.stdout, p.stdout + p.stderr
+
+
+def test_public_surface():
+    """Issue 11, finding 7: names that shadow nothing, an engine OOM is ours, options a
+    mode does not use are rejected, NumPy integers are accepted everywhere."""
+    p = run_py("""
+        import builtins
+        import numpy as np
+        from mpi4py import MPI
+        import partialcoll as pc
+        from partialcoll._errors import check
+        assert pc.InvalidBufferError.__name__ == "InvalidBufferError"
+        assert not any(hasattr(builtins, name) for name in pc.__all__ if name[0].isupper()), "shadows a builtin"
+        assert "Op" not in pc.__all__ and pc.ScheduleOp.__name__ == "ScheduleOp"
+        try:
+            check(3)
+        except pc.OutOfMemory as exc:
+            assert isinstance(exc, MemoryError) and isinstance(exc, pc.PartialcollError)
+        for kw in ({"mode": "solo", "candidates": 3}, {"mode": "full", "quorum": 1},
+                   {"mode": "majority", "candidates": 2}, {"mode": "quorum", "quorum": True}):
+            try:
+                pc.PartialAllreduce(4, np.float32, MPI.SUM, MPI.COMM_SELF, **kw)
+                raise SystemExit(f"accepted {kw}")
+            except pc.ArgumentError:
+                pass
+        c = pc.PartialAllreduce(np.int64(4), np.float32, MPI.SUM, MPI.COMM_SELF, mode="probe",
+                                candidates=np.int32(2), seed=np.uint64(5), max_staleness=np.int16(3))
+        assert c.post(np.ones(4, np.float32)).wait().data.tolist() == [1.0] * 4
+        c.close()
+        c = pc.PartialAllreduce(4, np.float32, MPI.SUM, MPI.COMM_SELF, mode="quorum", quorum=np.int8(1))
+        c.close()
+        s = pc.Schedule(MPI.COMM_SELF)
+        a, b = np.zeros(2), np.zeros(2)
+        s.nop(after=[s.send(a, np.int64(0)), s.recv(b, np.int32(0))], need=np.int64(2))
+        s.commit().start().wait()
+        print("surface ok")
+    """)
+    assert p.returncode == 0 and "surface ok" in p.stdout, p.stdout + p.stderr

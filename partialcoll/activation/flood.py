@@ -21,7 +21,7 @@ from typing import List
 
 import numpy as np
 
-from ..schedule import Op, Schedule
+from ..schedule import ScheduleOp, Schedule
 
 
 def neighbours(rank: int, size: int) -> List[int]:
@@ -29,7 +29,7 @@ def neighbours(rank: int, size: int) -> List[int]:
     return [rank ^ (1 << d) for d in range(max(size - 1, 1).bit_length()) if (rank ^ (1 << d)) < size]
 
 
-def activation(s: Schedule, trigger: Op) -> Op:
+def activation(s: Schedule, trigger: ScheduleOp) -> ScheduleOp:
     """Add the flood to s; returns the op after which this rank is activated."""
     flag = s.scratch(1, np.uint8).segment(0, 0)          # activation messages carry no data
     peers = neighbours(s.rank, s.size)

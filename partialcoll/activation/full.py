@@ -6,9 +6,9 @@ to close.
 """
 from __future__ import annotations
 
-from ..schedule import Op, Schedule
+from ..schedule import ScheduleOp, Schedule
 
 
-def activation(s: Schedule, trigger: Op) -> Op:
+def activation(s: Schedule, trigger: ScheduleOp) -> ScheduleOp:
     """Returns the trigger itself: a rank is active in a full round only by posting."""
     return trigger

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..schedule import Op, Schedule
+from ..schedule import ScheduleOp, Schedule
 
 LEADER = 0
 
@@ -40,7 +40,7 @@ def binomial_tree(rank: int, size: int) -> Tuple[Optional[int], List[int]]:
     return parent, children
 
 
-def activation(s: Schedule, trigger: Op, *, k: int) -> Op:
+def activation(s: Schedule, trigger: ScheduleOp, *, k: int) -> ScheduleOp:
     """Add the quorum activation to s; returns the op after which this rank is activated."""
     flag = s.scratch(1, np.uint8).segment(0, 0)
     parent, children = binomial_tree(s.rank, s.size)

@@ -27,10 +27,10 @@ from __future__ import annotations
 from typing import Optional
 
 from .._buffers import BufRef
-from ..schedule import Op, Schedule
+from ..schedule import ScheduleOp, Schedule
 
 
-def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[Op] = None) -> Op:
+def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None) -> ScheduleOp:
     """Add a recursive-doubling allreduce of buf (in place) to s; returns its last op."""
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:

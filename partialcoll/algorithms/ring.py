@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from .._buffers import BufRef
-from ..schedule import Op, Schedule
+from ..schedule import ScheduleOp, Schedule
 
 
 def segments(count: int, p: int) -> List[int]:
@@ -37,7 +37,7 @@ def segments(count: int, p: int) -> List[int]:
     return [i * base + min(i, extra) for i in range(p + 1)]
 
 
-def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[Op] = None) -> Op:
+def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None) -> ScheduleOp:
     """Add a ring allreduce of buf (in place) to s; returns its last op."""
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:
@@ -53,8 +53,8 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[Op] = None) 
     tmps = [s.scratch(biggest, buf.dtype), s.scratch(biggest, buf.dtype)]
 
     # Reduce-scatter.
-    rs_sends: List[Op] = []
-    reduced: List[Op] = []          # reduced[t]: the compute of step t (frees tmps[t % 2])
+    rs_sends: List[ScheduleOp] = []
+    reduced: List[ScheduleOp] = []          # reduced[t]: the compute of step t (frees tmps[t % 2])
     last = after
     for t in range(p - 1):
         out, into = seg(rank - t), seg(rank - t - 1)
@@ -68,7 +68,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[Op] = None) 
 
     # Allgather: rank owns seg(rank + 1).
     # A receive may overwrite segment rank - t once reduce-scatter step t has sent it.
-    ag_sends: List[Op] = []
+    ag_sends: List[ScheduleOp] = []
     for t in range(p - 1):
         out, into = seg(rank + 1 - t), seg(rank - t)
         ag_sends.append(s.send(out, right, after=last, label=f"allgather {t}: send seg {(rank + 1 - t) % p}"))

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .. import _device
-from .._errors import ArgumentError, BufferError_
+from .._errors import ArgumentError, InvalidBufferError
 from .._partial import PartialAllreduce, Result
 
 _AVERAGES = ("world", "nap", "none")
@@ -58,7 +58,7 @@ def _gpu_usable() -> bool:
     try:
         _device.cupy_backend()
         return True
-    except BufferError_:
+    except InvalidBufferError:
         return False
 
 

@@ -130,7 +130,7 @@ def schedule_with_device_buffers(comm):
     t = pc.Schedule(comm)
     whole = to_device(np.zeros(8))
     t.send(whole[:4], dest=right)
-    expect_raises(pc.BufferError, t.recv, whole[2:6], source=left, match="overlaps")
+    expect_raises(pc.InvalidBufferError, t.recv, whole[2:6], source=left, match="overlaps")
 
 
 def _set(dev, host):
@@ -142,10 +142,10 @@ def _set(dev, host):
 
 def bad_device_input(comm):
     coll = pc.PartialAllreduce(6, np.float32, MPI.SUM, comm)
-    expect_raises(pc.BufferError, coll.post, to_device(np.zeros(6, np.float64)), match="dtype")
-    expect_raises(pc.BufferError, coll.post, to_device(np.zeros(5, np.float32)), match="elements")
-    expect_raises(pc.BufferError, coll.post, to_device(np.zeros(12, np.float32))[::2], match="contiguous")
-    expect_raises(pc.BufferError, coll.post, np.zeros(6, np.float32), out=to_device(np.zeros(6, np.int32)),
+    expect_raises(pc.InvalidBufferError, coll.post, to_device(np.zeros(6, np.float64)), match="dtype")
+    expect_raises(pc.InvalidBufferError, coll.post, to_device(np.zeros(5, np.float32)), match="elements")
+    expect_raises(pc.InvalidBufferError, coll.post, to_device(np.zeros(12, np.float32))[::2], match="contiguous")
+    expect_raises(pc.InvalidBufferError, coll.post, np.zeros(6, np.float32), out=to_device(np.zeros(6, np.int32)),
                   match="dtype")
     coll.close()
 

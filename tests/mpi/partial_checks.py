@@ -230,10 +230,17 @@ def bad_input(comm):
         assert ("count must be" in str(exc)) if bad else ("rank 1 rejected" in str(exc) and "count" in str(exc)), exc
     expect_raises(pc.ArgumentError, pc.PartialAllreduce, 5, np.float32, MPI.SUM, comm, mode="quorum",
                   quorum=comm.size + 1, match="quorum")
+    if comm.size > 1:                 # intercommunicators are refused with a clear error
+        half = comm.Split(comm.rank % 2)
+        inter = half.Create_intercomm(0, comm, 1 - comm.rank % 2)
+        expect_raises(pc.ArgumentError, pc.PartialAllreduce, 5, np.float32, MPI.SUM, inter, match="intercomm")
+        expect_raises(pc.ArgumentError, pc.Schedule, inter, match="intercomm")
+        inter.Free()
+        half.Free()
     coll = pc.PartialAllreduce(5, np.float32, MPI.SUM, comm, mode=MODE, **options(comm))
-    expect_raises(pc.BufferError, coll.post, np.zeros(4, np.float32), match="elements")
-    expect_raises(pc.BufferError, coll.post, np.zeros(5, np.float64), match="dtype")
-    expect_raises(pc.BufferError, coll.post, np.zeros((5, 2), np.float32)[:, 0], match="contiguous")
+    expect_raises(pc.InvalidBufferError, coll.post, np.zeros(4, np.float32), match="elements")
+    expect_raises(pc.InvalidBufferError, coll.post, np.zeros(5, np.float64), match="dtype")
+    expect_raises(pc.InvalidBufferError, coll.post, np.zeros((5, 2), np.float32)[:, 0], match="contiguous")
     coll.close()
     expect_raises(pc.StateError, coll.post, np.zeros(5, np.float32), match="closed")
     expect_raises(pc.StateError, coll.close, match="closed")
