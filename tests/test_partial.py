@@ -21,7 +21,7 @@ def test_partial_inline_progress(mpirun, nprocs):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [2, 3, 5])
+@pytest.mark.parametrize("nprocs", [2, 3, 4, 5])
 @pytest.mark.parametrize("late", ["fold", "latest"])
 @pytest.mark.parametrize("mode", MODES)
 def test_close_uneven_posts(mpirun, mode, late, nprocs):
