@@ -359,8 +359,10 @@ class PartialAllreduce:
         engine may still touch of ours (out= buffers, staging) is kept until finalize."""
         coll, self._coll, self._closed = getattr(self, "_coll", None), None, True
         comm, self._comm = getattr(self, "_comm", None), None
+        if getattr(_engine, "lib", None) is None:      # interpreter shutdown
+            return
         deferred = _engine.ffi.new("int *")
-        if coll is not None and _engine.lib is not None:
+        if coll is not None:
             _engine.lib.pc_coll_abandon(coll, deferred)
         if deferred[0]:                  # messages still in flight: keep what they may touch
             _engine.keep_until_finalize(self._outs, self._staging, comm)

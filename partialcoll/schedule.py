@@ -297,7 +297,7 @@ class Schedule:
 
     def _abandon(self) -> None:
         """Drop the schedule on this rank only (no collective call)."""
-        if getattr(self, "_native", None) is not None and _engine.lib is not None:
+        if getattr(self, "_native", None) is not None and getattr(_engine, "lib", None) is not None:
             deferred = _engine.ffi.new("int *")
             _engine.lib.pc_sched_abandon(self._native, deferred)
             self._native = None
