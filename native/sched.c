@@ -264,6 +264,7 @@ int pc_sched_start(pc_sched *s, int64_t *execution)
 {
     app_lock();
     int rc;
+    if (s->draining && !s->coll) sched_drain(s);     /* a failed execution may be done draining */
     *execution = s->executions;
     if (!E.started) rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)");
     else if (s->coll) rc = fail(PC_ERR_STATE, "this schedule belongs to a partial collective");

@@ -25,3 +25,10 @@ def test_lifetime(mpirun, nprocs, progress):
 def test_small_tag_ub(mpirun, nprocs, tag_ub):
     """Version wrap-around and the per-pair message limit under Open MPI-sized tag spaces."""
     mpirun("tag_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_TAG_UB": tag_ub})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("progress", ["thread", "inline"])
+def test_failed_execution(mpirun, progress):
+    """A failed execution uses up its version and drains before the schedule is freed."""
+    mpirun("failure_checks.py", 2, timeout=120, env={"PARTIALCOLL_PROGRESS": progress})
