@@ -5,6 +5,22 @@
     coll = pc.PartialAllreduce(count, np.float32, op=MPI.SUM, comm=MPI.COMM_WORLD, mode="solo")
     res = coll.post(x).wait()          # res.data, res.round, res.active, res.nap
     final = coll.close()
+
+Names (none shadows a builtin or an mpi4py name):
+    ScheduleOp          a handle to one op of a Schedule (what after= takes); MPI.Op is a
+                        reduction op, as everywhere in mpi4py
+    PartialcollError    base of every error; each also derives from the builtin it refines:
+      ArgumentError       (ValueError)   bad argument, or arguments that differ across ranks
+      InvalidBufferError  (TypeError)    a buffer's type, dtype, size, layout or writability
+      OpError             (TypeError)    a reduction op MPI does not define on the dtype
+      StateError          (RuntimeError) used after close/free, or while running
+      MPIError            (RuntimeError) MPI failed inside the engine
+      Timeout             (TimeoutError) wait(timeout=...) or close(timeout=...) expired
+      EngineError         (RuntimeError) the engine cannot run (no MPI_THREAD_MULTIPLE ...)
+      OutOfMemory         (MemoryError)  the engine could not allocate memory
+PartialAllreduce (and its shorthands) agree on errors across ranks: a bad argument
+on one rank raises ArgumentError on every rank. Integer options accept any integral number
+(Python or NumPy, never bool).
 """
 from ._engine import finalize, progress_mode
 from ._errors import (ArgumentError, EngineError, InvalidBufferError, MPIError, OpError, OutOfMemory,

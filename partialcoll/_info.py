@@ -4,6 +4,13 @@ from __future__ import annotations
 from typing import Dict
 
 
+def _first_line(text: str) -> str:
+    """The first line of a C string mpi4py returned, whitespace collapsed. Open MPI counts
+    the terminating NUL in MPI_Get_library_version's length: the string ends at the first NUL."""
+    lines = text.partition("\x00")[0].strip().splitlines()
+    return " ".join(lines[0].split()) if lines else ""
+
+
 def info() -> Dict[str, object]:
     """Library and MPI versions, progress mode, and the buffer paths available (imports CuPy if present)."""
     from mpi4py import MPI
@@ -14,7 +21,7 @@ def info() -> Dict[str, object]:
     cuda_aware = _engine.lib.pc_mpi_cuda_support()
     return {
         "partialcoll": __version__,
-        "mpi_library": " ".join(MPI.Get_library_version().rstrip("\x00").splitlines()[0].split()),
+        "mpi_library": _first_line(MPI.Get_library_version()),
         "mpi_version": "%d.%d" % MPI.Get_version(),
         "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                          MPI.THREAD_SERIALIZED: "serialized",

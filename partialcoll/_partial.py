@@ -55,7 +55,7 @@ class Result:
 
     __slots__ = ("data", "round", "active", "nap", "contributed", "rounds", "closing")
 
-    def __init__(self, data, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
+    def __init__(self, data: Buffer, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
                  closing: Tuple[int, ...] = (), nap: Optional[int] = None) -> None:
         self.data, self.round, self.active = data, round, active
         self.contributed, self.rounds, self.closing = contributed, rounds, closing
@@ -69,7 +69,8 @@ class Result:
 class PartialRequest:
     """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool."""
 
-    def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out, on_device: bool = False) -> None:
+    def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[Buffer],
+                 on_device: bool = False) -> None:
         self._coll = coll
         self.index = index
         self.late = late
@@ -116,6 +117,7 @@ class PartialAllreduce:
         everyone = comm.allgather((repr(problem) if problem else None, params))
         if problem is not None:
             raise problem
+        assert params is not None
         bad = [(r, err) for r, (err, _) in enumerate(everyone) if err]
         if bad:
             raise ArgumentError(f"PartialAllreduce: rank {bad[0][0]} rejected its arguments: {bad[0][1]} "

@@ -59,7 +59,7 @@ def dtype_code(dtype) -> int:
 
 def op_code(op) -> int:
     """Engine code of an mpi4py reduction op (MPI.SUM ...)."""
-    if isinstance(op, (int, np.integer)) and not isinstance(op, bool) and 0 <= op < COPY:
+    if isinstance(op, numbers.Integral) and not isinstance(op, (bool, np.bool_)) and 0 <= int(op) < COPY:
         return int(op)                    # an engine code (algorithm builders pass these)
     if isinstance(op, str):
         for code, name in OP_NAMES.items():
@@ -83,6 +83,7 @@ def check_op_dtype(op: int, dtype) -> None:
 def identity(op: int, dtype) -> np.ndarray:
     """One element holding op's identity: x (op) identity == x."""
     dt = np.dtype(dtype)
+    value: object
     if op in (0, 5, 6, 8, 9):                        # SUM LOR LXOR BOR BXOR
         value = 0
     elif op in (1, 4):                               # PROD LAND

@@ -12,5 +12,7 @@ from numpy.typing import DTypeLike
 Buffer = Union[np.ndarray, Any]
 # A reduction op: mpi4py's MPI.SUM ... MPI.BXOR (a name such as "SUM" is accepted too).
 ReduceOp = Union[MPI.Op, str]
+# What Schedule.compute takes: a ReduceOp, or an engine op code (algorithm builders pass these).
+ComputeOp = Union[ReduceOp, int]
 
-__all__ = ["Buffer", "DTypeLike", "ReduceOp"]
+__all__ = ["Buffer", "ComputeOp", "DTypeLike", "ReduceOp"]

@@ -14,8 +14,7 @@ runs it on a duplicate of the communicator, so schedules never share tags.
 """
 from __future__ import annotations
 
-import numbers
-from typing import List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Union
 
 from mpi4py import MPI
 
@@ -23,13 +22,14 @@ from . import _device, _engine
 from ._buffers import SLOT_SCRATCH, BufRef
 from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
 from ._rc import rc
-from ._typing import Buffer, DTypeLike, ReduceOp
-from ._types import COPY, OP_NAMES, check_comm, check_op_dtype, op_code
+from ._typing import Buffer, ComputeOp, DTypeLike
+from ._types import COPY, OP_NAMES, check_comm, check_op_dtype, integer, op_code
 
 SEND, RECV, COMPUTE, NOP, TRIGGER, TAKE, DELIVER = range(7)
 _KIND_NAMES = ("send", "recv", "compute", "nop", "trigger", "take", "deliver")
 
 Need = Union[str, int]
+After = Union["ScheduleOp", Iterable["ScheduleOp"], None]
 
 
 class ScheduleOp:
@@ -118,8 +118,11 @@ class Schedule:
         if comm is not None:
             check_comm(comm, "Schedule")
         self.comm = comm
-        self.rank = comm.Get_rank() if comm is not None else int(rank)
-        self.size = comm.Get_size() if comm is not None else int(size)
+        if comm is not None:
+            self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        else:
+            self.size = integer(size, "size", 1)
+            self.rank = integer(rank, "rank", 0, self.size - 1)
         self.ops: List[ScheduleOp] = []
         self._native = None
         self._dup: Optional[MPI.Comm] = None
@@ -129,7 +132,7 @@ class Schedule:
         self._unstaged: Optional[Request] = None   # an execution whose outputs are not on the device yet
 
     # -- building --------------------------------------------------------------------
-    def _deps(self, after, need: Need) -> tuple:
+    def _deps(self, after: After, need: Need) -> tuple:
         if after is None:
             deps: tuple = ()
         elif isinstance(after, ScheduleOp):
@@ -144,17 +147,19 @@ class Schedule:
             k = n
         elif need == "any":
             k = min(n, 1)
-        elif isinstance(need, numbers.Integral) and not isinstance(need, bool) and 1 <= need <= max(n, 1) and n > 0:
-            k = int(need)
         else:
-            raise ArgumentError(f"need must be 'all', 'any' or k in 1..{n} (ops in after=), not {need!r}")
+            try:
+                k = integer(need, "need", 1, n)
+            except ArgumentError:
+                raise ArgumentError(f"need must be 'all', 'any' or k in 1..{n} (ops in after=), "
+                                    f"not {need!r}") from None
         return tuple(d.index for d in deps), k
 
     def _check_building(self) -> None:
         if self._native is not None:
             raise StateError("the schedule is committed; build a new one to add ops")
 
-    def _add(self, kind: int, *, after=None, need: Need = "all", **fields) -> ScheduleOp:
+    def _add(self, kind: int, *, after: After = None, need: Need = "all", **fields) -> ScheduleOp:
         self._check_building()
         deps, k = self._deps(after, need)
         op = ScheduleOp(self, len(self.ops), kind, deps=deps, need=k, **fields)
@@ -162,22 +167,23 @@ class Schedule:
         return op
 
     def _peer(self, peer: int, what: str) -> int:
-        if not isinstance(peer, numbers.Integral) or isinstance(peer, bool) or not 0 <= peer < self.size:
+        try:
+            return integer(peer, what, 0, self.size - 1)
+        except ArgumentError:
             raise ArgumentError(f"{what} {peer!r} is out of range for a communicator of size {self.size} "
-                                f"(this is rank {self.rank})")
-        return int(peer)
+                                f"(this is rank {self.rank})") from None
 
-    def send(self, buf: Buffer, dest: int, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
+    def send(self, buf: Buffer, dest: int, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
         """Send buf to rank dest (MPI_Isend once the dependencies are met)."""
         ref = self._ref(buf, writable=False, what="send buffer")
         return self._add(SEND, peer=self._peer(dest, "dest"), bufs=(ref,), after=after, need=need, label=label)
 
-    def recv(self, buf: Buffer, source: int, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
+    def recv(self, buf: Buffer, source: int, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
         """Receive into buf from rank source (exactly buf's size; MPI_Irecv once ready)."""
         ref = self._ref(buf, writable=True, what="receive buffer")
         return self._add(RECV, peer=self._peer(source, "source"), bufs=(ref,), after=after, need=need, label=label)
 
-    def compute(self, op: ReduceOp, a: Buffer, b: Buffer, out: Optional[Buffer] = None, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
+    def compute(self, op: ComputeOp, a: Buffer, b: Buffer, out: Optional[Buffer] = None, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
         """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf)."""
         code = op_code(op)
         ra = self._ref(a, writable=False, what="compute input a")
@@ -187,14 +193,14 @@ class Schedule:
         check_op_dtype(code, ra.dtype)
         return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label)
 
-    def copy(self, src: Buffer, dst: Buffer, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
+    def copy(self, src: Buffer, dst: Buffer, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
         """dst = src."""
         rs = self._ref(src, writable=False, what="copy source")
         rd = self._ref(dst, writable=True, what="copy destination")
         self._check_same(rs, rd, rd)
         return self._add(COMPUTE, redop=COPY, bufs=(rs, rs, rd), after=after, need=need, label=label)
 
-    def nop(self, *, after=None, need: Need = "all", label: str = "") -> ScheduleOp:
+    def nop(self, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
         """An op that completes as soon as it fires: joins and fans out dependencies."""
         return self._add(NOP, after=after, need=need, label=label)
 

@@ -110,3 +110,57 @@ def test_public_surface():
         print("surface ok")
     """)
     assert p.returncode == 0 and "surface ok" in p.stdout, p.stdout + p.stderr
+
+
+def test_public_surface_integers_and_info():
+    """Every integer argument goes through one helper (NumPy integers in, floats and bools
+    out, ranges checked), also for dry-built schedules and pc.candidates; info() strips the
+    NUL Open MPI counts in MPI_Get_library_version's length."""
+    p = run_py("""
+        import numpy as np
+        from mpi4py import MPI
+        import partialcoll as pc
+
+        def rejects(fn, *args, **kw):
+            try:
+                fn(*args, **kw)
+            except pc.ArgumentError:
+                return
+            raise SystemExit(f"{fn.__name__}{args}{kw} was accepted")
+
+        s = pc.Schedule(rank=np.int64(2), size=np.int32(3))
+        assert (s.rank, s.size) == (2, 3) and type(s.rank) is int
+        rejects(pc.Schedule, rank=1.5, size=3)
+        rejects(pc.Schedule, rank=3, size=3)
+        rejects(pc.Schedule, rank=0, size=True)
+        rejects(pc.Schedule, rank=0, size=0)
+        s.nop(after=[s.nop(), s.nop()], need=np.int8(1))
+        rejects(s.nop, after=[s.nop()], need=2)
+        rejects(s.nop, after=[s.nop()], need=1.0)
+        rejects(s.send, np.zeros(1), 1.0)
+        rejects(s.recv, np.zeros(1), np.int64(3))
+        assert pc.candidates(np.uint64(7), np.int64(4), np.int32(5), np.int8(2)) == pc.candidates(7, 4, 5, 2)
+        rejects(pc.candidates, 7, 4.0, 5, 2)
+        rejects(pc.candidates, 7, 4, 5, 6)
+        rejects(pc.PartialAllreduce, 4.0, np.float32, MPI.SUM, MPI.COMM_SELF)
+        rejects(pc.PartialAllreduce, 4, np.float32, MPI.SUM, MPI.COMM_SELF, seed=1.5)
+        rejects(pc.PartialAllreduce, 4, np.float32, MPI.SUM, MPI.COMM_SELF, max_staleness=np.bool_(True))
+
+        for text in ["Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6\\x00",
+                     "Open MPI v5.0.5, package: x\\x00\\n", "  Open MPI v5.0.5\\n\\x00",
+                     "MPICH Version:  4.2.0\\nMPICH Release date: ...\\n"]:
+            MPI.Get_library_version = lambda text=text: text
+            name = pc.info()["mpi_library"]
+            assert "\\x00" not in name and name.startswith(("Open MPI v", "MPICH Version: 4")) \\
+                and name == name.strip() and "\\n" not in name, repr(name)
+        print("integers ok")
+    """)
+    assert p.returncode == 0 and "integers ok" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+def test_public_surface_every_rank(mpirun, nprocs):
+    """An unused option on one rank, or an engine OOM, raises on every rank; NumPy integers
+    agree with Python ints across ranks and give MPI_Allreduce's result."""
+    mpirun("surface_checks.py", nprocs, timeout=120)
