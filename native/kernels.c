@@ -7,8 +7,60 @@ typedef struct { float re, im; } c64;
 typedef struct { double re, im; } c128;
 
 /* class of each dtype: 0 bool, 1 integer, 2 floating, 3 complex */
-static const int dt_class[PC_DT_COUNT] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3};
-const size_t pc_dt_size[PC_DT_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 8, 16};
+static const int dt_class[PC_DT_COUNT] = {0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3, 2, 2};
+const size_t pc_dt_size[PC_DT_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 8, 16, 2, 2};
+
+/* float16 (IEEE binary16) and bfloat16 <-> float. Each element is widened to float,
+ * reduced in float (a product of two halves is exact there, a sum nearly always) and
+ * rounded back to nearest-even, as torch's CPU kernels do for a + b. Each partial sum
+ * of a reduction is rounded to 16 bits: a sum over P ranks carries up to P - 1 such
+ * roundings. Written out in bits so that no compiler half type is needed. */
+static inline float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float bf16_float(uint16_t h) { return bits_float((uint32_t)h << 16); }
+static inline uint16_t float_bf16(float f)
+{
+    uint32_t u = float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float f16_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));       /* inf, NaN */
+    if (exp == 0) {                                   /* zero, subnormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    return bits_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+static inline uint16_t float_f16(float f)
+{
+    uint32_t u = float_bits(f), sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00 | ((a >> 13) & 0x3ff));   /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);     /* rounds past 65504: inf */
+    if (a < 0x38800000u) {                  /* below 2^-14: subnormal half, round to even */
+        float m = bits_float(a) * 16777216.0f;      /* in units of 2^-24, exact */
+        uint32_t q = (uint32_t)m;
+        float r = m - (float)q;
+        if (r > 0.5f || (r == 0.5f && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t rounded = a + 0xfffu + ((a >> 13) & 1);            /* to nearest even */
+    return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+#define HALF(TO_F, FROM_F, EXPR) do { const uint16_t *x = a, *y = b; uint16_t *z = out; \
+        for (int64_t i = 0; i < n; i++) { float u = TO_F(x[i]), v = TO_F(y[i]); z[i] = FROM_F(EXPR); } \
+        } while (0)
+
+#define HALF_ARITH(TO_F, FROM_F) switch (redop) { \
+    case PC_OP_SUM: HALF(TO_F, FROM_F, u + v); return PC_OK; \
+    case PC_OP_PROD: HALF(TO_F, FROM_F, u * v); return PC_OK; \
+    case PC_OP_MIN: HALF(TO_F, FROM_F, v < u ? v : u); return PC_OK; \
+    case PC_OP_MAX: HALF(TO_F, FROM_F, v > u ? v : u); return PC_OK; }
 
 int pc_op_valid(int redop, int dtype)
 {
@@ -76,6 +128,8 @@ int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *ou
     case PC_DT_FLOAT64: ARITH(double) break;
     case PC_DT_COMPLEX64: COMPLEX(c64) break;
     case PC_DT_COMPLEX128: COMPLEX(c128) break;
+    case PC_DT_FLOAT16: HALF_ARITH(f16_float, float_f16) break;
+    case PC_DT_BFLOAT16: HALF_ARITH(bf16_float, float_bf16) break;
     }
     return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", redop, dtype);
 }

@@ -42,7 +42,8 @@ enum {
     PC_DT_BOOL = 0, PC_DT_INT8 = 1, PC_DT_INT16 = 2, PC_DT_INT32 = 3, PC_DT_INT64 = 4,
     PC_DT_UINT8 = 5, PC_DT_UINT16 = 6, PC_DT_UINT32 = 7, PC_DT_UINT64 = 8,
     PC_DT_FLOAT32 = 9, PC_DT_FLOAT64 = 10, PC_DT_COMPLEX64 = 11, PC_DT_COMPLEX128 = 12,
-    PC_DT_COUNT = 13
+    PC_DT_FLOAT16 = 13, PC_DT_BFLOAT16 = 14,   /* reduced in float, rounded back (kernels.c) */
+    PC_DT_COUNT = 15
 };
 enum {
     PC_OP_SUM = 0, PC_OP_PROD = 1, PC_OP_MIN = 2, PC_OP_MAX = 3, PC_OP_LAND = 4, PC_OP_LOR = 5,

@@ -23,7 +23,7 @@ from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
-from ._types import check_comm, check_op_dtype, dtype_code, identity, integer, op_code
+from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
 from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, choose
@@ -129,7 +129,7 @@ class PartialAllreduce:
                 raise ArgumentError(f"PartialAllreduce: {key} differs across ranks: rank 0 has {values[0]!r}, "
                                     f"rank {differing[0]} has {values[differing[0]]!r} (this is rank {rank}); "
                                     "every rank must pass the same count, dtype, op, mode and options")
-        self.count, self.dtype, self.mode = params["count"], np.dtype(params["dtype"]), mode
+        self.count, self.dtype, self.mode = params["count"], as_dtype(dtype), mode
         self.op, self.late, self.seed = op, late, params["seed"]
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
         self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
@@ -145,7 +145,7 @@ class PartialAllreduce:
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size) -> dict:
         count = integer(count, "count", 0)
-        dt = np.dtype(dtype)
+        dt = as_dtype(dtype)
         dtype_code(dt)
         code = op_code(op)
         check_op_dtype(code, dt)
@@ -167,7 +167,7 @@ class PartialAllreduce:
             max_staleness = integer(max_staleness, "max_staleness", 1)
         seed = integer(seed, "seed")
         choose(algorithm, count * dt.itemsize, size)
-        return {"count": count, "dtype": dt.str, "op": code, "mode": mode, "candidates": q, "quorum": k,
+        return {"count": count, "dtype": dtype_name(dt), "op": code, "mode": mode, "candidates": q, "quorum": k,
                 "seed": seed, "max_staleness": max_staleness, "late": late, "algorithm": algorithm}
 
     # -- construction ---------------------------------------------------------------

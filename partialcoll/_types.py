@@ -9,11 +9,35 @@ from mpi4py import MPI
 
 from ._errors import ArgumentError, InvalidBufferError, OpError
 
+# bfloat16 (mixed-precision gradients): ml_dtypes' NumPy dtype where it is installed; else
+# a 16-bit unsigned view marked as bfloat16 (np.dtype(np.uint16) plus metadata), so raw
+# bits (a torch bfloat16 tensor viewed as int16) can be posted with an explicit dtype.
+try:
+    import ml_dtypes as _ml_dtypes
+    BFLOAT16 = np.dtype(_ml_dtypes.bfloat16)
+except ImportError:                       # pragma: no cover - depends on the environment
+    BFLOAT16 = np.dtype(np.uint16, metadata={"partialcoll": "bfloat16"})
+_BF16_CODE = 14
+
 # numpy dtype -> engine dtype code (PC_DT_* in native/pc_engine.h)
 DTYPES = {np.dtype(np.bool_): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3,
           np.dtype(np.int64): 4, np.dtype(np.uint8): 5, np.dtype(np.uint16): 6, np.dtype(np.uint32): 7,
           np.dtype(np.uint64): 8, np.dtype(np.float32): 9, np.dtype(np.float64): 10,
-          np.dtype(np.complex64): 11, np.dtype(np.complex128): 12}
+          np.dtype(np.complex64): 11, np.dtype(np.complex128): 12, np.dtype(np.float16): 13}
+if BFLOAT16.metadata is None:
+    DTYPES[BFLOAT16] = _BF16_CODE
+
+
+def as_dtype(dtype) -> np.dtype:
+    """np.dtype(dtype), with "bfloat16" meaning BFLOAT16 (also without ml_dtypes)."""
+    if isinstance(dtype, str) and dtype.lower() == "bfloat16":
+        return BFLOAT16
+    return np.dtype(dtype)
+
+
+def dtype_name(dt: np.dtype) -> str:
+    """A name that tells every dtype the engine knows apart (bfloat16's .str is '<V2')."""
+    return "bfloat16" if dtype_code(dt) == _BF16_CODE else dt.str
 
 # mpi4py op -> (engine op code, name); COPY (10) is internal.
 # (mpi4py.MPI.Op objects are not hashable: a list of pairs)
@@ -47,7 +71,9 @@ def check_comm(comm, who: str) -> None:
 
 def dtype_code(dtype) -> int:
     """Engine code of a NumPy dtype, or a clear error."""
-    dt = np.dtype(dtype)
+    dt = as_dtype(dtype)
+    if dt.metadata and dt.metadata.get("partialcoll") == "bfloat16":
+        return _BF16_CODE
     if dt.byteorder not in ("=", "|") and dt != dt.newbyteorder("="):
         raise InvalidBufferError(f"dtype {dt} is not in native byte order")
     try:
@@ -77,12 +103,12 @@ def check_op_dtype(op: int, dtype) -> None:
     """Raise OpError where MPI does not define op on dtype."""
     from ._engine import lib
     if not lib.pc_op_valid(op, dtype_code(dtype)):
-        raise OpError(f"MPI.{OP_NAMES[op]} is not defined for dtype {np.dtype(dtype)}")
+        raise OpError(f"MPI.{OP_NAMES[op]} is not defined for dtype {as_dtype(dtype)}")
 
 
 def identity(op: int, dtype) -> np.ndarray:
     """One element holding op's identity: x (op) identity == x."""
-    dt = np.dtype(dtype)
+    dt = as_dtype(dtype)
     value: object
     if op in (0, 5, 6, 8, 9):                        # SUM LOR LXOR BOR BXOR
         value = 0
@@ -91,7 +117,7 @@ def identity(op: int, dtype) -> np.ndarray:
     elif op == 7:                                    # BAND: all bits set
         value = np.iinfo(dt).max if dt.kind == "u" else -1
     elif op in (2, 3):                               # MIN MAX
-        if dt.kind == "f":
+        if dt.kind == "f" or dtype_code(dt) == _BF16_CODE:
             value = np.inf if op == 2 else -np.inf
         elif dt.kind in "iu":
             value = np.iinfo(dt).max if op == 2 else np.iinfo(dt).min
@@ -99,4 +125,7 @@ def identity(op: int, dtype) -> np.ndarray:
             value = op == 2
     else:
         raise ArgumentError(f"no identity for op {op}")
+    if dtype_code(dt) == _BF16_CODE:            # bfloat16: the upper half of float32's bits
+        bits = np.array([value], np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16).view(dt)
     return np.array([value], dtype=dt)

@@ -75,3 +75,64 @@ def test_info():
     info = pc.info()
     assert info["partialcoll"] == pc.__version__
     assert "MPICH" in info["mpi_library"] or "Open MPI" in info["mpi_library"]
+
+
+def _half_dtypes():
+    out = [np.float16]
+    try:
+        import ml_dtypes
+        out.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("op", OPS[:4], ids=_name)
+@pytest.mark.parametrize("dtype", _half_dtypes(), ids=lambda d: np.dtype(d).name)
+def test_half_kernels_every_bit_pattern(dtype, op):
+    """float16 and bfloat16: every one of the 65536 values against another, reduced in
+    float32 and rounded back to nearest-even, as NumPy (and torch) round a float32."""
+    a = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    b = np.random.default_rng(7).permutation(a)
+    out = np.empty_like(a)
+    s = pc.Schedule(MPI.COMM_SELF)
+    s.compute(op, a, b, out=out)
+    with s.commit():
+        s.start().wait(timeout=30)
+    f = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum}[_name(op)]
+    with np.errstate(invalid="ignore", over="ignore"):
+        expect = f(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
+    got32, exp32 = out.astype(np.float32), expect.astype(np.float32)
+    nan_in = np.isnan(a.astype(np.float32)) | np.isnan(b.astype(np.float32))
+    if _name(op) in ("SUM", "PROD"):
+        assert np.array_equal(np.isnan(got32), np.isnan(exp32))
+        ok = np.isnan(exp32) | (out.view(np.uint16) == expect.view(np.uint16))
+    else:                      # MIN/MAX of a NaN follows MPI's C kernels, not NumPy; +0 == -0
+        ok = nan_in | (got32 == exp32)
+    assert ok.all(), f"{np.flatnonzero(~ok).size} of 65536 differ, first at {np.flatnonzero(~ok)[:4]}"
+
+
+def test_bfloat16_without_ml_dtypes_by_name():
+    """'bfloat16' names the type also where ml_dtypes is absent (then a marked uint16 view)."""
+    from partialcoll._types import BFLOAT16, as_dtype, dtype_code, identity
+    assert as_dtype("bfloat16") == BFLOAT16 and dtype_code("bfloat16") == 14
+    assert dtype_code(np.float16) == 13
+    raw = np.dtype(np.uint16, metadata={"partialcoll": "bfloat16"})
+    assert dtype_code(raw) == 14
+    assert identity(2, raw).view(np.uint16)[0] == 0x7F80          # MIN's identity: +inf
+    assert identity(1, raw).view(np.uint16)[0] == 0x3F80          # PROD's: 1.0
+    a = np.array([1.5, -2.0, 3.0], np.float32).view(np.uint32) >> 16
+    x, y = a.astype(np.uint16).view(raw), a.astype(np.uint16).view(raw).copy()
+    s = pc.Schedule(MPI.COMM_SELF)
+    s.compute(MPI.SUM, x, y)                                       # y = x + y
+    with s.commit():
+        s.start().wait(timeout=30)
+    got = (y.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    assert got.tolist() == [3.0, -4.0, 6.0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_half_precision_partial_modes(mpirun, nprocs):
+    """float16/bfloat16 in every partial mode (nothing lost), full in place, a schedule."""
+    mpirun("half_checks.py", nprocs, timeout=120)
