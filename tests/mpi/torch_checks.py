@@ -1,7 +1,12 @@
-"""PyTorch integration (issue 6): python torch_checks.py
+"""PyTorch integration (issues 6, 12): python torch_checks.py
 
-PC_TEST_TORCH_DEVICE=cuda runs the model on the GPU: its gradients then reach the
-library as CuPy views (issue 7)."""
+The partialcoll process group comes up with no address, port or gloo; then gloo (its
+store found over MPI) is the reference: DDP's default reduction and gloo's collectives.
+Models have several buckets (a tiny bucket_cap_mb), so DDP's bucket rebuild after the
+first iteration changes them.
+
+PC_TEST_TORCH_DEVICE=cuda runs the hook checks on the GPU (gradients reach the library
+as CuPy views, issue 7)."""
 from __future__ import annotations
 
 import os
@@ -10,118 +15,359 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from partialcoll.integrations.torch import (GradientSynchronizer, PartialHookState, partial_allreduce_hook,
-                                            sync_parameters)
+import partialcoll.integrations.torch as pct
+from partialcoll.integrations.torch import (DistributedOptimizer, GradientSynchronizer, PartialHookState,
+                                            partial_allreduce_hook, sync_parameters)
 from _util import main
 
-D = 16
 DEV = torch.device(os.environ.get("PC_TEST_TORCH_DEVICE", "cpu"))
+D, H, C = 12, 24, 5
+CAP = 0.0002                      # MiB: one or two tensors per bucket -> 3 buckets after the rebuild
+MODES = [("solo", {}), ("majority", {}), ("probe", {"candidates": 2}), ("quorum", {"quorum": 2}),
+         ("full", {})]
 
 
-def host(x) -> np.ndarray:
-    """A NumPy copy of a tensor, a CuPy array or a NumPy array."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
-    if type(x).__module__.split(".")[0] == "cupy":
-        if DEV.type == "cuda":
-            assert x.device.id == torch.cuda.current_device()
-        return x.get()
-    assert DEV.type == "cpu", f"a CUDA model's result came back as {type(x).__name__}"
-    return x
+class Net(torch.nn.Module):
+    def __init__(self, unused):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.Tanh(), torch.nn.Linear(H, H),
+                                        torch.nn.Tanh(), torch.nn.Linear(H, C))
+        self.unused = torch.nn.Linear(3, 3) if unused else None     # never in the forward pass
+
+    def forward(self, x):
+        return self.body(x)
 
 
-def init_gloo(comm):
-    if DEV.type == "cuda":
-        torch.cuda.set_device(comm.rank % torch.cuda.device_count())
-    port = comm.bcast(29500 + (os.getpid() % 2000) if comm.rank == 0 else None)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
-
-
-def batch(rank, step):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(8, D, generator=g)
-    return x.to(DEV), (x @ torch.arange(D, dtype=torch.float32) / D).to(DEV)
-
-
-def model():
+def model(dtype=torch.float32, unused=False):
     torch.manual_seed(0)
-    return torch.nn.Linear(D, 1, bias=False).to(DEV)
+    return Net(unused).to(device=DEV, dtype=dtype)
 
 
-def ddp_full_matches_ddp(comm):
-    """mode="full" through the hook gives DDP's own parameters after 20 steps."""
+def batch(rank, step, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, D, generator=g)
+    y = (x[:, :C] * 2).argmax(1)
+    return x.to(DEV, dtype), y.to(DEV)
+
+
+def loss_of(m, x, y):
+    return torch.nn.functional.cross_entropy(m(x).float(), y)
+
+
+def train(m, rank, steps, opt=None, lr=0.05, accumulate=1, slow=None, dtype=torch.float32):
+    """SGD steps; `accumulate` micro-batches per step under no_sync (DDP) ; returns losses."""
+    opt = opt or torch.optim.SGD(m.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        if slow is not None and rank == slow(step):
+            time.sleep(0.003)
+        opt.zero_grad()
+        for micro in range(accumulate):
+            x, y = batch(rank, step * accumulate + micro, dtype)
+            if micro < accumulate - 1:
+                with m.no_sync():
+                    loss_of(m, x, y).backward()
+            else:
+                loss = loss_of(m, x, y)
+                loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses
+
+
+def params_close(a, b, rtol=1e-5, atol=1e-6):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        diff = (p.detach().float() - q.detach().float()).abs().max().item()
+        assert torch.allclose(p.detach().float(), q.detach().float(), rtol=rtol, atol=atol), (name, diff)
+
+
+def same_on_every_rank(comm, m):
+    flat = torch.cat([p.detach().float().cpu().reshape(-1) for p in m.parameters()]).numpy()
+    everyone = comm.allgather(flat)
+    return all(np.array_equal(everyone[0], f) for f in everyone)
+
+
+# -- the process group ------------------------------------------------------------------------
+def process_group_without_env(comm):
+    """dist.init_process_group("partialcoll") under mpiexec: nothing in the environment."""
+    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        os.environ.pop(var, None)
+    dist.init_process_group("partialcoll")
+    assert dist.get_backend() == "partialcoll"
+    assert (dist.get_rank(), dist.get_world_size()) == (comm.rank, comm.size)
+    t = torch.full((5,), float(comm.rank + 1))
+    dist.all_reduce(t)
+    assert t.tolist() == [comm.size * (comm.size + 1) / 2] * 5
+    big = torch.arange(40000, dtype=torch.float32) + comm.rank         # 160 KB: through the engine
+    work = dist.all_reduce(big, async_op=True)
+    assert work.get_future().wait()[0] is big
+    work.wait()
+    assert torch.equal(big, comm.size * torch.arange(40000, dtype=torch.float32) + sum(range(comm.size)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives_match_gloo(comm, pcg):
+    """Each collective of the partialcoll group gives gloo's result on the same inputs."""
+    P, r = comm.size, comm.rank
+    g = torch.Generator().manual_seed(r)
+
+    def both(fn):
+        out = []
+        for group in (None, pcg):                # None: the default group, gloo
+            out.append(fn(group))
+        return out
+
+    def allreduce(op, dtype, n):
+        def run(group):
+            t = (torch.randn(n, generator=torch.Generator().manual_seed(r)) * 10).to(dtype)
+            work = dist.all_reduce(t, op=op, group=group, async_op=True)
+            work.wait()
+            return t
+        return run
+
+    cases = [(dist.ReduceOp.SUM, torch.float32, 7), (dist.ReduceOp.SUM, torch.float32, 70000),
+             (dist.ReduceOp.SUM, torch.float64, 20000), (dist.ReduceOp.MAX, torch.float32, 9),
+             (dist.ReduceOp.MIN, torch.int64, 9), (dist.ReduceOp.SUM, torch.int32, 11),
+             (dist.ReduceOp.PRODUCT, torch.float64, 5), (dist.ReduceOp.SUM, torch.float16, 3001),
+             (dist.ReduceOp.SUM, torch.bfloat16, 3001), (dist.ReduceOp.AVG, torch.float32, 70000)]
+    for op, dtype, n in cases:
+        if op == dist.ReduceOp.AVG:
+            ref = allreduce(dist.ReduceOp.SUM, dtype, n)(None) / P      # gloo has no AVG
+            ours = allreduce(op, dtype, n)(pcg)
+        else:
+            ref, ours = both(allreduce(op, dtype, n))
+        tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+        assert torch.allclose(ref.double(), ours.double(), rtol=tol, atol=tol * 10), (op, dtype, n)
+
+    def broadcast(group):
+        t = torch.arange(10, dtype=torch.float32) * (r + 1)
+        dist.broadcast(t, src=P - 1, group=group)
+        return t
+    ref, ours = both(broadcast)
+    assert torch.equal(ref, ours) and torch.equal(ours, torch.arange(10.0) * P)
+
+    def allgather(group):
+        outs = [torch.empty(3, 2) for _ in range(P)]
+        dist.all_gather(outs, torch.full((3, 2), float(r)), group=group)
+        return torch.stack(outs)
+    ref, ours = both(allgather)
+    assert torch.equal(ref, ours)
+
+    def allgather_single(group):
+        out = torch.empty(P * 4, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(out, torch.full((4,), r + 0.5, dtype=torch.bfloat16), group=group)
+        return out
+    ref, ours = both(allgather_single)
+    assert torch.equal(ref, ours)
+
+    ins = [torch.randn(6, generator=g) for _ in range(P)]
+    out = torch.empty(6)
+    dist.reduce_scatter(out, [i.clone() for i in ins], group=pcg)
+    expect = sum(comm.allgather(torch.stack(ins).numpy()))[r]
+    assert np.allclose(out.numpy(), expect, rtol=1e-5, atol=1e-6)
+    out2 = torch.empty(6)
+    dist.reduce_scatter_tensor(out2, torch.cat(ins), group=pcg)
+    assert torch.allclose(out, out2)
+    dist.barrier(group=pcg)
+
+
+def ddp_on_partialcoll_group_equals_gloo(comm, pcg):
+    """DDP on the partialcoll group (its default reduction, no hook) == DDP on gloo."""
     ref, ours = model(), model()
-    ddp_ref = torch.nn.parallel.DistributedDataParallel(ref)
-    ddp_ours = torch.nn.parallel.DistributedDataParallel(ours)
+    train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 8)
+    train(DDP(ours, bucket_cap_mb=CAP, process_group=pcg), comm.rank, 8)
+    params_close(ref, ours)
+
+
+# -- the hook ---------------------------------------------------------------------------------
+def hook_full_equals_ddp(comm, **ddp_kwargs):
+    """mode="full" through the hook gives DDP's own parameters after 20 steps (multi-bucket),
+    also with no_sync accumulation and the DDP options given."""
+    accumulate = ddp_kwargs.pop("accumulate", 1)
+    unused = ddp_kwargs.get("find_unused_parameters", False)
+    ref, ours = model(unused=unused), model(unused=unused)
+    ddp_ref = DDP(ref, bucket_cap_mb=CAP, **ddp_kwargs)
+    ddp_ours = DDP(ours, bucket_cap_mb=CAP, **ddp_kwargs)
     state = PartialHookState(mode="full", comm=comm)
     ddp_ours.register_comm_hook(state, partial_allreduce_hook)
-    for m in (ddp_ref, ddp_ours):
-        opt = torch.optim.SGD(m.parameters(), lr=0.05)
-        for step in range(20):
-            x, y = batch(comm.rank, step)
-            opt.zero_grad()
-            ((m(x).squeeze() - y) ** 2).mean().backward()
-            opt.step()
+    train(ddp_ref, comm.rank, 20, accumulate=accumulate)
+    train(ddp_ours, comm.rank, 20, accumulate=accumulate)
+    assert len(state.colls) >= 3, f"expected several buckets, got {len(state.colls)}"
     state.close()
-    assert torch.allclose(ref.weight, ours.weight, rtol=1e-5, atol=1e-6), (ref.weight - ours.weight).abs().max()
+    params_close(ref, ours)
+    assert same_on_every_rank(comm, ours)
 
 
-def solo_nothing_lost(comm):
-    """solo with one slow rank: the loss falls, and sum of applied updates + the flush
-    equals the sum of all local gradients (on a linear model)."""
+class Recorder:
+    """Wraps the hook: sums what each rank posts, per parameter (its local gradients)."""
+
+    def __init__(self, model):
+        self.sum = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()}
+
+    def hook(self, state, bucket):
+        buf = bucket.buffer()
+        base = buf.data_ptr()
+        for p, g in zip(bucket.parameters(), bucket.gradients()):
+            assert g.data_ptr() - base >= 0
+            self.sum[id(p)] += g.detach().double().reshape(p.shape)
+        return partial_allreduce_hook(state, bucket)
+
+
+def nothing_lost(comm, m, w0, lr, flushed, local_sum):
+    """applied updates + the final flush == the sum of every rank's local gradients."""
+    for p, p0 in zip(m.parameters(), w0):
+        applied = (p0.double() - p.detach().double()) / lr
+        total = applied + flushed.get(id(p), 0)
+        everyone = np.empty(p.numel())
+        comm.Allreduce(local_sum[id(p)].cpu().numpy().ravel(), everyone)
+        assert np.allclose(total.cpu().numpy().ravel(), everyone, rtol=1e-4, atol=1e-4), \
+            np.abs(total.cpu().numpy().ravel() - everyone).max()
+
+
+def flushed_by_param(state):
+    """Collective: close the hook state; its final results mapped to parameters."""
+    entries = list(state.colls.values())
+    results = state.close()
+    out = {}
+    for i, e in enumerate(entries):
+        data = torch.from_numpy(np.asarray(results[i].data, dtype=np.float64))
+        for p, off in zip(e.params, e.offsets):
+            out[id(p)] = data[off:off + p.numel()].reshape(p.shape)
+    return out
+
+
+def hook_every_mode(comm, mode, opts, start_iter=2):
+    """30+ steps of a multi-bucket model in each mode, a different rank late now and then:
+    the loss falls, nothing is lost (late="fold", average="none"). start_iter=0 makes the
+    first collectives before DDP's bucket rebuild, so the rebuild must flush them."""
+    if mode == "quorum" and comm.size < 2:
+        return
     m = model()
-    lr = 0.05
-    sync = GradientSynchronizer(m.parameters(), mode="solo", comm=comm, average="none", late="fold")
-    w0 = m.weight.detach().clone()
-    local_sum = torch.zeros_like(m.weight)
-    losses = []
-    for step in range(30):
-        if comm.rank == comm.size - 1:
-            time.sleep(0.01)                     # the slow rank
-        x, y = batch(comm.rank, step)
-        m.zero_grad()
-        loss = ((m(x).squeeze() - y) ** 2).mean()
-        loss.backward()
-        losses.append(loss.item())
-        local_sum += m.weight.grad
-        sync.sync()
-        with torch.no_grad():
-            m.weight -= lr * m.weight.grad
-    flushed = host(sync.close()[0].data).reshape(tuple(m.weight.shape))
-    applied = host((w0 - m.weight.detach()) / lr)      # sum of applied (summed) gradients
-    everyone = np.empty(D, np.float32)
-    comm.Allreduce(host(local_sum).ravel(), everyone)
-    assert np.allclose((applied + flushed).ravel(), everyone, rtol=1e-4, atol=1e-4)
-    assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
+    ddp = DDP(m, bucket_cap_mb=CAP)
+    state = PartialHookState(mode=mode, comm=comm, average="none", late="fold", start_iter=start_iter, **opts)
+    rec = Recorder(m)
+    ddp.register_comm_hook(state, rec.hook)
+    lr = 0.3 / comm.size
+    w0 = [p.detach().clone() for p in m.parameters()]
+    losses = train(ddp, comm.rank, 32, lr=lr, slow=lambda s: (s * 7) % (comm.size + 2))
+    flush = flushed_by_param(state)
+    for res in state.flushed:                                  # closed at the rebuild: applied later
+        assert res.data is not None
+    nothing_lost(comm, m, w0, lr, flush, rec.sum)
+    assert np.mean(losses[-6:]) < np.mean(losses[:6]), (mode, losses)
+    if start_iter == 0:
+        assert state.flushed, "DDP rebuilt its buckets, but the hook's collectives were not flushed"
 
 
-def nap_average_and_model_sync(comm):
+def hook_half(comm, dtype):
+    """float16/bfloat16 models through the hook (full) agree with gloo's DDP to half tolerance."""
+    ref, ours = model(dtype), model(dtype)
+    ddp_ref, ddp_ours = DDP(ref, bucket_cap_mb=CAP), DDP(ours, bucket_cap_mb=CAP)
+    state = PartialHookState(mode="full", comm=comm)
+    ddp_ours.register_comm_hook(state, partial_allreduce_hook)
+    train(ddp_ref, comm.rank, 6, dtype=dtype)
+    train(ddp_ours, comm.rank, 6, dtype=dtype)
+    state.close()
+    params_close(ref, ours, rtol=2e-2, atol=2e-2)
+    assert same_on_every_rank(comm, ours)
+    # and a partial mode runs on half tensors
+    m = model(dtype)
+    ddp = DDP(m, bucket_cap_mb=CAP)
+    st = PartialHookState(mode="solo", comm=comm, late="fold")
+    ddp.register_comm_hook(st, partial_allreduce_hook)
+    train(ddp, comm.rank, 5, dtype=dtype)
+    st.close()
+
+
+# -- without DDP --------------------------------------------------------------------------------
+def optimizer_full_equals_ddp(comm):
+    ref, ours = model(), model()
+    train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 20)
+    opt = DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.05), mode="full", comm=comm,
+                               bucket_mb=CAP)
+    assert isinstance(opt, torch.optim.SGD) and len(opt._pc_sync.buckets) >= 3
+    train(ours, comm.rank, 20, opt=opt)
+    opt.close()
+    params_close(ref, ours)
+
+
+def optimizer_solo_nothing_lost(comm):
+    m = model()
+    lr = 0.3 / comm.size
+    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr), mode="solo", comm=comm,
+                               average="none", late="fold", bucket_mb=CAP)
+    w0 = [p.detach().clone() for p in m.parameters()]
+    local = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in m.parameters()}
+    def record(p):
+        def hook(g):                       # runs before the optimizer's hook: the local gradient
+            local[id(p)].add_(g.double())
+        return hook
+    for p in m.parameters():
+        p.register_hook(record(p))
+    losses = train(m, comm.rank, 30, opt=opt, slow=lambda s: s % (comm.size + 1))
+    flushed = {}
+    for b, res in zip(opt._pc_sync.buckets, opt.close()):
+        data = torch.from_numpy(np.asarray(res.data, dtype=np.float64))
+        off = 0
+        for p in b.params:
+            flushed[id(p)] = data[off:off + p.numel()].reshape(p.shape)
+            off += p.numel()
+    nothing_lost(comm, m, w0, lr, flushed, local)
+    assert np.mean(losses[-6:]) < np.mean(losses[:6]), losses
+
+
+def synchronizer_nap_and_model_sync(comm):
+    """GradientSynchronizer by hand: average="nap" divides by the round's NAP; the models
+    are made identical every 5 steps."""
     m = model()
     with torch.no_grad():
-        m.weight += comm.rank                          # models differ
+        for p in m.parameters():
+            p += 0.01 * comm.rank                          # models differ
     sync = GradientSynchronizer(m.parameters(), mode="majority", comm=comm, average="nap",
                                 model_sync_every=5)
     for step in range(10):
         x, y = batch(comm.rank, step)
         m.zero_grad()
-        ((m(x).squeeze() - y) ** 2).mean().backward()
+        loss_of(m, x, y).backward()
         res = sync.sync()[0]
-        assert np.allclose(host(m.weight.grad).ravel(), host(res.data) / res.nap, rtol=1e-6), "not divided by nap"
+        assert 1 <= res.nap <= comm.size * res.rounds
+        flat = torch.cat([p.grad.reshape(-1) for p in sync.buckets[0].params])
+        assert np.array_equal(flat.numpy(), res.data), "the result is not the gradients' buffer"
+        # a round's sum is the same everywhere: grad * nap agrees among ranks given the same round
+        everyone = comm.allgather((res.round, res.rounds, flat.double().numpy() * res.nap))
+        for rnd, rounds, summed in everyone:
+            if (rnd, rounds) == (res.round, res.rounds):
+                assert np.allclose(summed, flat.double().numpy() * res.nap, rtol=1e-5, atol=1e-6)
         with torch.no_grad():
-            m.weight -= 0.01 * m.weight.grad
+            for p in m.parameters():
+                p -= 0.01 * p.grad
     sync.close()
-    weights = comm.allgather(host(m.weight).copy())   # step 10 synced the model
-    assert all(np.array_equal(weights[0], w) for w in weights), "models differ after sync"
+    assert same_on_every_rank(comm, m), "models differ after sync"
     sync_parameters(m.parameters(), comm, how="broadcast")
 
 
 def body(comm):
-    init_gloo(comm)
-    ddp_full_matches_ddp(comm)
-    solo_nothing_lost(comm)
-    nap_average_and_model_sync(comm)
+    process_group_without_env(comm)
+    pct.init_process_group(comm, backend="gloo")               # the reference (store over MPI)
+    pcg = dist.new_group(backend="partialcoll")
+    collectives_match_gloo(comm, pcg)
+    ddp_on_partialcoll_group_equals_gloo(comm, pcg)
+    hook_full_equals_ddp(comm)
+    hook_full_equals_ddp(comm, accumulate=3)                   # no_sync
+    hook_full_equals_ddp(comm, find_unused_parameters=True)
+    hook_full_equals_ddp(comm, static_graph=True)
+    hook_full_equals_ddp(comm, gradient_as_bucket_view=True)
+    for mode, opts in MODES:
+        hook_every_mode(comm, mode, opts)
+    hook_every_mode(comm, "solo", {}, start_iter=0)
+    hook_half(comm, torch.float16)
+    hook_half(comm, torch.bfloat16)
+    optimizer_full_equals_ddp(comm)
+    optimizer_solo_nothing_lost(comm)
+    synchronizer_nap_and_model_sync(comm)
     dist.destroy_process_group()
 
 
