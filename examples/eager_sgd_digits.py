@@ -88,9 +88,10 @@ def accuracy(model, test):
 def train(comm, trainer, args, data, test):
     model = cnn()
     ddp = DDP(model)
-    state = PartialHookState(mode=TRAINERS[trainer], comm=comm, late="fold", average="world")
+    extra = {"max_staleness": args.max_staleness} if args.max_staleness and trainer != "synch" else {}
+    state = PartialHookState(mode=TRAINERS[trainer], comm=comm, late=args.late, average=args.average, **extra)
     ddp.register_comm_hook(state, partial_allreduce_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     x, y = data
     steps_per_epoch = min(comm.allgather(len(y) // args.batch))
     delay = delays_ms(args, comm.size, args.epochs * steps_per_epoch)
@@ -123,6 +124,10 @@ def parser():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--late", choices=("fold", "latest"), default="fold")
+    ap.add_argument("--average", choices=("world", "nap", "none"), default="world")
+    ap.add_argument("--max-staleness", type=int, default=0, help="every s-th round full (0: never)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trainers", default="synch,solo,majority")
     ap.add_argument("--json")

@@ -192,6 +192,7 @@ def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: MPI.Comm = MP
     if not dist.is_initialized():
         init_process_group(comm)
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
+    hook.setdefault("process_group", ddp_options.get("process_group"))
     state = PartialHookState(mode=mode, comm=comm, average=average, **hook)
     ddp.register_comm_hook(state, partial_allreduce_hook)
     return ddp, state
@@ -252,17 +253,20 @@ class _Bucket:
         return res
 
 
-def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args: dict) -> List[_Bucket]:
-    """Buckets of at most bucket_mb, in reverse registration order (backward's order),
-    one dtype and device per bucket."""
+def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args: dict,
+                  first_bucket_mb: Optional[float] = None) -> List[_Bucket]:
+    """Buckets in reverse registration order (roughly the order backward produces the
+    gradients): the first of at most first_bucket_mb (DDP's 1 MiB, so the first round
+    starts early in backward), the others of at most bucket_mb; one dtype and device each."""
     groups: List[List[torch.nn.Parameter]] = [[]]
-    limit, size = bucket_mb * (1 << 20), 0
+    first = bucket_mb if first_bucket_mb is None else min(first_bucket_mb, bucket_mb)
+    limit, size = first * (1 << 20), 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
         last = groups[-1]
         if last and (size + nbytes > limit or p.dtype != last[0].dtype or p.device != last[0].device):
             groups.append([])
-            size = 0
+            size, limit = 0, bucket_mb * (1 << 20)
         groups[-1].append(p)
         size += nbytes
     return [_Bucket(g, coll_args) for g in groups if g]
@@ -287,13 +291,15 @@ class GradientSynchronizer:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "solo",
                  comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
-                 model_sync_every: Optional[int] = None, **options) -> None:
+                 model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
+                 **options) -> None:
         self.params = _unique_params(params)
         self.comm, self.average, self.every = comm, check_average(average), model_sync_every
         self.size = comm.Get_size()
         self.steps = 0
         self.last: List[Result] = []
-        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, mode=mode, **options))
+        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, mode=mode, **options),
+                                     first_bucket_mb)
 
     @property
     def colls(self) -> List[PartialAllreduce]:
@@ -386,7 +392,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, mode: str = "solo",
                          comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
                          backward_passes_per_step: int = 1, model_sync_every: Optional[int] = None,
-                         **options) -> torch.optim.Optimizer:
+                         first_bucket_mb: Optional[float] = 1.0, **options) -> torch.optim.Optimizer:
     """Wrap an optimizer (Horovod's DistributedOptimizer shape): gradients are reduced by
     partial allreduces, each bucket posted by a post-accumulate-grad hook as soon as
     backward has accumulated its last gradient, and ``step()`` waits for the rounds
@@ -402,7 +408,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     params = ([p for _, p in named_parameters] if named_parameters is not None else
               [p for group in optimizer.param_groups for p in group["params"]])
     sync = GradientSynchronizer(params, mode=mode, comm=comm, average=average, bucket_mb=bucket_mb,
-                                model_sync_every=model_sync_every, **options)
+                                model_sync_every=model_sync_every, first_bucket_mb=first_bucket_mb, **options)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, sync, backward_passes_per_step)
 
