@@ -45,7 +45,8 @@ SYNCS = ("iteration", "none")
 
 
 def add_skew_args(p) -> None:
-    p.add_argument("--skew", default="linear:1ms", help="linear:Dms | random:K:Dms | uniform:A:Bms (default linear:1ms)")
+    p.add_argument("--skew", default="linear:1ms",
+                   help="linear:Dms | random:K:Dms | uniform:A:Bms (default linear:1ms)")
     p.add_argument("--sync", default="iteration", choices=SYNCS,
                    help="iteration (default, the paper's method: MPI_Reduce of the latency and MPI_Barrier "
                         "after every call, so every iteration starts aligned) or none (free-running, as "
