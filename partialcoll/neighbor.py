@@ -27,13 +27,13 @@ number of updates used (BlueFog's default average); "staleness" weights an updat
 iteration m used in iteration k by 1 / (1 + k - m) (itself: 1) and normalises; None
 reduces with `op` and nothing else (the only choice for ops other than SUM).
 
-Token queues (Hop §4.2), max_gap=g: a rank enters iteration k only holding a token from
-every out-neighbour j, that is k <= g + (tokens j has granted it); a rank grants one
-token to each in-neighbour per iteration it enters after 0. Tokens are zero-byte
-messages, each rank starts with g of them (implicitly: k <= g needs none). Hence along
-an edge i -> j, Iter(i) - Iter(j) <= g, and along a path Iter(i) - Iter(j) <= g x
-len(path i -> j) (Theorem 2); in standard mode Iter(i) - Iter(j) <= len(path j -> i)
-(Theorem 1).
+Token queues (Hop §4.2), max_gap=g: entering an iteration (0 included) takes a token
+from every out-neighbour, and grants one to every in-neighbour. Tokens are zero-byte
+messages; every queue starts with g of them (implicitly: they are never sent). So rank i
+enters k only once every out-neighbour j has entered k - g: the queue i <- j holds
+g + Iter(j) - Iter(i) >= 0 tokens (the token invariant), and along a path
+Iter(i) - Iter(j) <= g x len(path i -> j) (Theorem 2). In standard mode
+Iter(i) - Iter(j) <= len(path j -> i) (Theorem 1); with staleness s, (s + 1) x that.
 
 Skipping (Hop §5): after a result, skip(J) moves the rank J iterations forward without
 computing them (fewer if tokens would not allow them now). Each skipped iteration m is
@@ -72,17 +72,21 @@ synchronisation at all.
 Memory: R = 1 + s + g slots per in-neighbour (g = max_gap, or 1 without tokens; s =
 max_staleness, or 0), each one message (the update plus a 32-byte header, padded to 64
 bytes), and R send slots: (1 + g) x |N_in| buffered updates with tokens alone, Hop's
-bound. The slots are all the memory there is: a rank enters iteration k once its sends
-of iteration k - R have been received, which bounds how far it runs ahead of an
-out-neighbour (by 2R - 1) where no token does; with tokens, the token bound is the
-tighter one. With backup workers and no tokens (Hop's unbounded queue) R is 1 + s + 3.
+bound. A rank reuses send slot k mod R once its sends of iteration k - R have completed.
+With tokens, the token bound keeps every sender within the receivers' slots. Without
+them (backup workers alone: Hop's unbounded queue), how far a rank runs ahead of an
+out-neighbour is not bounded by the protocol: messages above the MPI's eager limit wait
+for a slot (so the sender stops about 2R iterations ahead), smaller ones complete into
+the MPI's unexpected-message queue, which grows like Hop's. Use max_gap for a bound;
+without it R is 1 + s + 3 with backup workers, 1 + s + 1 otherwise.
 
 Worked example, P = 5, ring (rank 2's in- and out-neighbours: 1 and 3), backup=1,
 max_gap=2, so R = 3 slots per in-neighbour. Rank 3 stalls inside iteration 0. Rank 2
-finishes iteration 0 (all updates), enters 1 (1 <= 2 + 0 tokens from rank 3), finishes it
-with rank 1's update alone (need 2 - 1 = 1), enters 2 (2 <= 2 + 0) and blocks entering 3:
-it holds no token from rank 3 yet. Rank 3 resumes, enters 1 and 2 (granting tokens 1 and
-2) and sends its updates of iterations 1 and 2; they land in rank 2's slots 1 and 2,
+finishes iteration 0 (all updates), enters 1 (the queue from rank 3 held 2 tokens, plus
+the one rank 3 granted entering 0), finishes it with rank 1's update alone (need 2 - 1 =
+1), enters 2 (the last token) and blocks entering 3: Iter(2) - Iter(3) = 2 = g. Rank 3
+resumes, enters 1 and 2 (granting a token each) and sends its updates of iterations 1
+and 2; they land in rank 2's slots 1 and 2,
 their headers say iterations 1 and 2, rank 2 has finished both: dropped, and the slots
 are reposted for iterations 4 and 5. Rank 2 then enters 3.
 
@@ -423,8 +427,8 @@ class NeighborAllreduce:
         self._iter = -1                       # the last iteration entered
         self._done_iter = -1                  # the last iteration completed (or skipped)
         self._pending: Optional[NeighborRequest] = None
-        self.stats: Dict[str, object] = {"received": 0, "used": 0, "dropped": 0, "skip_updates": 0,
-                                         "max_buffered": 0, "buffers": n_in * R, "skipped": 0}
+        self._stats: Dict[str, int] = {"received": 0, "used": 0, "dropped": 0, "skip_updates": 0,
+                                       "max_buffered": 0, "buffers": n_in * R, "skipped": 0}
         for j in range(n_in):
             self._post_rx(j)
         for i in range(len(self.destinations) if tokens else 0):
@@ -435,6 +439,17 @@ class NeighborAllreduce:
     def iteration(self) -> int:
         """The last iteration this rank entered (-1 before the first post)."""
         return self._iter
+
+    @property
+    def stats(self) -> Dict[str, object]:
+        """Counters: updates received, used, dropped unused (late, or superseded with
+        staleness), skip updates received; max_buffered (most updates held at once) and
+        buffers (receive slots: R x |N_in|); iterations skipped; tokens received from each
+        out-neighbour and granted to each in-neighbour (max_gap)."""
+        out: Dict[str, object] = dict(self._stats)
+        out["tokens_received"] = dict(zip(self.destinations, self._tokens)) if self.max_gap is not None else {}
+        out["tokens_granted"] = dict(zip(self.sources, self._granted)) if self.max_gap is not None else {}
+        return out
 
     @property
     def lag(self) -> int:
@@ -483,7 +498,7 @@ class NeighborAllreduce:
             raise StateError("skip() needs a first post(): there is no update to stand for skipped iterations")
         self._pump()
         if self.max_gap is not None and self.destinations:
-            j = min(j, self.max_gap + min(self._tokens) - self._iter)
+            j = min(j, self.max_gap + min(self._tokens) - 1 - self._iter)
         j = max(j, 0)
         data_iter = self._iter
         deadline = time.monotonic() + rc.timeout if rc.timeout is not None else None
@@ -497,7 +512,7 @@ class NeighborAllreduce:
             self._tx[r, :_HDR].view(np.int64)[:] = (k, data_iter, _SKIP, self.rank)
             self._send_slot(r)
             self._grant(k)
-        self.stats["skipped"] += j
+        self._stats["skipped"] += j
         self._recycle_all()
         return j
 
@@ -510,24 +525,27 @@ class NeighborAllreduce:
         if self._pending is not None:
             self._pending._cancelled = True
             self._pending = None
-        self._pump()
-        tokens = self.max_gap is not None
-        posted_rx = {src: self._next_post[j] - 1 for j, src in enumerate(self.sources)}
-        posted_tk = {dst: self._tk_next[i] - 1 for i, dst in enumerate(self.destinations)} if tokens else {}
-        ctl = self._comms[0]
-        every = ctl.allgather((self._iter, posted_rx, posted_tk))
-        last = [e[0] for e in every]
-        # what this rank must still receive: up to what was sent or what it posted, whichever is more
-        self._post_limit = [max(last[src], every[self.rank][1][src]) for src in self.sources]
-        # what it must send: its own iterations, then fillers up to what each out-neighbour posted
-        send_to = [max(self._iter, every[dst][1][self.rank]) for dst in self.destinations]
+        self._closing = True                  # nothing arriving from now on is used
+        tokens, P = self.max_gap is not None, self.size
+        # 1. announce the last iteration, serving the neighbours until every rank has
+        last = self._exchange(np.array([self._iter], np.int64), deadline)[:, 0]
+        # 2. freeze: post no receive beyond what a neighbour sent or what is posted now
+        posted = np.full(2 * P, -1, np.int64)
+        self._post_limit = []
+        for j, src in enumerate(self.sources):
+            posted[src] = self._next_post[j] - 1
+            self._post_limit.append(max(int(last[src]), int(posted[src])))
         if tokens:
-            self._tk_limit = [max(last[dst], 0, every[self.rank][2][dst]) for dst in self.destinations]
-            grant_to = [max(self._iter, 0, every[src][2][self.rank]) for src in self.sources]
-        else:
-            grant_to = [0] * len(self.sources)
+            self._tk_limit = []
+            for i, dst in enumerate(self.destinations):
+                posted[P + dst] = self._tk_next[i] - 1
+                self._tk_limit.append(max(int(last[dst]) + 1, int(posted[P + dst])))
+        # 3. tell the senders; each sends fillers up to what its receivers posted
+        every = self._exchange(posted, deadline)
+        send_to = [max(self._iter, int(every[dst, self.rank])) for dst in self.destinations]
+        grant_to = ([max(self._iter + 1, int(every[src, P + self.rank])) for src in self.sources] if tokens
+                    else [0] * len(self.sources))
         self._owed_close = grant_to
-        self._closing = True
         self._recycle_all()
         while True:
             self._pump()
@@ -553,6 +571,25 @@ class NeighborAllreduce:
             self._block(None, deadline, "close(): channels did not drain", everything=True)
         self._free()
 
+    def _exchange(self, vec: np.ndarray, deadline: Optional[float]) -> np.ndarray:
+        """Allgather vec over the graph's ranks while serving the neighbours (close())."""
+        out = np.empty((self.size, vec.size), np.int64)
+        req = self._comms[0].Iallgather(vec, out)
+        pause = 0.0002
+        while not req.Test():
+            self._pump()
+            for j in range(len(self.sources)):
+                self._post_rx(j)
+            self._flush_tokens()
+            if deadline is not None and time.monotonic() > deadline:
+                raise Timeout(f"NeighborAllreduce.close(): not every rank has called close() (rank {self.rank})")
+            if any(not self._ch.idle(c) for c in range(len(self._ch.natives))):
+                self._block(None, None, "close()", everything=True, seconds=pause)
+            else:
+                time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+        return out
+
     # -- iteration entry, sends, tokens -------------------------------------------------
     def _enter(self, k: int, deadline: Optional[float]) -> None:
         """Wait for the tokens and the send slot of iteration k, then record the entry."""
@@ -571,8 +608,8 @@ class NeighborAllreduce:
             self._block(watch, deadline, what)
         self._iter = k
         self._recycle_all()
-        if self.trace is not None:      # (iteration, time, tokens to spare: g + tokens[j] - k, least over j)
-            spare = (min(self.max_gap + t for t in self._tokens) - k
+        if self.trace is not None:      # (iteration, time, tokens left after this entry: g + tokens[j] - (k + 1))
+            spare = (min(self.max_gap + t for t in self._tokens) - 1 - k
                      if self.max_gap is not None and self._tokens else None)
             self.trace.append((k, time.monotonic(), spare))
 
@@ -581,7 +618,7 @@ class NeighborAllreduce:
         if self.max_gap is None:
             return None
         for i, t in enumerate(self._tokens):
-            if k > self.max_gap + t:
+            if k > self.max_gap + t - 1:
                 return i
         return None
 
@@ -591,8 +628,8 @@ class NeighborAllreduce:
             self._sent[i] += 1
 
     def _grant(self, k: int) -> None:
-        if self.max_gap is not None and k >= 1:
-            self._owed = k
+        if self.max_gap is not None:
+            self._owed = k + 1                # one token per iteration entered, 0 included
             self._flush_tokens()
 
     def _flush_tokens(self) -> None:
@@ -653,16 +690,16 @@ class NeighborAllreduce:
         if flags & _FILLER:
             self._drop(j, r)
             return
-        self.stats["received"] += 1
+        self._stats["received"] += 1
         if flags & _SKIP:
-            self.stats["skip_updates"] += 1
+            self._stats["skip_updates"] += 1
         self._newest[j] = max(self._newest[j], m)
 
     def _drop(self, j: int, r: int) -> None:
         if self._rx_state[j][r] == _FULL and not self._rx_used[j][r] and not self._closing:
             hdr = self._rx[j, r, :_HDR].view(np.int64)
             if not (hdr[2] & _FILLER):
-                self.stats["dropped"] += 1
+                self._stats["dropped"] += 1
         self._rx_state[j][r] = _EMPTY
 
     def _recycle(self, j: int) -> None:
@@ -689,8 +726,8 @@ class NeighborAllreduce:
         for j in range(len(self.sources)):
             self._recycle(j)
         held = sum(st == _FULL for row in self._rx_state for st in row)
-        if held > self.stats["max_buffered"]:
-            self.stats["max_buffered"] = held
+        if held > self._stats["max_buffered"]:
+            self._stats["max_buffered"] = held
 
     def _pump(self) -> None:
         """Handle every channel completion; recycle, repost, flush tokens."""
@@ -777,7 +814,7 @@ class NeighborAllreduce:
         return late
 
     def _block(self, watch: Optional[List[int]], deadline: Optional[float], what: str, need: int = 1,
-               everything: bool = False) -> None:
+               everything: bool = False, seconds: float = _SLICE) -> None:
         if everything or not watch:
             watch = [c for c in range(len(self._ch.natives)) if not self._ch.idle(c)]
         left = None if deadline is None else deadline - time.monotonic()
@@ -785,7 +822,7 @@ class NeighborAllreduce:
             raise Timeout(f"NeighborAllreduce: {what}")
         if not watch:
             raise StateError(f"NeighborAllreduce: nothing in flight can help: {what}")
-        self._ch.block(watch, max(need, 1), _SLICE if left is None else min(_SLICE, left))
+        self._ch.block(watch, max(need, 1), seconds if left is None else min(seconds, left))
 
     def _complete(self, req: NeighborRequest, ready) -> None:
         k = req.iteration
@@ -808,7 +845,7 @@ class NeighborAllreduce:
                 out /= 1 + len(views)
         for j, r in ready:
             self._rx_used[j][r] = True
-        self.stats["used"] += len(ready)
+        self._stats["used"] += len(ready)
         updates = tuple((self.sources[j], m) for (j, _), m in zip(ready, its))
         active = tuple(sorted([self.rank] + [src for src, _ in updates]))
         req._result = NeighborResult(out, k, updates, active)
