@@ -109,11 +109,11 @@ def iter_at(entries, t):
     return it
 
 
-def check_gaps(comm, kind, trace, options, depth):
+def check_gaps(comm, kind, trace, options, adjacency=None):
     """Theorems 1 and 2 at every entry of every rank."""
     every = comm.allgather(trace)
     size = comm.size
-    dist = topology.distances(topology.neighbors(kind, size))
+    dist = topology.distances(adjacency or topology.neighbors(kind, size))
     s = options.get("max_staleness") or 0
     g = options.get("max_gap")
     backup = options.get("backup", 0)
@@ -181,8 +181,7 @@ def graphs(comm):
             all_posts = comm.allgather(posts)
             last = comm.allgather(trace[-1][0] if trace else -1)
             check_data(comm, g, results, opts, all_posts)
-            depth = 1 + (opts.get("max_staleness") or 0) + (opts.get("max_gap") or (3 if opts.get("backup") else 1))
-            check_gaps(comm, kind, trace, opts, depth)
+            check_gaps(comm, kind, trace, opts)
             if opts.get("max_gap") is not None:
                 check_tokens(comm, stats, opts, last)
                 if not opts.get("max_staleness"):
@@ -192,6 +191,16 @@ def graphs(comm):
             if options.get("skipper") == rank:
                 assert stats["skipped"] > 0, "the slow rank never skipped"
         g.Free()
+    # a directed graph, the one-way ring r -> r + 1: path lengths differ with direction
+    adjacency = {r: ([(r - 1) % size], [(r + 1) % size]) for r in range(size)}
+    g = comm.Create_dist_graph_adjacent(*adjacency[rank], reorder=False)
+    for seed, options in enumerate([dict(), dict(max_gap=1), dict(max_staleness=1, max_gap=2)]):
+        results, trace, stats, posts = run(comm, g, 16, seed=seed + 10, **options)
+        check_data(comm, g, results, options, comm.allgather(posts))
+        worst = check_gaps(comm, "one-way ring", trace, options, adjacency)
+        if options.get("max_gap"):
+            check_tokens(comm, stats, options, comm.allgather(trace[-1][0]))
+    g.Free()
 
 
 def fig3(comm):
