@@ -55,10 +55,10 @@ when a receive slot is freed (the next receive); the engine moves every message,
 backup workers' k-of-n wait, one wake-up per iteration where nothing else is pending.
 
     post(x), iteration k:
-      wait for a token from every out-neighbour         (max_gap: k <= g + tokens[j])
+      wait for a token from every out-neighbour         (max_gap: k < g + tokens[j])
       wait for slot k mod R's previous sends            (flow control, see memory)
       tx[k mod R] = header(k) + x; start its send to every out-neighbour
-      grant a token to every in-neighbour                (k >= 1)
+      grant a token to every in-neighbour                (max_gap)
     wait():
       until n_in - b in-neighbours are ready            (a ready update in [k - s, k]):
         block in pc_sched_wait_some(receives in flight, need)
@@ -86,9 +86,9 @@ finishes iteration 0 (all updates), enters 1 (the queue from rank 3 held 2 token
 the one rank 3 granted entering 0), finishes it with rank 1's update alone (need 2 - 1 =
 1), enters 2 (the last token) and blocks entering 3: Iter(2) - Iter(3) = 2 = g. Rank 3
 resumes, enters 1 and 2 (granting a token each) and sends its updates of iterations 1
-and 2; they land in rank 2's slots 1 and 2,
-their headers say iterations 1 and 2, rank 2 has finished both: dropped, and the slots
-are reposted for iterations 4 and 5. Rank 2 then enters 3.
+and 2; they land in rank 2's slots 1 and 2, their headers say iterations 1 and 2, rank 2
+has finished both: dropped, and the slots are reposted for iterations 4 and 5. Rank 2
+then enters 3.
 
 Closing: close() is collective over the graph. The ranks exchange how far they got
 (last iteration, receives posted), send "filler" messages for every receive a neighbour
