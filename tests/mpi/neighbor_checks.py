@@ -197,7 +197,7 @@ def graphs(comm):
     for seed, options in enumerate([dict(), dict(max_gap=1), dict(max_staleness=1, max_gap=2)]):
         results, trace, stats, posts = run(comm, g, 16, seed=seed + 10, **options)
         check_data(comm, g, results, options, comm.allgather(posts))
-        worst = check_gaps(comm, "one-way ring", trace, options, adjacency)
+        check_gaps(comm, "one-way ring", trace, options, adjacency)
         if options.get("max_gap"):
             check_tokens(comm, stats, options, comm.allgather(trace[-1][0]))
     g.Free()
