@@ -126,6 +126,10 @@ int pc_sched_test(pc_sched *s, int64_t execution, int *done);
 int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s);
 int64_t pc_sched_executions(pc_sched *s);
 int pc_sched_free(pc_sched *s);
+/* wait until `need` of the n executions (s[i], executions[i]) completed; done[i] says which
+ * (timeout 0: test once); see waitsome.c */
+int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int need,
+                       double timeout_s, int *done);
 /* free now if idle (*deferred = 0), else once nothing posted is in flight (*deferred = 1) */
 int pc_sched_abandon(pc_sched *s, int *deferred);
 

@@ -1,7 +1,8 @@
 """partialcoll-bench: MPI microbenchmarks of partial collectives (run under mpiexec).
 
     mpiexec -n 4 partialcoll-bench latency -m 8:16M --modes mpi,full,solo
-    mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64
+    mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64            (the paper's method)
+    mpiexec -n 8 partialcoll-bench skew --sync none -z -c                  (free-running, checked)
 
 One registry of commands, each a function of (comm, args) that returns the measured
 rows; rank 0 prints them under '#' headers and writes --json/--csv/--plot.
@@ -16,7 +17,7 @@ from mpi4py import MPI
 
 from ._report import write_outputs
 from .latency import add_latency_args, latency
-from .skew import add_skew_args, skew
+from .skew import ValidationFailed, add_skew_args, skew
 
 COMMANDS: Dict[str, tuple] = {
     "latency": (latency, add_latency_args, "OSU-style latency sweep over message sizes"),
@@ -52,7 +53,29 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", metavar="FILE", help="write every measured figure as JSON")
         sp.add_argument("--csv", metavar="FILE", help="write the table as CSV")
         sp.add_argument("--plot", metavar="FILE.png", help="draw the results (needs matplotlib)")
+        sp.add_argument("--rc", metavar="KEY=VALUE,...", default="",
+                        help="partialcoll.rc options set before the engine starts (e.g. progress=inline)")
     return p
+
+
+def _apply_rc(spec: str) -> None:
+    """--rc a=1,b=x: numbers as numbers, 'none' as None; unknown keys raise ValueError."""
+    import partialcoll as pc
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, eq, text = item.partition("=")
+        if not eq:
+            raise ValueError(f"--rc wants KEY=VALUE, not {item!r}")
+        value: object = None if text.lower() == "none" else text
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                pass
+        try:
+            setattr(pc.rc, key.strip(), value)
+        except AttributeError as exc:
+            raise ValueError(str(exc)) from None
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -60,10 +83,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     comm = MPI.COMM_WORLD
     run: Callable = COMMANDS[args.command][0]
     try:
+        _apply_rc(args.rc)
         result = run(comm, args)
     except (ValueError, TypeError) as exc:     # bad option values found while running
         if comm.rank == 0:
             sys.stderr.write(f"partialcoll-bench {args.command}: error: {exc}\n")
         sys.exit(2)
+    except ValidationFailed as exc:            # -c: every rank knows, every rank exits 1
+        if comm.rank == 0:
+            sys.stderr.write(f"partialcoll-bench {args.command}: {exc}\n")
+        sys.exit(1)
     if comm.rank == 0:
         write_outputs(args, result)

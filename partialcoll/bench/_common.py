@@ -70,9 +70,11 @@ class Collective:
     """
 
     def __init__(self, mode: str, count: int, dtype, comm, algorithm: str, quorum: int, candidates: int,
-                 seed: int = 0, buffers: str = "host"):
+                 seed: int = 0, buffers: str = "host", late: str = "latest"):
         self.mode, self.comm = mode, comm
         self.staged = None
+        self.calls = 0
+        self.everyone = tuple(range(comm.size))
         if mode in ("mpi", "impi"):
             self.coll = None
             if buffers != "host":
@@ -81,7 +83,7 @@ class Collective:
             return
         kw = {"quorum": quorum} if mode == "quorum" else {"candidates": candidates} if mode == "probe" else {}
         self.coll = pc.PartialAllreduce(count, dtype, MPI.SUM, comm, mode=mode, algorithm=algorithm, seed=seed,
-                                        **kw)
+                                        late=late, **kw)
 
     def call(self, x, y) -> int:
         if self.staged is not None:
@@ -95,6 +97,20 @@ class Collective:
             return self._mpi(x, y)
         return self.coll.post(x, out=y).wait().nap
 
+    def call_result(self, x: np.ndarray, y: np.ndarray):
+        """(result, late): the Result of post(x, out=y).wait() and whether the post was late;
+        for mpi/impi a Result of round = the call's number in which every rank is active."""
+        if self.coll is None:
+            self._mpi(x, y)
+            n, self.calls = self.calls, self.calls + 1
+            return pc.Result(y, n, self.everyone, True, 1), False
+        req = self.coll.post(x, out=y)
+        return req.wait(), req.late
+
+    def close(self):
+        """The result of close() (None for mpi/impi)."""
+        return self.coll.close() if self.coll is not None else None
+
     def _mpi(self, x: np.ndarray, y: np.ndarray) -> int:
         if self.mode == "mpi":
             self.comm.Allreduce(x, y)
@@ -104,6 +120,3 @@ class Collective:
                 time.sleep(20e-6)
         return self.comm.size
 
-    def close(self) -> None:
-        if self.coll is not None:
-            self.coll.close()

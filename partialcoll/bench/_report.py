@@ -11,8 +11,9 @@ from mpi4py import MPI
 def header(title: str, comm) -> str:
     import partialcoll as pc
     info = pc.info()
+    idle = "".join(f"; {key.replace('_', ' ')}: {info[key]}" for key in ("idle_policy", "idle") if key in info)
     return (f"# partialcoll {pc.__version__} {title}\n"
-            f"# MPI: {info['mpi_library']}; P = {comm.size}; progress: {info['progress']}")
+            f"# MPI: {info['mpi_library']}; P = {comm.size}; progress: {info['progress']}{idle}")
 
 
 def progress(message: str) -> None:

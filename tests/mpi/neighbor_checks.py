@@ -1,0 +1,320 @@
+"""NeighborAllreduce (Hop) on every graph at this process count (tests/test_neighbor.py).
+
+    mpiexec -n P python tests/mpi/neighbor_checks.py [graphs|fig3|errors] ...
+
+graphs: for each of Hop's three graphs
+  - standard mode: exact neighbour averages against a NumPy reference (one run with
+    1 MiB vectors), every in-neighbour's update of iteration k in iteration k;
+  - the iteration-gap bounds, checked on every rank's logged entries (a shared monotonic
+    clock orders them): Theorem 1 (standard, and staleness s: (s + 1) x len(path j -> i)),
+    Theorem 2 (tokens: g x len(path i -> j));
+  - backup workers with and without tokens, staleness with staleness weights, skipping:
+    every result's data equals the combination of exactly the updates it reports, no
+    update of another iteration ever goes in (late ones are dropped), the token
+    invariant (consumed <= g + received <= g + granted), the occupancy bound
+    (max buffered <= (1 + g) x |N_in| with tokens);
+fig3: Hop's Fig. 3 on 3 workers: worker 2 stalls; standard: the others stop at 1; backup:
+  they advance; tokens: they stop at g; worker 2's late updates are dropped;
+errors: bad input raises ArgumentError on every rank, misuse raises StateError.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import partialcoll as pc  # noqa: E402
+from partialcoll import topology  # noqa: E402
+from mpi._util import expect_raises, main  # noqa: E402
+
+GRAPHS = topology.GRAPHS
+
+
+def val(rank: int, k: int) -> float:
+    """Rank r's update of iteration k: an integer, so every sum is exact."""
+    return float(rank * 1000 + k)
+
+
+def run(comm, g, n_iter, *, seed, sleep_p=0.3, sleep_max=0.004, count=3, slow=None, skipper=None,
+        **options):
+    """Run n_iter iterations with random sleeps; return (results, trace, stats, posts)."""
+    coll = pc.NeighborAllreduce(count, np.float64, comm=g, **options)
+    coll.trace = []
+    rng = random.Random(seed * 7919 + comm.rank)
+    results, posts = [], []
+    while coll.iteration + 1 < n_iter:
+        if slow is not None and comm.rank == slow:
+            time.sleep(0.006)
+        elif rng.random() < sleep_p:
+            time.sleep(rng.random() * sleep_max)
+        k = coll.iteration + 1
+        x = np.full(count, val(comm.rank, k))
+        res = coll.post(x).wait(timeout=60)
+        assert res.iteration == k, (res.iteration, k)
+        posts.append(k)
+        results.append((k, res.updates, res.nap, float(res.data[0]), bool(np.all(res.data == res.data[0]))))
+        if skipper is not None and comm.rank == skipper and coll.iteration + 1 < n_iter:
+            lag = coll.lag
+            if lag:
+                got = coll.skip(min(lag, n_iter - 1 - coll.iteration))
+                assert 0 <= got <= lag
+    stats = coll.stats
+    trace = list(coll.trace)
+    n_in = len(coll.sources)
+    depth = coll.depth
+    coll.close()
+    assert stats["buffers"] == depth * n_in
+    return results, trace, stats, posts
+
+
+def check_data(comm, g, results, options, all_posts):
+    """Every result is exactly the combination of the updates it reports."""
+    s = options.get("max_staleness") or 0
+    weights = options.get("weights", "mean")
+    backup = options.get("backup", 0)
+    sources = g.Get_dist_neighbors()[0]
+    for k, updates, nap, first, uniform in results:
+        assert uniform
+        assert nap == 1 + len(updates)
+        assert len(updates) >= len(sources) - backup, (k, updates)
+        assert [r for r, _ in updates] == sorted(r for r, _ in updates)
+        assert {r for r, _ in updates} <= set(sources)
+        terms = [(1.0, val(comm.rank, k))]
+        for r, m in updates:
+            assert k - s <= m <= k, f"rank {comm.rank} iteration {k} used rank {r}'s update of iteration {m}"
+            real = max(p for p in all_posts[r] if p <= m)     # a skipped iteration carries the last post
+            terms.append((1.0 / (1 + k - m) if weights == "staleness" else 1.0, val(r, real)))
+        if weights == "staleness":
+            acc = np.float64(terms[0][0] * terms[0][1])
+            for w, v in terms[1:]:
+                acc += w * v
+            expected = acc / sum(w for w, _ in terms)
+        else:
+            expected = sum(v for _, v in terms) / len(terms)
+        assert first == expected, (comm.rank, k, updates, first, expected)
+
+
+def iter_at(entries, t):
+    """A rank's iteration at time t: the last entry logged at or before t (-1: none yet)."""
+    it = -1
+    for k, tk, _ in entries:
+        if tk <= t:
+            it = max(it, k)
+    return it
+
+
+def check_gaps(comm, kind, trace, options, adjacency=None):
+    """Theorems 1 and 2 at every entry of every rank."""
+    every = comm.allgather(trace)
+    size = comm.size
+    dist = topology.distances(adjacency or topology.neighbors(kind, size))
+    s = options.get("max_staleness") or 0
+    g = options.get("max_gap")
+    backup = options.get("backup", 0)
+    worst = 0
+    for i in range(size):
+        for k, t, spare in every[i]:
+            if g is not None:
+                assert spare is not None and spare >= 0, f"rank {i} entered {k} without tokens (spare {spare})"
+            for j in range(size):
+                if j == i:
+                    continue
+                gap = k - iter_at(every[j], t)
+                bounds = [float("inf")]
+                if not backup:
+                    bounds.append((s + 1) * dist[j][i])             # Theorem 1 (s = 0: standard)
+                if g is not None:
+                    bounds.append(g * dist[i][j])                   # Theorem 2
+                assert gap <= min(bounds), (f"{kind} P={size} {options}: Iter({i}) - Iter({j}) = {gap} > "
+                                            f"{min(bounds)} at rank {i}'s entry into {k}")
+                worst = max(worst, gap)
+    return worst
+
+
+def check_tokens(comm, stats, options, last):
+    """The token invariant: the queue i <- j holds g + granted - consumed >= 0 tokens, where
+    consumed = Iter(i) + 1 and nothing is received that j did not grant (granted <= Iter(j) + 1)."""
+    g = options["max_gap"]
+    every = comm.allgather((stats["tokens_received"], stats["tokens_granted"]))
+    consumed = last[comm.rank] + 1
+    for dst, got in stats["tokens_received"].items():
+        granted = every[dst][1][comm.rank]
+        assert consumed <= g + got, (comm.rank, dst, consumed, got)
+        assert got <= granted <= last[dst] + 1, (comm.rank, dst, got, granted, last[dst])
+
+
+def graphs(comm):
+    size, rank = comm.size, comm.rank
+    for kind in GRAPHS:
+        g = topology.graph(comm, kind)
+        n_in = len(g.Get_dist_neighbors()[0])
+        # standard mode: exact averages against NumPy, every update of iteration k
+        count = 262144 if kind == "ring" else 1000           # 1 MiB of float32 once per P
+        coll = pc.NeighborAllreduce(count, np.float32, comm=g)
+        base = np.arange(count, dtype=np.float32) % 97
+        for k in range(3):
+            x = base + np.float32(rank * 100 + k)
+            res = coll.post(x).wait(timeout=60)
+            ref = x.copy()
+            for src in sorted(coll.sources):
+                ref += base + np.float32(src * 100 + k)
+            ref /= np.float32(1 + n_in)
+            assert res.updates == tuple((src, k) for src in sorted(coll.sources)), res.updates
+            assert res.nap == 1 + n_in and res.active == tuple(sorted((rank,) + coll.sources))
+            np.testing.assert_array_equal(res.data, ref)
+        coll.close()
+        # every mode with random sleeps: data, gaps, tokens, occupancy
+        modes = [dict(), dict(backup=1), dict(backup=1, max_gap=2), dict(max_staleness=2, weights="staleness"),
+                 dict(backup=1, max_gap=1, max_staleness=1)]
+        if kind == "ring_based":
+            modes.append(dict(backup=1, max_gap=2, skipper=0, slow=0))
+        for seed, options in enumerate(modes):
+            opts = {k: v for k, v in options.items() if k not in ("skipper", "slow")}
+            results, trace, stats, posts = run(comm, g, 24, seed=seed, slow=options.get("slow"),
+                                               skipper=options.get("skipper"), **opts)
+            all_posts = comm.allgather(posts)
+            last = comm.allgather(trace[-1][0] if trace else -1)
+            check_data(comm, g, results, opts, all_posts)
+            check_gaps(comm, kind, trace, opts)
+            if opts.get("max_gap") is not None:
+                check_tokens(comm, stats, opts, last)
+                if not opts.get("max_staleness"):
+                    assert stats["max_buffered"] <= (1 + opts["max_gap"]) * n_in, stats
+            if not opts.get("backup") and not opts.get("max_staleness"):
+                assert stats["dropped"] == 0, stats       # standard mode never has a late update
+            if options.get("skipper") == rank:
+                assert stats["skipped"] > 0, "the slow rank never skipped"
+        g.Free()
+    # a directed graph, the one-way ring r -> r + 1: path lengths differ with direction
+    adjacency = {r: ([(r - 1) % size], [(r + 1) % size]) for r in range(size)}
+    g = comm.Create_dist_graph_adjacent(*adjacency[rank], reorder=False)
+    for seed, options in enumerate([dict(), dict(max_gap=1), dict(max_staleness=1, max_gap=2)]):
+        results, trace, stats, posts = run(comm, g, 16, seed=seed + 10, **options)
+        check_data(comm, g, results, options, comm.allgather(posts))
+        check_gaps(comm, "one-way ring", trace, options, adjacency)
+        if options.get("max_gap"):
+            check_tokens(comm, stats, options, comm.allgather(trace[-1][0]))
+    g.Free()
+
+
+def fig3(comm):
+    """Hop's Fig. 3: three workers, worker 2 stalls in iteration 1."""
+    assert comm.size == 3
+    g = pc.ring_graph(comm)                      # on 3 ranks: the triangle
+    stall = 0.8
+    for options, expect in ((dict(), "standard"), (dict(backup=1), "backup"),
+                            (dict(backup=1, max_gap=2), "tokens")):
+        coll = pc.NeighborAllreduce(2, np.float64, comm=g, **options)
+        coll.trace = []
+        coll.post(np.full(2, val(comm.rank, 0))).wait(timeout=30)
+        t_resume = None
+        results = []
+        for k in range(1, 12):
+            if comm.rank == 2 and k == 1:
+                time.sleep(stall)                # stalled inside iteration 0's compute
+                t_resume = time.monotonic()
+            res = coll.post(np.full(2, val(comm.rank, k))).wait(timeout=30)
+            results.append((k, res.updates, res.nap, float(res.data[0]), True))
+        t_end = time.monotonic() + 20
+        while coll.stats["received"] < 2 * 12 and time.monotonic() < t_end:
+            coll.lag                             # serves the channels: every update has come in
+            time.sleep(0.001)
+        stats = coll.stats
+        trace = list(coll.trace)
+        depth = coll.depth
+        coll.close()
+        assert stats["received"] == 2 * 12, stats
+        t_resume = comm.bcast(t_resume, root=2)
+        check_data(comm, g, results, options, comm.allgather(list(range(12))))
+        ahead = comm.allgather(max(k for k, t, _ in trace if t < t_resume))
+        if comm.rank in (0, 1):
+            if expect == "standard":
+                assert ahead[comm.rank] == 1, ahead          # waits for worker 2's update of 1
+            elif expect == "tokens":
+                assert ahead[comm.rank] == 2, ahead          # g tokens, then none from worker 2
+            else:
+                assert ahead[comm.rank] >= 2 + 2, (ahead, depth)   # well past g (eager messages: to the end)
+            if expect != "standard":
+                assert stats["dropped"] > 0, stats           # worker 2's late updates
+                late = [(k, u) for k, u, *_ in results if any(r == 2 and m != k for r, m in u)]
+                assert not late, late
+        if comm.rank == 2:
+            assert ahead[2] == 0
+
+
+def errors(comm):
+    rank, size = comm.rank, comm.size
+    g = pc.ring_graph(comm)
+    n_in = len(g.Get_dist_neighbors()[0])
+    E = pc.ArgumentError
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=comm, match="distributed-graph")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, match="comm=")
+    cart = comm.Create_cart([size])
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=cart, match="Cartesian")
+    cart.Free()
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, backup=max(n_in, 1), match="backup")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, backup=-1, match="backup")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, backup=1.5, match="backup")
+    if size > 2:
+        # one rank's bad backup: the error reaches every rank
+        expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, backup=5 if rank == 1 else 0,
+                      match="backup")
+        expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, backup=1 if rank == 0 else 0,
+                      match="backup differs")
+    expect_raises(E, pc.NeighborAllreduce, 4 + (rank == size - 1), np.float32, comm=g, match="count differs")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, max_gap=0, match="max_gap")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, max_staleness=-1, match="max_staleness")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, weights="median", match="weights")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float32, MPI.MAX, comm=g, match="weights=None")
+    expect_raises(E, pc.NeighborAllreduce, 4, np.int32, comm=g, match="floating")
+    if size > 2:
+        # an inconsistent graph (rank 0 stops sending to a rank that still receives from it)
+        srcs, dsts = g.Get_dist_neighbors()[:2]
+        if rank == 0:
+            dsts = dsts[:-1]
+        bad = comm.Create_dist_graph_adjacent(srcs, dsts, reorder=False)
+        expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=bad, match="inconsistent")
+        bad.Free()
+    # misuse
+    coll = pc.NeighborAllreduce(4, np.float32, MPI.MAX, comm=g, weights=None)
+    expect_raises(pc.StateError, coll.skip, 1, match="first post")
+    expect_raises(pc.InvalidBufferError, coll.post, np.zeros(4, np.float64), match="dtype")
+    expect_raises(pc.InvalidBufferError, coll.post, np.zeros(5, np.float32), match="elements")
+    req = coll.post(np.full(4, rank, np.float32))
+    expect_raises(pc.StateError, coll.post, np.zeros(4, np.float32), match="still pending")
+    res = req.wait(timeout=30)
+    assert res.data[0] == max([rank] + list(coll.sources)), res      # MPI.MAX, no weights
+    assert req.test()
+    coll.close()
+    expect_raises(pc.StateError, coll.post, np.zeros(4, np.float32), match="closed")
+    # still usable afterwards: a valid collective completes on every rank
+    with pc.NeighborAllreduce(1, np.float64, comm=g) as ok:
+        assert ok.post(np.ones(1)).wait(timeout=30).data[0] == 1.0
+    # uneven post counts: rank 0 posts one more and closes with a request pending
+    coll = pc.NeighborAllreduce(2, np.float64, comm=g, backup=1 if n_in > 1 else 0, max_gap=2)
+    for k in range(3 + (rank == 0)):
+        req = coll.post(np.zeros(2))
+        if k < 3:
+            req.wait(timeout=30)
+    coll.close(timeout=30)
+    if rank == 0:
+        expect_raises(pc.StateError, req.wait, match="dropped by close")
+    g.Free()
+
+
+def body(comm):
+    for what in sys.argv[1:] or ["graphs"]:
+        t0 = time.monotonic()
+        {"graphs": graphs, "fig3": fig3, "errors": errors}[what](comm)
+        if comm.rank == 0:
+            print(f"{what} at P={comm.size}: {time.monotonic() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main(body)
