@@ -44,6 +44,17 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  *   TAKE:      work = acc; acc = empty; set my active bit if posts > n, closing bit if closing
  *   DELIVER:   result = work (latest) or result = result (op) work (fold); completed = n + 1
  *   done:      arm round n + 1, unless every rank was closing in round n
+ *
+ * An in-place post, post(x, out=x), lends x to the engine until its request is waited
+ * for: acc is x itself (acc_ext), not a copy, so TAKE hands x to the round, which runs
+ * in it, and the result is already where wait puts it: no pass over the data on this
+ * rank, in every mode (the full mode's direct post is the same idea, for an armed round
+ * that has not started). A late post lends nothing: the round that takes acc would be
+ * a later one than the round its request waits for. Only the latest post's buffer is
+ * ever lent (a later post folds acc into its own x, or into the internal acc if it
+ * lends nothing); a wait whose out is still lent (the same buffer posted again) copies
+ * it into the internal acc first. pc_coll_user_buffers says which user buffers the
+ * engine still holds, so that Python keeps exactly those alive.
  */
 static void fill_identity(pc_coll *c, void *dst)
 {
@@ -65,6 +76,14 @@ static void result_internal(pc_coll *c)
     if (!c->result_ext) return;
     memcpy(c->result, c->result_ext, c->nbytes);
     c->result_ext = NULL;
+}
+
+/* A lent acc goes back to the caller: its content moves into the internal acc. */
+static void acc_internal(pc_coll *c)
+{
+    if (!c->acc_ext) return;
+    memcpy(c->acc, c->acc_ext, c->nbytes);
+    c->acc_ext = NULL;
 }
 
 static int pc_coll_round_kind(pc_coll *c, int64_t n)
@@ -123,6 +142,9 @@ int coll_take(pc_coll *c)
     int64_t n = c->armed_round;
     if (c->work_filled) {
         c->work_filled = 0;            /* a direct post already placed the data */
+    } else if (c->acc_ext) {           /* the round runs in the lent buffer */
+        c->work_slot = c->acc_ext;
+        c->acc_ext = NULL;
     } else if (c->acc_full) {
         swap_ptr(&c->acc, &c->work);
         c->work_slot = c->work;
@@ -281,11 +303,16 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
         if (dst != x) memcpy(dst, x, c->nbytes);
         c->work_slot = dst;
         c->work_filled = 1;
-    } else if (c->acc_full) {
-        rc = pc_reduce_local(c->spec.redop, c->spec.dtype, c->acc, x, c->acc, c->spec.count);
-        if (rc) goto out;
     } else {
-        memcpy(c->acc, x, c->nbytes);
+        void *lend = out == x && !*late ? out : NULL;   /* in place: x itself becomes acc */
+        if (c->acc_full) {
+            void *acc = c->acc_ext ? c->acc_ext : c->acc;
+            rc = pc_reduce_local(c->spec.redop, c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count);
+            if (rc) goto out;
+        } else if (!lend) {
+            memcpy(c->acc, x, c->nbytes);
+        }
+        c->acc_ext = lend;
         c->acc_full = 1;
     }
     rc = coll_post_end(c);
@@ -311,12 +338,23 @@ int pc_coll_acc_full(pc_coll *c, int *full)
     return rc;
 }
 
+int pc_coll_user_buffers(pc_coll *c, void *bufs[3])
+{
+    app_lock();
+    bufs[0] = c->acc_ext;
+    bufs[1] = c->work_slot != c->work ? c->work_slot : NULL;
+    bufs[2] = c->result_ext;
+    app_unlock();
+    return PC_OK;
+}
+
 int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
 {
     app_lock();
     int rc = coll_post_begin(c, index, late);
     *replaced = 0;
     if (rc == PC_OK && c->acc_full) {
+        c->acc_ext = NULL;
         memcpy(c->acc, x, c->nbytes);
         *replaced = 1;
         rc = coll_post_end(c);
@@ -363,6 +401,7 @@ static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
 static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
     app_lock();
+    if (c->acc_ext == out) acc_internal(c);   /* out was posted again: it is the caller's now */
     void *src = c->result_ext ? c->result_ext : c->result;
     int folding = c->fold || c->closing;
     if (folding && c->pending == 0) fill_identity(c, out);

@@ -139,6 +139,9 @@ int pc_coll_begin(pc_coll *c);
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late);
 /* staged (device) posts: see coll.c */
 int pc_coll_acc_full(pc_coll *c, int *full);
+/* The user buffers (out=) the engine may still read or write: a lent acc, the buffer a
+ * round runs in, the pending result; NULL where none. */
+int pc_coll_user_buffers(pc_coll *c, void *bufs[3]);
 int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced);
 int pc_coll_test(pc_coll *c, int64_t index, int *done);
 /* wait until round `index` completed here (or the timeout), then copy out the result; mask: 2*W words */

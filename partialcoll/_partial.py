@@ -13,7 +13,7 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -138,7 +138,7 @@ class PartialAllreduce:
         self._mask_cache: dict = {}
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
-        self._outs: tuple = (None, None)     # user out= buffers the engine may still use
+        self._outs: Dict[int, Buffer] = {}   # post index -> its out= buffer, while the engine may use it
         self._build(comm)
         self._closed = False
 
@@ -261,11 +261,12 @@ class PartialAllreduce:
         if xdev is None and odev is None:
             if self._staging is not None:
                 self._staging.pending_valid = False       # this post folds on the host
+            index, late = self._post_host(x, out, c)
             if out is not None:
-                # the engine may run this round in out and read the last round's out until
-                # it is waited for or folded away: keep both alive (like mpi4py's requests)
-                self._outs = (self._outs[1], out)
-            return PartialRequest(self, *self._post_host(x, out, c), out)
+                # the engine may run a round in out, or hold it as the accumulator (an
+                # in-place post lends x) until the request is waited for: keep it alive
+                self._keep_out(index, out)
+            return PartialRequest(self, index, late, out)
         # device buffers: staged through pinned host memory (see _device.py)
         stage = self._staging_for(xdev or odev, x if xdev is not None else out)
         if xdev is not None:
@@ -283,6 +284,19 @@ class PartialAllreduce:
         check(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
                                        ffi.from_buffer(out) if out is not None else ffi.NULL, index, late))
         return int(index[0]), bool(late[0])
+
+    def _keep_out(self, index: int, out: np.ndarray) -> None:
+        """Keep out alive while the engine may use it: a wait drops its own entry; the
+        entries of requests never waited for are pruned by asking the engine which user
+        buffers it still holds."""
+        outs = self._outs
+        outs[index] = out
+        if len(outs) > 4:
+            bufs = _engine.ffi.new("void *[3]")
+            check(_engine.lib.pc_coll_user_buffers(self._native_coll(), bufs))
+            held = {int(_engine.ffi.cast("uintptr_t", b)) for b in bufs} - {0}
+            for i in [i for i, o in outs.items() if i != index and o.ctypes.data not in held]:
+                del outs[i]
 
     def _staging_for(self, backend, like) -> _device.Staging:
         if self._staging is None:
@@ -313,6 +327,7 @@ class PartialAllreduce:
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
         wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info)
+        self._outs.pop(index, None)       # the engine is done with this request's out
         if on_device:
             data = self._staging.deliver(out)
         active, closing = self._ranks_of(tuple(mask))
@@ -352,7 +367,7 @@ class PartialAllreduce:
         check(lib.pc_coll_free(self._coll))
         self._coll = None
         self._comm.Free()
-        self._outs = (None, None)
+        self._outs = {}
         return result
 
     def _abandon(self) -> None:

@@ -98,6 +98,36 @@ def fold_sum_nothing_lost(comm):
     expect_raises(pc.StateError, coll.post, np.zeros(COUNT, np.int64), match="closed")
 
 
+def fold_in_place_nothing_lost(comm):
+    """In-place posts, post(x, out=x), lend x to the engine as its accumulator: 1 MiB
+    buffers, now and then two posts before a wait (the second folds the first's lent
+    buffer into its own), now and then a copying post in between. Nothing posted is lost
+    or counted twice, and each in-place result lands in its own buffer."""
+    n = 1 << 17                                        # 1 MiB of int64
+    coll = make(n, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=11, **options(comm))
+    rng = np.random.default_rng(2000 + comm.rank)
+    posted = np.zeros(n, np.int64)
+    received = np.zeros(n, np.int64)
+    rounds = 0
+    for i in range(max(20, ROUNDS // 4)):
+        time.sleep(rng.uniform(0, 0.01))
+        bufs = [np.arange(n, dtype=np.int64) * (k + 1) + comm.rank * 7 + i for k in range(1 + (i % 3 == 1))]
+        for b in bufs:
+            posted += b
+        in_place = i % 5 != 4
+        reqs = [coll.post(b, out=b) if in_place else coll.post(b) for b in bufs]
+        for b, req in zip(bufs, reqs):
+            res = req.wait(timeout=60)
+            if in_place:
+                assert np.shares_memory(res.data, b) and np.array_equal(res.data, b)
+            received += res.data
+            rounds += res.rounds
+    final = coll.close()
+    received += final.data
+    assert rounds + final.rounds == final.round + 1, (rounds, final.rounds, final.round)
+    assert np.array_equal(received, comm.allreduce(posted))
+
+
 def fold_max_nothing_lost(comm):
     coll = make(3, np.float64, MPI.MAX, comm, mode=MODE, late="fold", seed=3, **options(comm))
     rng = np.random.default_rng(comm.rank)
@@ -248,6 +278,7 @@ def bad_input(comm):
 
 def body(comm):
     fold_sum_nothing_lost(comm)
+    fold_in_place_nothing_lost(comm)
     fold_max_nothing_lost(comm)
     latest_each_value_once(comm)
     several_open_at_once(comm)
