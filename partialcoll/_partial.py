@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
+from ._errors import _SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, check_op_dtype, dtype_code, identity, integer, op_code
@@ -38,6 +38,16 @@ _BOR = op_code(MPI.BOR)
 def _wait_take(c, index, out, mask, info, seconds):
     """One slice of a wait (see wait_in_slices): wait for round `index`, then take the result."""
     return _engine.lib.pc_coll_wait_take(c, index, seconds, out, mask, info)
+
+
+def _wait1(c, index, out, res, seconds):
+    """The same, on the small-message path (pc_coll_wait1: everything in res)."""
+    return _engine.lib.pc_coll_wait1(c, index, seconds, out, res)
+
+
+_ndarray = np.ndarray
+_new_result = object.__new__
+_rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 
 
 class Result:
@@ -69,14 +79,17 @@ class Result:
 class PartialRequest:
     """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool."""
 
+    __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout")
+
     def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[Buffer],
-                 on_device: bool = False) -> None:
+                 on_device: bool = False, fout=None) -> None:
         self._coll = coll
         self.index = index
         self.late = late
         self._out = out
         self._on_device = on_device
         self._result: Optional[Result] = None
+        self._fout = fout                # out as a cffi buffer, made once by post()
 
     def test(self) -> bool:
         """True once the round of this post has completed here (the result is then ready)."""
@@ -88,10 +101,16 @@ class PartialRequest:
 
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
-        if self._result is None:
-            timeout = rc.timeout if timeout is None else timeout
-            self._result = self._coll._take(self._out, self.index, timeout, self._on_device)
-        return self._result
+        result = self._result
+        if result is None:
+            if timeout is None:
+                timeout = _rc_values["timeout"]
+            if self._on_device:
+                result = self._coll._take(self._out, self.index, timeout, True)
+            else:
+                result = self._coll._take_host(self._out, self._fout, self.index, timeout)
+            self._result = result
+        return result
 
     Wait = wait
     Test = test
@@ -189,8 +208,11 @@ class PartialAllreduce:
 
     def _build(self, comm: MPI.Comm) -> None:
         ffi, lib = _engine.ffi, _engine.lib
-        _engine.ensure_started()
+        _engine.ensure_started(comm)
         self._mask_words = max(1, math.ceil(self.size / 64))
+        self._res_len = 6 + 2 * self._mask_words       # pc_coll_wait1's res
+        self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
+        self._res_pool: list = []
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
         spec = ffi.new("pc_collspec *", {
@@ -251,6 +273,30 @@ class PartialAllreduce:
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
         or where x lives when out is None.
         """
+        if type(x) is _ndarray and (out is None or type(out) is _ndarray):
+            # host arrays: the small-message path (bench/small.py), checked cheaply
+            c = self._coll
+            if self._closed:
+                raise StateError("this PartialAllreduce is closed")
+            dt, n = self.dtype, self.count
+            if not (x.dtype == dt and x.size == n and x.flags.c_contiguous):
+                x = self._check_input(x, "post buffer", writable=False)
+            ffi = _engine.ffi
+            if out is None:
+                fout = None
+            else:
+                flags = out.flags
+                if not (out.dtype == dt and out.size == n and flags.c_contiguous and flags.writeable):
+                    out = self._check_input(out, "out buffer", writable=True)
+                self._outs = (self._outs[1], out)      # see below
+                fout = ffi.from_buffer(out)
+            self._last_on_device = False
+            if self._staging is not None:
+                self._staging.pending_valid = False
+            r = _engine.lib.pc_coll_post1(c, ffi.from_buffer(x), ffi.NULL if fout is None else fout)
+            if r < 0:
+                check(-r)
+            return PartialRequest(self, r >> 1, (r & 1) == 1, out, False, fout)
         c = self._native_coll()
         xdev = _device.backend_of(x)
         odev = None if out is None else _device.backend_of(out)
@@ -318,6 +364,38 @@ class PartialAllreduce:
         active, closing = self._ranks_of(tuple(mask))
         return Result(data=data, round=info.round, active=active, nap=info.nap,
                       contributed=info.post_lo <= index < info.post_hi, rounds=info.rounds, closing=closing)
+
+    def _take_host(self, out, fout, index: int, timeout: Optional[float]) -> Result:
+        """_take for host buffers, with one engine call when the round completes within
+        the first slice of the wait (the small-message path)."""
+        c = self._coll
+        if self._closed:
+            raise StateError("this PartialAllreduce is closed")
+        ffi = _engine.ffi
+        if out is None:
+            out = np.empty(self.count, self.dtype)
+            fout = ffi.from_buffer(out)
+        elif fout is None:
+            fout = ffi.from_buffer(out)
+        pool = self._res_pool                    # list.pop/append: safe across threads
+        res = pool.pop() if pool else ffi.new(self._res_type)
+        first = _SLICE if timeout is None else min(_SLICE, max(float(timeout), 0.0))
+        code = _engine.lib.pc_coll_wait1(c, index, first, fout, res)
+        if code:
+            if code != TIMEOUT_CODE:
+                check(code)
+            # not done within the first slice: wait out the rest of the timeout in slices
+            left = None if timeout is None else max(float(timeout) - first, 0.0)
+            wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout)
+        v = ffi.unpack(res, self._res_len)
+        pool.append(res)
+        key = (v[6], v[7]) if self._res_len == 8 else tuple(v[6:])
+        hit = self._mask_cache.get(key)
+        active, closing = hit if hit is not None else self._ranks_of(key)
+        r = _new_result(Result)
+        r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
+        r.contributed = v[3] <= index < v[4]
+        return r
 
     def _ranks_of(self, mask: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         """(active, closing) rank tuples of a result's bitmask words (memoized: few distinct masks)."""
