@@ -47,6 +47,7 @@ def _wait1(c, index, out, res, seconds):
 
 _ndarray = np.ndarray
 _new_result = object.__new__
+_NULL = _engine.ffi.NULL
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 
 
@@ -158,6 +159,7 @@ class PartialAllreduce:
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
         self._outs: tuple = (None, None)     # user out= buffers the engine may still use
+        self._fb: tuple = (None, None, None, None)    # x, its cffi view, out, its view (post)
         self._build(comm)
         self._closed = False
 
@@ -281,7 +283,13 @@ class PartialAllreduce:
             dt, n = self.dtype, self.count
             if not (x.dtype == dt and x.size == n and x.flags.c_contiguous):
                 x = self._check_input(x, "post buffer", writable=False)
-            ffi = _engine.ffi
+            # the cffi views of the last x and out are kept: a loop posts the same arrays
+            fb = self._fb
+            if fb[0] is x:
+                fx = fb[1]
+            else:
+                fx = _engine.ffi.from_buffer(x)
+                self._fb = fb = (x, fx, fb[2], fb[3])
             if out is None:
                 fout = None
             else:
@@ -289,11 +297,15 @@ class PartialAllreduce:
                 if not (out.dtype == dt and out.size == n and flags.c_contiguous and flags.writeable):
                     out = self._check_input(out, "out buffer", writable=True)
                 self._outs = (self._outs[1], out)      # see below
-                fout = ffi.from_buffer(out)
+                if fb[2] is out:
+                    fout = fb[3]
+                else:
+                    fout = _engine.ffi.from_buffer(out)
+                    self._fb = (fb[0], fb[1], out, fout)
             self._last_on_device = False
             if self._staging is not None:
                 self._staging.pending_valid = False
-            r = _engine.lib.pc_coll_post1(c, ffi.from_buffer(x), ffi.NULL if fout is None else fout)
+            r = _engine.lib.pc_coll_post1(c, fx, _NULL if fout is None else fout)
             if r < 0:
                 check(-r)
             return PartialRequest(self, r >> 1, (r & 1) == 1, out, False, fout)
@@ -431,6 +443,7 @@ class PartialAllreduce:
         self._coll = None
         self._comm.Free()
         self._outs = (None, None)
+        self._fb = (None, None, None, None)
         return result
 
     def _abandon(self) -> None:
