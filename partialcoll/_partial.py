@@ -27,12 +27,14 @@ from ._types import check_comm, check_op_dtype, dtype_code, identity, integer, o
 from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, choose
+from .algorithms.recursive_doubling import allreduce_packed
 from .schedule import Schedule, _create_native
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
 _MODE_CODES = {m: i for i, m in enumerate(MODES)}
 _LATE = ("latest", "fold")
 _BOR = op_code(MPI.BOR)
+_PACK_BYTES = 8192          # rounds up to this size pack data and bitmasks into one message per step
 
 
 def _wait_take(c, index, out, mask, info, seconds):
@@ -203,8 +205,12 @@ class PartialAllreduce:
         take = s._take(after=go)
         work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
         mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
-        done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take),
-                ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
+        if self.algorithm == "recursive_doubling" and work.nbytes <= _PACK_BYTES:
+            # small: data and bitmasks travel in the same messages (half the messages)
+            done = [allreduce_packed(s, [(work, op_code(self.op)), (mask, _BOR)], after=take)]
+        else:
+            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take),
+                    ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
         return s
 
