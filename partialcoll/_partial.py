@@ -286,28 +286,32 @@ class PartialAllreduce:
             c = self._coll
             if self._closed:
                 raise StateError("this PartialAllreduce is closed")
-            dt, n = self.dtype, self.count
-            if not (x.dtype == dt and x.size == n and x.flags.c_contiguous):
-                x = self._check_input(x, "post buffer", writable=False)
-            # the cffi views of the last x and out are kept: a loop posts the same arrays
+            # The cffi views of the last x and out are kept, with the arrays: a loop posts
+            # the same arrays, which were checked when they were first seen (an array's
+            # memory cannot move while a view of it exists).
             fb = self._fb
             if fb[0] is x:
                 fx = fb[1]
             else:
+                if not (x.dtype == self.dtype and x.size == self.count and x.flags.c_contiguous):
+                    x = self._check_input(x, "post buffer", writable=False)
                 fx = _engine.ffi.from_buffer(x)
                 self._fb = fb = (x, fx, fb[2], fb[3])
             if out is None:
                 fout = None
             else:
-                flags = out.flags
-                if not (out.dtype == dt and out.size == n and flags.c_contiguous and flags.writeable):
-                    out = self._check_input(out, "out buffer", writable=True)
-                self._outs = (self._outs[1], out)      # see below
                 if fb[2] is out:
                     fout = fb[3]
                 else:
+                    flags = out.flags
+                    if not (out.dtype == self.dtype and out.size == self.count and flags.c_contiguous
+                            and flags.writeable):
+                        out = self._check_input(out, "out buffer", writable=True)
                     fout = _engine.ffi.from_buffer(out)
                     self._fb = (fb[0], fb[1], out, fout)
+                outs = self._outs
+                if outs[1] is not out:
+                    self._outs = (outs[1], out)       # see below
             self._last_on_device = False
             if self._staging is not None:
                 self._staging.pending_valid = False
@@ -396,7 +400,10 @@ class PartialAllreduce:
         elif fout is None:
             fout = ffi.from_buffer(out)
         pool = self._res_pool                    # list.pop/append: safe across threads
-        res = pool.pop() if pool else ffi.new(self._res_type)
+        try:
+            res = pool.pop()
+        except IndexError:
+            res = ffi.new(self._res_type)
         first = _SLICE if timeout is None else min(_SLICE, max(float(timeout), 0.0))
         code = _engine.lib.pc_coll_wait1(c, index, first, fout, res)
         if code:
@@ -405,14 +412,13 @@ class PartialAllreduce:
             # not done within the first slice: wait out the rest of the timeout in slices
             left = None if timeout is None else max(float(timeout) - first, 0.0)
             wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout)
-        v = ffi.unpack(res, self._res_len)
-        pool.append(res)
-        key = (v[6], v[7]) if self._res_len == 8 else tuple(v[6:])
+        key = (res[6], res[7]) if self._res_len == 8 else tuple(ffi.unpack(res, self._res_len)[6:])
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
         r = _new_result(Result)
-        r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
-        r.contributed = v[3] <= index < v[4]
+        r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, res[0], active, res[2], res[1], closing
+        r.contributed = res[3] <= index < res[4]
+        pool.append(res)
         return r
 
     def _ranks_of(self, mask: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
