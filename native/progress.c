@@ -35,6 +35,9 @@ static void note_event(void)
     __atomic_store_n(&E.last_event_us, (int64_t)now_us(), __ATOMIC_RELAXED);
 }
 
+/* The idle policy "spin" (pc_engine_set_poll may switch it while the engine runs). */
+static int poll_armed(void) { return __atomic_load_n(&E.policy.poll_armed, __ATOMIC_RELAXED); }
+
 /* New work: note the event and wake the poller. */
 void kick(void)
 {
@@ -66,7 +69,7 @@ void wake(void)
 void kick_lazy(void)
 {
     note_event();
-    if (E.threaded && !(E.policy.poll_armed ? engine_in_flight() : engine_pollable())) return;
+    if (E.threaded && !(poll_armed() ? engine_in_flight() : engine_pollable())) return;
     wake_lazy();
 }
 
@@ -89,11 +92,14 @@ int take_kick(void)
     return k;
 }
 
+/* Set by the progress thread itself (E.thread may not be stored yet when it starts). */
+static __thread int on_progress_thread;
+
 /* Sleep until kicked or for us microseconds (us < 0: until kicked). No E.lock held.
  * The progress thread says how it sleeps (E.sleeping, E.nap_until_us: see wake_lazy). */
 void sleep_for_kick(double us)
 {
-    int me = E.threaded && pthread_equal(pthread_self(), E.thread);
+    int me = on_progress_thread;
     pthread_mutex_lock(&E.wmtx);
     if (!E.kicked && !__atomic_load_n(&E.stop, __ATOMIC_SEQ_CST)) {
         if (us < 0) {
@@ -226,7 +232,7 @@ static void idle_reset(idle_state *st)
 
 static void idle_step(idle_state *st, int busy)
 {
-    if (E.policy.poll_armed) {            /* cores to spare: poll (the caller checked that a
+    if (poll_armed()) {                   /* cores to spare: poll (the caller checked that a
                                            * round is armed), only yielding to other threads */
         if ((++st->spins & 63) == 0) sched_yield();
         return;
@@ -257,6 +263,7 @@ static void progress_lock(void)
 static void *progress_main(void *arg)
 {
     (void)arg;
+    on_progress_thread = 1;
     idle_state st;
     idle_reset(&st);
     for (;;) {
@@ -266,12 +273,12 @@ static void *progress_main(void *arg)
             /* an application thread is polling in wait(): stay off its core (the spin
              * policy waits for it awake, so it takes over without a wake-up) */
             pthread_mutex_unlock(&E.lock);
-            if (E.policy.poll_armed) sched_yield();
+            if (poll_armed()) sched_yield();
             else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
         }
-        int poll = __atomic_load_n(&E.policy.poll_armed, __ATOMIC_RELAXED);
+        int poll = poll_armed();
         int any = E.running != NULL, pollable = any && (poll ? engine_in_flight() : engine_pollable());
         int progressed = any && engine_progress_locked();
         int busy = any && engine_busy();
@@ -352,9 +359,9 @@ int pc_engine_stop(void)
 
 /* The idle policy "auto" learns how many ranks share the node from the collectives'
  * communicators (partialcoll/_engine.py) and switches between polling and sleeping. */
-int pc_engine_set_poll(int poll_armed)
+int pc_engine_set_poll(int on)
 {
-    __atomic_store_n(&E.policy.poll_armed, poll_armed ? 1 : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&E.policy.poll_armed, on ? 1 : 0, __ATOMIC_RELAXED);
     wake();
     return PC_OK;
 }
@@ -380,7 +387,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         if (!E.started) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
         double now = now_us();
         if (deadline >= 0 && now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
-        if (E.threaded && (E.policy.poll_armed || now - st.idle_since < E.policy.spin_us)) {
+        if (E.threaded && (poll_armed() || now - st.idle_since < E.policy.spin_us)) {
             /* spin phase: progress here, sparing the hand-off to the progress thread */
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_progress_locked()) idle_reset(&st);
