@@ -134,6 +134,7 @@ void abs_deadline(struct timespec *ts, double us);
 void kick(void);                         /* new work: note the event, wake the poller */
 void wake(void);                         /* wake the poller, no new work */
 void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
+void kick_eager(void);                   /* ... at once, if anything is in flight */
 void wake_lazy(void);
 int engine_pollable(void);
 int engine_in_flight(void);

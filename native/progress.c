@@ -73,6 +73,15 @@ void kick_lazy(void)
     wake_lazy();
 }
 
+/* The kick of a post that starts a round for others: wake the progress thread at once,
+ * but only if it could do something (nothing to poll at P = 1). E.lock held. */
+void kick_eager(void)
+{
+    note_event();
+    if (E.threaded && !engine_in_flight()) return;
+    wake();
+}
+
 void wake_lazy(void)
 {
     pthread_mutex_lock(&E.wmtx);
