@@ -62,13 +62,17 @@ def main():
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--modes", default="solo,full")
     ap.add_argument("--progress", default="thread,inline")
+    ap.add_argument("--idle", default=None, help="partialcoll.rc.idle: auto, spin or sleep (default: rc's)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.idle:
+        pc.rc.idle = args.idle
     comm = MPI.COMM_WORLD
     rows = []
     if comm.rank == 0:
-        print(f"# idle CPU, % of one core, busiest of {comm.size} ranks ({args.seconds:g} s each)")
-        print(f"# {'progress':<8} {'mode':<6} {'size':>6} {'armed':>8} {'waiting':>8}")
+        print(f"# idle CPU, % of one core, busiest of {comm.size} ranks ({args.seconds:g} s each), "
+              f"idle={pc.rc.idle}")
+        print(f"# {'progress':<8} {'mode':<6} {'size':>6} {'armed':>8} {'waiting':>8}  active policy")
     for progress in args.progress.split(","):
         pc.finalize()
         pc.rc.progress = progress
@@ -76,11 +80,11 @@ def main():
             for name in args.sizes.split(","):
                 armed, waiting = measure(comm, SIZES[name], mode, args.seconds)
                 if comm.rank == 0:
-                    row = {"progress": progress, "mode": mode, "size": name,
+                    row = {"progress": progress, "mode": mode, "size": name, "idle": pc.info()["idle"],
                            "armed": max(armed), "waiting": max(waiting), "waiting_rank0": waiting[0]}
                     rows.append(row)
-                    print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f}",
-                          flush=True)
+                    print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f}  "
+                          f"{row['idle']}", flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -120,7 +120,11 @@ int coll_maybe_trigger(pc_coll *c)
     s->ops[s->trigger_op].state = ST_FIRED;
     int rc = op_complete(s, s->trigger_op);
     sched_check_done(s);
-    kick();
+    /* A full round: the caller's wait() drives it, no wake-up (kick_lazy). A round this
+     * post starts for others (solo, majority, probe, quorum): wake the progress thread at
+     * once; measured at P = 2 under skew (docs/benchmarks.md), the lazy kick made the
+     * initiator's round 60 - 100 us slower. */
+    if (s->needs_trigger) kick_lazy(); else kick_eager();
     return rc;
 }
 
@@ -374,33 +378,33 @@ static int coll_reached(void *p)
 int pc_coll_test(pc_coll *c, int64_t index, int *done)
 {
     app_lock();
-    if (!E.threaded) engine_progress_locked();
     coll_wait_arg a = {c, index};
+    /* one pass here too, as MPI_Test progresses: the post did not wake a napping thread */
+    if (!coll_reached(&a)) engine_progress_locked();
     *done = coll_reached(&a);
     int rc = c->err ? coll_error(c) : PC_OK;
     app_unlock();
     return rc;
 }
 
-static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
+/* Wait (E.lock held) until round `index` completed here, or the timeout. */
+static int coll_wait_locked(pc_coll *c, int64_t index, double timeout_s)
 {
-    app_lock();
     coll_wait_arg a = {c, index};
+    if (coll_reached(&a)) return c->err ? coll_error(c) : PC_OK;   /* done already: no wait */
     int rc = wait_until(coll_reached, &a, timeout_s);
     if (rc == PC_OK && c->err) rc = coll_error(c);
     else if (rc == PC_ERR_TIMEOUT)
         rc = fail(PC_ERR_TIMEOUT, "round %lld did not complete at rank %d "
                   "(%lld rounds completed here; the round waits for its initiator or for peers)",
                   (long long)(index >= (1LL << 61) ? c->completed : index), c->rank, (long long)c->completed);
-    app_unlock();
     return rc;
 }
 
-/* Copy out the result: the latest round (latest), or the fold of the rounds not yet
- * taken (fold, and always after close). */
-static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
+/* Copy out the result (E.lock held): the latest round (latest), or the fold of the rounds
+ * not yet taken (fold, and always after close). */
+static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
-    app_lock();
     if (c->acc_ext == out) acc_internal(c);   /* out was posted again: it is the caller's now */
     void *src = c->result_ext ? c->result_ext : c->result;
     int folding = c->fold || c->closing;
@@ -416,15 +420,40 @@ static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result 
     info->finished = c->finished;
     memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);
     c->pending = 0;
-    app_unlock();
-    return PC_OK;
 }
 
-/* pc_coll_wait, then pc_coll_take_result: one call on the hot path. */
+/* Wait for round `index`, then take the result: one call, one lock, on the hot path. */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
 {
-    int rc = pc_coll_wait(c, index, timeout_s);
-    return rc ? rc : pc_coll_take_result(c, out, mask, info);
+    app_lock();
+    int rc = coll_wait_locked(c, index, timeout_s);
+    if (rc == PC_OK) coll_take_result_locked(c, out, mask, info);
+    app_unlock();
+    return rc;
+}
+
+/* The small-message path of post(x, out=y).wait() (partialcoll/_partial.py), with no
+ * out-parameters to allocate per call:
+ *   pc_coll_post1: pc_coll_post; returns (index << 1) | late, or -code
+ *   pc_coll_wait1: pc_coll_wait_take into res[0..5] = round, rounds, nap, post_lo,
+ *                  post_hi, finished, then the 2*W mask words */
+int64_t pc_coll_post1(pc_coll *c, const void *x, void *out)
+{
+    int64_t index = 0;
+    int late = 0;
+    int rc = pc_coll_post(c, x, out, &index, &late);
+    return rc ? -(int64_t)rc : (index << 1) | late;
+}
+
+int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res)
+{
+    pc_result info;
+    int rc = pc_coll_wait_take(c, index, timeout_s, out, (uint64_t *)(res + 6), &info);
+    if (rc == PC_OK) {
+        res[0] = info.round; res[1] = info.rounds; res[2] = info.nap;
+        res[3] = info.post_lo; res[4] = info.post_hi; res[5] = info.finished;
+    }
+    return rc;
 }
 
 /* Start closing: from now on this rank triggers every round it is armed for, and a

@@ -82,6 +82,8 @@ typedef struct pc_idle_policy {
     double deep_sleep_us;/* ... up to this (an idle rank costs almost no CPU) */
     int64_t busy_bytes;  /* while a message this large moves (its round has begun), poll ... */
     double busy_cap_us;  /* ... as long as the last event is younger than this */
+    int poll_armed;      /* 1 (idle "spin": a node with cores to spare): the progress thread
+                          * polls while a round is armed, and wait() polls until done */
 } pc_idle_policy;
 
 typedef struct pc_sched pc_sched;
@@ -114,6 +116,7 @@ const char *pc_last_error(void);
 int pc_engine_start(int use_thread, const pc_idle_policy *policy);
 int pc_engine_stop(void);
 int pc_engine_threaded(void);
+int pc_engine_set_poll(int poll_armed);  /* switch the idle policy's poll_armed (auto) */
 
 int pc_op_valid(int redop, int dtype);
 int pc_mpi_cuda_support(void);
@@ -146,6 +149,10 @@ int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, i
 int pc_coll_test(pc_coll *c, int64_t index, int *done);
 /* wait until round `index` completed here (or the timeout), then copy out the result; mask: 2*W words */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info);
+/* the same two for the small-message path: post1 returns (index << 1) | late or -code;
+ * wait1 writes round, rounds, nap, post_lo, post_hi, finished, then 2*W mask words */
+int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
+int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
 int pc_coll_close(pc_coll *c);
 int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too */
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */

@@ -93,12 +93,15 @@ struct pc_coll {
  *   wmtx + work: the progress thread (or an inline waiter) sleeps; kick() wakes it
  *   dmtx + done: application threads wait for completions; notify_done() wakes them
  * Lock order: E.lock before wmtx or dmtx. */
+enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2 };
 typedef struct {
     pthread_mutex_t lock, wmtx, dmtx;
     pthread_cond_t work;
     pthread_cond_t done;
     pthread_t thread;
     int started, threaded, stop, kicked;
+    int sleeping;            /* how the progress thread sleeps: SLEEP_* (under wmtx) */
+    double nap_until_us;     /* ... and until when, if it naps (under wmtx) */
     int want;                /* application threads waiting for the lock (atomic) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
     int conds_ready;
@@ -131,6 +134,11 @@ double now_us(void);
 void abs_deadline(struct timespec *ts, double us);
 void kick(void);                         /* new work: note the event, wake the poller */
 void wake(void);                         /* wake the poller, no new work */
+void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
+void kick_eager(void);                   /* ... at once, if anything is in flight */
+void wake_lazy(void);
+int engine_pollable(void);
+int engine_in_flight(void);
 int take_kick(void);
 void sleep_for_kick(double us);          /* without E.lock */
 void notify_done(void);

@@ -35,6 +35,9 @@ static void note_event(void)
     __atomic_store_n(&E.last_event_us, (int64_t)now_us(), __ATOMIC_RELAXED);
 }
 
+/* The idle policy "spin" (pc_engine_set_poll may switch it while the engine runs). */
+static int poll_armed(void) { return __atomic_load_n(&E.policy.poll_armed, __ATOMIC_RELAXED); }
+
 /* New work: note the event and wake the poller. */
 void kick(void)
 {
@@ -51,6 +54,44 @@ void wake(void)
     pthread_mutex_unlock(&E.wmtx);
 }
 
+/* The kick of a post or of a round armed (E.lock held): the caller will usually drive
+ * progress itself in the wait() that follows, so a futex wake-up of the progress thread
+ * (a few us, and a thread competing for the lock) is spent only where it is needed:
+ *  - nothing to poll (engine_pollable: no message in flight, or a full round waiting for
+ *    this rank's post; one process): no wake-up, only the event is noted;
+ *  - the progress thread parked (asleep until kicked), or napping for longer than
+ *    sleep_max_us, or inline progress (a waiter of another thread sleeps): wake it now;
+ *  - the progress thread napping for at most sleep_max_us more (it naps while the
+ *    application polls in wait(), and in its own short sleeps), or awake: it finds the
+ *    kick when its nap ends; a wait() or test() in between progresses inline.
+ * So a post the application never waits for reaches the progress thread within
+ * sleep_max_us, and a parked thread at once. */
+void kick_lazy(void)
+{
+    note_event();
+    if (E.threaded && !(poll_armed() ? engine_in_flight() : engine_pollable())) return;
+    wake_lazy();
+}
+
+/* The kick of a post that starts a round for others: wake the progress thread at once,
+ * but only if it could do something (nothing to poll at P = 1). E.lock held. */
+void kick_eager(void)
+{
+    note_event();
+    if (E.threaded && !engine_in_flight()) return;
+    wake();
+}
+
+void wake_lazy(void)
+{
+    pthread_mutex_lock(&E.wmtx);
+    E.kicked = 1;
+    if (!E.threaded || E.sleeping == SLEEP_PARKED
+        || (E.sleeping == SLEEP_NAP && E.nap_until_us - now_us() > E.policy.sleep_max_us))
+        pthread_cond_signal(&E.work);
+    pthread_mutex_unlock(&E.wmtx);
+}
+
 int take_kick(void)
 {
     pthread_mutex_lock(&E.wmtx);
@@ -60,18 +101,26 @@ int take_kick(void)
     return k;
 }
 
-/* Sleep until kicked or for us microseconds (us < 0: until kicked). No E.lock held. */
+/* Set by the progress thread itself (E.thread may not be stored yet when it starts). */
+static __thread int on_progress_thread;
+
+/* Sleep until kicked or for us microseconds (us < 0: until kicked). No E.lock held.
+ * The progress thread says how it sleeps (E.sleeping, E.nap_until_us: see wake_lazy). */
 void sleep_for_kick(double us)
 {
+    int me = on_progress_thread;
     pthread_mutex_lock(&E.wmtx);
     if (!E.kicked && !__atomic_load_n(&E.stop, __ATOMIC_SEQ_CST)) {
         if (us < 0) {
+            if (me) E.sleeping = SLEEP_PARKED;
             pthread_cond_wait(&E.work, &E.wmtx);
         } else {
             struct timespec ts;
+            if (me) { E.sleeping = SLEEP_NAP; E.nap_until_us = now_us() + us; }
             abs_deadline(&ts, us);
             pthread_cond_timedwait(&E.work, &E.wmtx, &ts);
         }
+        E.sleeping = SLEEP_AWAKE;
     }
     E.kicked = 0;            /* a kick ends one sleep */
     pthread_mutex_unlock(&E.wmtx);
@@ -146,15 +195,28 @@ static int engine_busy(void)
     return 0;
 }
 
-/* Does any running schedule need polling? A full round waiting for this rank's own
- * post does not: nothing it holds can complete first, and the post kicks the engine.
- * (The progress thread still polls such rounds through its short spin and yield phases
- * right after an event, so the next post of a busy loop finds it awake: sleeping at
- * once made an 8 B round 8 us slower, by a futex wake-up per round.) */
-static int engine_pollable(void)
+/* Does any running schedule need polling? One with no message in flight does not:
+ * only a local event (a post, close) can move it, and those progress it themselves.
+ * Nor does a full round waiting for this rank's own post: nothing it holds can complete
+ * first, and the post kicks the engine. (The progress thread still polls such rounds
+ * through its short spin and yield phases right after an event, so the next post of a
+ * busy loop finds it awake: sleeping at once made an 8 B round 8 us slower, by a futex
+ * wake-up per round.) */
+/* Has any running schedule a message in flight (or a withdrawal to finish)? The spin
+ * policy polls exactly then: while a round is armed with its first receives posted. */
+int engine_in_flight(void)
+{
+    for (pc_sched *s = E.running; s; s = s->next)
+        if (s->draining || s->nreq > 0) return 1;
+    return 0;
+}
+
+int engine_pollable(void)
 {
     for (pc_sched *s = E.running; s; s = s->next) {
-        if (!s->needs_trigger || !s->coll || s->draining) return 1;
+        if (s->draining) return 1;
+        if (s->nreq == 0) continue;
+        if (!s->needs_trigger || !s->coll) return 1;
         if (s->trigger_op >= 0 && s->ops[s->trigger_op].state == ST_DONE) return 1;
     }
     return 0;
@@ -179,6 +241,11 @@ static void idle_reset(idle_state *st)
 
 static void idle_step(idle_state *st, int busy)
 {
+    if (poll_armed()) {                   /* cores to spare: poll (the caller checked that a
+                                           * round is armed), only yielding to other threads */
+        if ((++st->spins & 63) == 0) sched_yield();
+        return;
+    }
     /* read the clock on every 16th spin only: one read per spin was a fifth of a busy loop */
     if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) return;
     double idle = now_us() - st->idle_since;
@@ -205,23 +272,28 @@ static void progress_lock(void)
 static void *progress_main(void *arg)
 {
     (void)arg;
+    on_progress_thread = 1;
     idle_state st;
     idle_reset(&st);
     for (;;) {
         progress_lock();
         if (E.stop) break;
         if (__atomic_load_n(&E.app_polling, __ATOMIC_SEQ_CST) > 0) {
-            /* an application thread is polling in wait(): stay off its core */
+            /* an application thread is polling in wait(): stay off its core (the spin
+             * policy waits for it awake, so it takes over without a wake-up) */
             pthread_mutex_unlock(&E.lock);
-            sleep_for_kick(E.policy.sleep_max_us);
+            if (poll_armed()) sched_yield();
+            else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
         }
-        int any = E.running != NULL, pollable = any && engine_pollable();
+        int poll = poll_armed();
+        int any = E.running != NULL, pollable = any && (poll ? engine_in_flight() : engine_pollable());
         int progressed = any && engine_progress_locked();
         int busy = any && engine_busy();
         pthread_mutex_unlock(&E.lock);
-        if (!any || (!pollable && !progressed && now_us() - st.idle_since > E.policy.spin_us + E.policy.yield_us)) {
+        if (!any || (!pollable && !progressed
+                     && (poll || now_us() - st.idle_since > E.policy.spin_us + E.policy.yield_us))) {
             sleep_for_kick(-1);               /* nothing to poll: sleep until a post */
             idle_reset(&st);
         } else if (progressed || take_kick()) {
@@ -294,6 +366,15 @@ int pc_engine_stop(void)
     return PC_OK;
 }
 
+/* The idle policy "auto" learns how many ranks share the node from the collectives'
+ * communicators (partialcoll/_engine.py) and switches between polling and sleeping. */
+int pc_engine_set_poll(int on)
+{
+    __atomic_store_n(&E.policy.poll_armed, on ? 1 : 0, __ATOMIC_RELAXED);
+    wake();
+    return PC_OK;
+}
+
 int pc_engine_threaded(void)
 {
     app_lock();
@@ -315,7 +396,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         if (!E.started) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
         double now = now_us();
         if (deadline >= 0 && now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
-        if (E.threaded && now - st.idle_since < E.policy.spin_us) {
+        if (E.threaded && (poll_armed() || now - st.idle_since < E.policy.spin_us)) {
             /* spin phase: progress here, sparing the hand-off to the progress thread */
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_progress_locked()) idle_reset(&st);
@@ -344,6 +425,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
             app_lock();
         }
     }
-    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
+    /* the progress thread takes over: at once if it is parked, else when its nap ends */
+    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake_lazy(); }
     return rc;
 }

@@ -144,7 +144,7 @@ int sched_begin(pc_sched *s, int64_t version)
         }
     }
     sched_check_done(s);
-    kick();
+    kick_lazy();
     return s->err ? fail(s->err, "%s", s->errmsg) : PC_OK;
 }
 
@@ -284,8 +284,8 @@ static int sched_reached(void *p)
 int pc_sched_test(pc_sched *s, int64_t execution, int *done)
 {
     app_lock();
-    if (!E.threaded) engine_progress_locked();
     sched_wait_arg a = {s, execution};
+    if (!sched_reached(&a)) engine_progress_locked();    /* as MPI_Test: see pc_coll_test */
     *done = sched_reached(&a);
     int rc = s->err ? fail(s->err, "%s", s->errmsg) : PC_OK;
     app_unlock();

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
+from typing import Dict, Optional
 
 from mpi4py import MPI  # must come first: loads the libmpi the native module links against
 
@@ -19,11 +21,79 @@ from ._rc import rc
 
 _lock = threading.Lock()
 _started = False
+_node_ranks: Optional[int] = None    # most ranks seen sharing this node (see note_node)
+_idle_active = ""                   # "spin" or "sleep": what the running engine does
 
 
-def ensure_started() -> None:
-    """Start the engine (and its progress thread) on first use."""
-    global _started
+def idle_policy(setting: str, ranks_on_node: Optional[int], cores: int) -> str:
+    """The idle policy that `setting` ("auto", "spin", "sleep") comes to, with
+    ranks_on_node ranks (None: not known yet) sharing the `cores` this process may use.
+
+    auto polls ("spin") only where every rank can have a core for its application thread
+    and one for its progress thread: a polling progress thread on a shared core slows the
+    rank computing there (with more ranks than cores every spinning rank slows the
+    others). Until the node is known, auto sleeps.
+    """
+    if setting != "auto":
+        return setting
+    if ranks_on_node is None or ranks_on_node < 1 or cores < 1:
+        return "sleep"
+    return "spin" if 2 * ranks_on_node <= cores else "sleep"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):      # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _launcher_ranks() -> Optional[int]:
+    """Ranks on this node as the launcher says (MPICH's Hydra, Open MPI), or None."""
+    for key in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        try:
+            return int(os.environ[key])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def note_node(comm: MPI.Comm) -> None:
+    """Collective over comm: count its ranks on this node (Split_type COMM_TYPE_SHARED), and
+    with the idle policy "auto" switch the running engine to what that count calls for.
+    Called where a collective object is created, so every rank of comm calls it."""
+    global _node_ranks, _idle_active
+    if rc.idle != "auto":
+        return
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        n = node.Get_size()
+    finally:
+        node.Free()
+    with _lock:
+        _node_ranks = max(n, _node_ranks or 0)
+        if _started:
+            active = idle_policy("auto", _node_ranks, _cores())
+            if active != _idle_active:
+                check(lib.pc_engine_set_poll(1 if active == "spin" else 0))
+                _idle_active = active
+
+
+def idle_state() -> Dict[str, object]:
+    """The idle policy: setting, active policy, and what auto based it on."""
+    ranks = _node_ranks if _node_ranks is not None else _launcher_ranks()
+    cores = _cores()
+    active = _idle_active if _started else idle_policy(rc.idle, ranks, cores)
+    return {"idle": active, "idle_setting": rc.idle, "ranks_on_node": ranks, "cores": cores}
+
+
+def ensure_started(comm: Optional[MPI.Comm] = None) -> None:
+    """Start the engine (and its progress thread) on first use. comm: the communicator of
+    a collective being created (every rank of it calls this): the idle policy "auto"
+    counts its ranks on this node."""
+    global _started, _idle_active
+    if comm is not None:
+        note_node(comm)
     if _started:
         return
     with _lock:
@@ -38,7 +108,11 @@ def ensure_started() -> None:
             "sleep_min_us": float(rc.sleep_min_us), "sleep_max_us": float(rc.sleep_max_us),
             "deep_after_us": float(rc.deep_after_us), "deep_sleep_us": float(rc.deep_sleep_us),
             "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us)})
+        ranks = _node_ranks if _node_ranks is not None else _launcher_ranks()
+        active = idle_policy(rc.idle, ranks, _cores())
+        policy.poll_armed = 1 if active == "spin" else 0
         check(lib.pc_engine_start(1 if rc.progress == "thread" else 0, policy))
+        _idle_active = active
         _started = True
 
 

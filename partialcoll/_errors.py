@@ -56,9 +56,10 @@ TIMEOUT_CODE = 5
 _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 
 
-def wait_in_slices(call, timeout, *args) -> None:
+def wait_in_slices(call, timeout, *args, shown=None) -> None:
     """Run call(*args, seconds) -> engine code until it stops timing out or `timeout`
-    (None: forever) has passed; then raise as check() does (Timeout after the deadline)."""
+    (None: forever) has passed; then raise as check() does (Timeout after the deadline,
+    naming `shown` as the timeout when given: the caller waited part of it already)."""
     if timeout is None:                      # the hot path: usually done at the first call
         rc = call(*args, _SLICE)
         while rc == TIMEOUT_CODE:
@@ -66,6 +67,7 @@ def wait_in_slices(call, timeout, *args) -> None:
         check(rc)
         return
     import time
+    shown = timeout if shown is None else shown
     deadline = time.monotonic() + max(float(timeout), 0.0)
     rc = call(*args, min(_SLICE, max(float(timeout), 0.0)))
     while rc == TIMEOUT_CODE:
@@ -74,6 +76,6 @@ def wait_in_slices(call, timeout, *args) -> None:
             try:
                 check(rc)
             except Timeout as exc:
-                raise Timeout(f"{exc} (timeout={timeout} s)") from None
+                raise Timeout(f"{exc} (timeout={shown} s)") from None
         rc = call(*args, min(_SLICE, left))
     check(rc)

@@ -27,6 +27,8 @@ def info() -> Dict[str, object]:
                          MPI.THREAD_SERIALIZED: "serialized",
                          MPI.THREAD_MULTIPLE: "multiple"}.get(MPI.Query_thread(), "?"),
         "progress": _engine.progress_mode() or _engine.rc.progress,
+        # the idle policy: "spin" or "sleep" (what rc.idle="auto" chose, and from what)
+        **_engine.idle_state(),
         "buffers": buffers,
         # how device buffers travel: "staging" (pinned host memory), or None without a GPU
         "gpu_path": path,

@@ -20,24 +20,37 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
+from ._errors import _SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
 from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, choose
+from .algorithms.recursive_doubling import allreduce_packed
 from .schedule import Schedule, _create_native
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
 _MODE_CODES = {m: i for i, m in enumerate(MODES)}
 _LATE = ("latest", "fold")
 _BOR = op_code(MPI.BOR)
+_PACK_BYTES = 8192          # rounds up to this size pack data and bitmasks into one message per step
 
 
 def _wait_take(c, index, out, mask, info, seconds):
     """One slice of a wait (see wait_in_slices): wait for round `index`, then take the result."""
     return _engine.lib.pc_coll_wait_take(c, index, seconds, out, mask, info)
+
+
+def _wait1(c, index, out, res, seconds):
+    """The same, on the small-message path (pc_coll_wait1: everything in res)."""
+    return _engine.lib.pc_coll_wait1(c, index, seconds, out, res)
+
+
+_ndarray = np.ndarray
+_new_result = object.__new__
+_NULL = _engine.ffi.NULL
+_rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 
 
 class Result:
@@ -69,14 +82,17 @@ class Result:
 class PartialRequest:
     """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool."""
 
+    __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout")
+
     def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[Buffer],
-                 on_device: bool = False) -> None:
+                 on_device: bool = False, fout=None) -> None:
         self._coll = coll
         self.index = index
         self.late = late
         self._out = out
         self._on_device = on_device
         self._result: Optional[Result] = None
+        self._fout = fout                # out as a cffi buffer, made once by post()
 
     def test(self) -> bool:
         """True once the round of this post has completed here (the result is then ready)."""
@@ -88,10 +104,16 @@ class PartialRequest:
 
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
-        if self._result is None:
-            timeout = rc.timeout if timeout is None else timeout
-            self._result = self._coll._take(self._out, self.index, timeout, self._on_device)
-        return self._result
+        result = self._result
+        if result is None:
+            if timeout is None:
+                timeout = _rc_values["timeout"]
+            if self._on_device:
+                result = self._coll._take(self._out, self.index, timeout, True)
+            else:
+                result = self._coll._take_host(self._out, self._fout, self.index, timeout)
+            self._result = result
+        return result
 
     Wait = wait
     Test = test
@@ -139,6 +161,7 @@ class PartialAllreduce:
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
         self._outs: Dict[int, Buffer] = {}   # post index -> its out= buffer, while the engine may use it
+        self._fb: tuple = (None, None, None, None)    # x, its cffi view, out, its view (post)
         self._build(comm)
         self._closed = False
 
@@ -182,15 +205,22 @@ class PartialAllreduce:
         take = s._take(after=go)
         work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
         mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
-        done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take),
-                ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
+        if self.algorithm == "recursive_doubling" and work.nbytes <= _PACK_BYTES:
+            # small: data and bitmasks travel in the same messages (half the messages)
+            done = [allreduce_packed(s, [(work, op_code(self.op)), (mask, _BOR)], after=take)]
+        else:
+            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take),
+                    ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
         return s
 
     def _build(self, comm: MPI.Comm) -> None:
         ffi, lib = _engine.ffi, _engine.lib
-        _engine.ensure_started()
+        _engine.ensure_started(comm)
         self._mask_words = max(1, math.ceil(self.size / 64))
+        self._res_len = 6 + 2 * self._mask_words       # pc_coll_wait1's res
+        self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
+        self._res_pool: list = []
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
         spec = ffi.new("pc_collspec *", {
@@ -251,6 +281,43 @@ class PartialAllreduce:
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
         or where x lives when out is None.
         """
+        if type(x) is _ndarray and (out is None or type(out) is _ndarray):
+            # host arrays: the small-message path (bench/small.py), checked cheaply
+            c = self._coll
+            if self._closed:
+                raise StateError("this PartialAllreduce is closed")
+            # The cffi views of the last x and out are kept, with the arrays: a loop posts
+            # the same arrays, which were checked when they were first seen (an array's
+            # memory cannot move while a view of it exists).
+            fb = self._fb
+            if fb[0] is x:
+                fx = fb[1]
+            else:
+                if not (x.dtype == self.dtype and x.size == self.count and x.flags.c_contiguous):
+                    x = self._check_input(x, "post buffer", writable=False)
+                fx = _engine.ffi.from_buffer(x)
+                self._fb = fb = (x, fx, fb[2], fb[3])
+            if out is None:
+                fout = None
+            else:
+                if fb[2] is out:
+                    fout = fb[3]
+                else:
+                    flags = out.flags
+                    if not (out.dtype == self.dtype and out.size == self.count and flags.c_contiguous
+                            and flags.writeable):
+                        out = self._check_input(out, "out buffer", writable=True)
+                    fout = _engine.ffi.from_buffer(out)
+                    self._fb = (fb[0], fb[1], out, fout)
+            self._last_on_device = False
+            if self._staging is not None:
+                self._staging.pending_valid = False
+            r = _engine.lib.pc_coll_post1(c, fx, _NULL if fout is None else fout)
+            if r < 0:
+                check(-r)
+            if out is not None:
+                self._keep_out(r >> 1, out)               # see below
+            return PartialRequest(self, r >> 1, (r & 1) == 1, out, False, fout)
         c = self._native_coll()
         xdev = _device.backend_of(x)
         odev = None if out is None else _device.backend_of(out)
@@ -334,6 +401,42 @@ class PartialAllreduce:
         return Result(data=data, round=info.round, active=active, nap=info.nap,
                       contributed=info.post_lo <= index < info.post_hi, rounds=info.rounds, closing=closing)
 
+    def _take_host(self, out, fout, index: int, timeout: Optional[float]) -> Result:
+        """_take for host buffers, with one engine call when the round completes within
+        the first slice of the wait (the small-message path)."""
+        c = self._coll
+        if self._closed:
+            raise StateError("this PartialAllreduce is closed")
+        ffi = _engine.ffi
+        if out is None:
+            out = np.empty(self.count, self.dtype)
+            fout = ffi.from_buffer(out)
+        elif fout is None:
+            fout = ffi.from_buffer(out)
+        pool = self._res_pool                    # list.pop/append: safe across threads
+        try:
+            res = pool.pop()
+        except IndexError:
+            res = ffi.new(self._res_type)
+        first = _SLICE if timeout is None else min(_SLICE, max(float(timeout), 0.0))
+        code = _engine.lib.pc_coll_wait1(c, index, first, fout, res)
+        if code:
+            if code != TIMEOUT_CODE:
+                check(code)
+            # not done within the first slice: wait out the rest of the timeout in slices
+            left = None if timeout is None else max(float(timeout) - first, 0.0)
+            wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout)
+        if self._outs:
+            self._outs.pop(index, None)          # the engine is done with this request's out
+        key = (res[6], res[7]) if self._res_len == 8 else tuple(ffi.unpack(res, self._res_len)[6:])
+        hit = self._mask_cache.get(key)
+        active, closing = hit if hit is not None else self._ranks_of(key)
+        r = _new_result(Result)
+        r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, res[0], active, res[2], res[1], closing
+        r.contributed = res[3] <= index < res[4]
+        pool.append(res)
+        return r
+
     def _ranks_of(self, mask: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         """(active, closing) rank tuples of a result's bitmask words (memoized: few distinct masks)."""
         hit = self._mask_cache.get(mask)
@@ -368,6 +471,7 @@ class PartialAllreduce:
         self._coll = None
         self._comm.Free()
         self._outs = {}
+        self._fb = (None, None, None, None)
         return result
 
     def _abandon(self) -> None:

@@ -5,6 +5,9 @@ import os
 from typing import Any
 
 
+IDLE_POLICIES = ("auto", "spin", "sleep")
+
+
 class RC:
     """Runtime options, read when the engine starts (first use, or after finalize).
 
@@ -24,12 +27,20 @@ class RC:
                   later than that is waited for asleep.
     timeout       default timeout in seconds of wait() (None: wait forever); environment
                   PARTIALCOLL_TIMEOUT.
+    idle          what the progress thread does while a round is armed and nothing moves:
+                  "sleep" (the policy above: spin, yield, then sleep; for nodes with more
+                  threads than cores), "spin" (poll while a round is armed, and wait()
+                  polls until done: the lowest latency, a core per rank), or "auto"
+                  (default): "spin" where the node has a core for each rank's application
+                  thread and one for its progress thread, else "sleep" (see
+                  partialcoll._engine.idle_policy); environment PARTIALCOLL_IDLE.
+                  partialcoll.info()["idle"] says which one runs.
     """
 
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
-                 "timeout": None}
+                 "timeout": None, "idle": "auto"}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
@@ -39,6 +50,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_TIMEOUT")
         if env:
             self.timeout = float(env)
+        env = os.environ.get("PARTIALCOLL_IDLE")
+        if env:
+            self.idle = env
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -52,6 +66,8 @@ class RC:
                                  f"known: {', '.join(self._defaults)}")
         if name == "progress" and value not in ("thread", "inline"):
             raise ValueError(f"progress must be 'thread' or 'inline', not {value!r}")
+        if name == "idle" and value not in IDLE_POLICIES:
+            raise ValueError(f"idle must be one of {', '.join(map(repr, IDLE_POLICIES))}, not {value!r}")
         self._values[name] = value
 
     def __call__(self, **kwargs: Any) -> None:

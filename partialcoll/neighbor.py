@@ -369,7 +369,7 @@ class NeighborAllreduce:
 
     # -- construction ------------------------------------------------------------------
     def _build(self, comm: MPI.Comm) -> None:
-        _engine.ensure_started()
+        _engine.ensure_started(comm)
         R, ch = self.depth, self._ch
         n_in, n_out = len(self.sources), len(self.destinations)
         tokens = self.max_gap is not None

@@ -31,6 +31,35 @@ def test_simulated_allreduce(algorithm, p, count):
         assert np.array_equal(bufs[r], expect), (algorithm, p, count, r)
 
 
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("count", [0, 1, 2, 7])
+def test_simulated_packed_allreduce(p, count):
+    """Data (SUM, float32) and bitmasks (BOR, uint64) in one message per step, as a small
+    round of a partial collective sends them (issue 13): both results right at every rank,
+    and half the messages of two separate allreduces."""
+    from partialcoll.algorithms.recursive_doubling import allreduce_packed
+    data = [np.arange(count, dtype=np.float32) * (r + 1) + r for r in range(p)]
+    masks = [np.array([1 << r % 64, 1 << (r * 7) % 64], np.uint64) for r in range(p)]
+    bufs, mbufs, scheds = [d.copy() for d in data], [m.copy() for m in masks], []
+    for r in range(p):
+        s = Schedule(rank=r, size=p)
+        allreduce_packed(s, [(BufRef.of(bufs[r], writable=True), 0), (BufRef.of(mbufs[r], writable=True), 8)])
+        scheds.append(s)
+    run(scheds)
+    expect_mask = np.bitwise_or.reduce(np.array(masks), axis=0)
+    for r in range(p):
+        assert np.array_equal(bufs[r], np.sum(data, axis=0) if count else data[r]), (p, count, r)
+        assert np.array_equal(mbufs[r], expect_mask), (p, count, r)
+    two = []
+    for r in range(p):
+        s = Schedule(rank=r, size=p)
+        ALGORITHMS["recursive_doubling"](s, BufRef.of(bufs[r], writable=True), 0)
+        ALGORITHMS["recursive_doubling"](s, BufRef.of(mbufs[r], writable=True), 8)
+        two.append(s)
+    sends = [sum(op.kind == 0 for op in s.ops) for s in scheds]
+    assert sends == [sum(op.kind == 0 for op in s.ops) // (2 if count else 1) for s in two], (sends, p, count)
+
+
 def test_recursive_doubling_round_count():
     # p = 7: fold in, log2(4) = 2 exchange rounds, fold out -> rank 1 sends 4 messages
     s = Schedule(rank=1, size=7)

@@ -24,7 +24,9 @@ Worked example, p = 7 (p' = 4, rem = 3):
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .._buffers import BufRef
 from ..schedule import ScheduleOp, Schedule
@@ -69,3 +71,74 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     if rank < 2 * rem:
         return s.send(buf, rank - 1, after=last, label="fold out: the result to the extra rank")
     return last
+
+
+def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int]], *,
+                     after: Optional[ScheduleOp] = None) -> ScheduleOp:
+    """Recursive doubling of several buffers at once, each with its own op, with one message
+    per step: every message carries all the parts, packed into scratch.
+
+    For small vectors a message costs its latency, not its bytes, so a partial
+    collective's round (its data with the op, its rank bitmasks with BOR) sends as many
+    messages as one allreduce. The steps are those of allreduce() above; each send is
+    ``pack = parts`` (a copy per part) then send pack, each receive lands in a second
+    pack and is reduced part by part: ``part = unpack (op) part``. Scratch memory: two
+    packs of the parts' total size (each part 8-byte aligned).
+    """
+    p, rank = s.size, s.rank
+    parts = [(b, op) for b, op in parts if b.count > 0]
+    if p == 1 or not parts:
+        return s.nop(after=after, label="allreduce: nothing to exchange")
+    offsets, total = [], 0
+    for b, _ in parts:
+        total = -(-total // 8) * 8
+        offsets.append(total)
+        total += b.nbytes
+    out_pack, in_pack = s.scratch(total, np.uint8), s.scratch(total, np.uint8)
+
+    def view(pack: BufRef, i: int) -> BufRef:
+        b = parts[i][0]
+        return BufRef(None, pack.slot, pack.offset + offsets[i], b.count, b.dtype)
+
+    def pack(deps) -> List[ScheduleOp]:
+        return [s.copy(b, view(out_pack, i), after=deps, label="pack = part") for i, (b, _) in enumerate(parts)]
+
+    def reduce(deps) -> List[ScheduleOp]:
+        return [s.compute(op, view(in_pack, i), b, out=b, after=deps, label="part = unpack (op) part")
+                for i, (b, op) in enumerate(parts)]
+
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    last: Optional[List[ScheduleOp]] = [after] if after is not None else None
+
+    # Fold in the extra ranks.
+    if rank < 2 * rem:
+        if rank % 2 == 0:
+            sent = s.send(out_pack, rank + 1, after=pack(last), label="fold in: hand my parts to my partner")
+            got = s.recv(in_pack, rank + 1, label="fold out: the result comes back")
+            back = [s.copy(view(in_pack, i), b, after=[got, sent], label="part = unpack")
+                    for i, (b, _) in enumerate(parts)]
+            return s.nop(after=back, label="allreduce done")
+        got = s.recv(in_pack, rank - 1, label="fold in: the extra rank's parts")
+        last = reduce([got] + (last or []))
+        newrank = rank // 2
+    else:
+        newrank = rank - rem
+
+    # log2(p') rounds of pairwise exchange.
+    mask = 1
+    in_free = last if rank < 2 * rem else None       # in_pack is free once the last reduce read it
+    while mask < pof2:
+        newpeer = newrank ^ mask
+        peer = newpeer * 2 + 1 if newpeer < rem else newpeer + rem
+        step = mask.bit_length() - 1
+        sent = s.send(out_pack, peer, after=pack(last), label=f"round {step}: my parts")
+        got = s.recv(in_pack, peer, after=in_free, label=f"round {step}: peer's parts")
+        last = reduce([sent, got])                   # sent: out_pack is free for the next pack
+        in_free = last
+        mask <<= 1
+
+    # Fold out: give the extra rank its result.
+    if rank < 2 * rem:
+        return s.send(out_pack, rank - 1, after=pack(last), label="fold out: the result to the extra rank")
+    return s.nop(after=last, label="allreduce done")

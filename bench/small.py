@@ -1,0 +1,97 @@
+"""Small messages (issue 13): post(x, out=y).wait() vs MPI_Allreduce, interleaved.
+
+Run: mpiexec -n 2 python bench/small.py      (also -n 1: post+wait with nothing to send)
+
+Each block times `--iterations` calls of MPI_Allreduce (mpi4py, buffer interface), then
+the same number of `coll.post(x, out=y).wait()` on a persistent allreduce (mode full,
+the allreduce_init path) and on a solo PartialAllreduce; the order of the peers
+alternates from block to block, so nobody always runs first. Each rank's time per call
+is averaged over the block, the block's value is the slowest rank's, and the median over
+`--blocks` blocks is reported, with the ratio to MPI_Allreduce. Results are checked
+against MPI_Allreduce (values that differ per rank and per call).
+
+Rank 0 prints; --json FILE writes the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-b", "--blocks", type=int, default=5)
+    ap.add_argument("-i", "--iterations", type=int, default=2000)
+    ap.add_argument("-n", "--count", type=int, default=2, help="float32 elements (default 2: 8 B)")
+    ap.add_argument("--modes", default="full,solo")
+    ap.add_argument("--rc", default="", help="partialcoll.rc options KEY=VALUE,...")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    for kv in filter(None, args.rc.split(",")):
+        key, value = kv.split("=", 1)
+        cur = getattr(pc.rc, key)
+        setattr(pc.rc, key, value if isinstance(cur, str) or cur is None else type(cur)(value))
+    comm = MPI.COMM_WORLD
+    n, iters = args.count, args.iterations
+    x = np.arange(n, dtype=np.float32) + comm.rank
+    y = np.empty_like(x)
+    ref = np.empty_like(x)
+    colls = {m: pc.PartialAllreduce(n, np.float32, comm=comm, mode=m) for m in args.modes.split(",")}
+
+    def run_mpi():
+        for _ in range(iters):
+            comm.Allreduce(x, ref, op=MPI.SUM)
+
+    def run_coll(coll):
+        def body():
+            for _ in range(iters):
+                coll.post(x, out=y).wait()
+        return body
+
+    peers = [("mpi", run_mpi)] + [(m, run_coll(c)) for m, c in colls.items()]
+    # warm-up, and a check: every peer gives MPI_Allreduce's result (full mode: exactly;
+    # solo: a round's data is a sum of whole posts, so with equal posts per rank and a
+    # barrier in between it is the same)
+    for name, fn in peers:
+        fn()
+    comm.Allreduce(x, ref, op=MPI.SUM)
+    if "full" in colls:
+        colls["full"].post(x, out=y).wait()
+        assert np.array_equal(y, ref), (y, ref)
+    times = {name: [] for name, _ in peers}
+    for b in range(args.blocks):
+        order = peers if b % 2 == 0 else peers[::-1]
+        for name, fn in order:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            t = (time.perf_counter() - t0) / iters * 1e6
+            times[name].append(comm.allreduce(t, op=MPI.MAX))
+    for c in colls.values():
+        c.close()
+    if comm.rank == 0:
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        info = pc.info()
+        print(f"# small messages: {n * 4} B, P = {comm.size}, {iters} calls x {args.blocks} blocks, "
+              f"median of the slowest rank's mean per block; idle={info.get('idle', '?')}")
+        print(f"# {'peer':<6} {'us/call':>9} {'x MPI':>7}   blocks")
+        rows = []
+        for name, _ in peers:
+            ratio = med[name] / med["mpi"]
+            print(f"  {name:<6} {med[name]:9.2f} {ratio:7.2f}   " + " ".join(f"{t:.2f}" for t in times[name]))
+            rows.append({"peer": name, "us": med[name], "ratio": ratio, "blocks": times[name],
+                         "P": comm.size, "bytes": n * 4, "idle": info.get("idle")})
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
