@@ -73,8 +73,8 @@ def normalize_groups(groups, size: int) -> Levels:
         return ((0,) * size,)
     try:
         levels = list(groups)
-        if levels and not isinstance(levels[0], (list, tuple)) and not hasattr(levels[0], "__len__"):
-            levels = [levels]
+        if levels and (isinstance(levels[0], (str, bytes)) or not hasattr(levels[0], "__len__")):
+            levels = [levels]            # one level: a region name per rank
         levels = [list(level) for level in levels]
     except TypeError:
         raise ArgumentError(f"groups= must be a list of each rank's region (or a list of such lists, "
