@@ -31,6 +31,10 @@ static void mpi_message(int rc, char *msg)
 int mpi_post(pc_sched *s, int i)
 {
     pc_op *op = &s->ops[i];
+    if (op->kind == PC_SEND && !s->sent && !(s->sent = calloc((size_t)s->size, sizeof *s->sent))) {
+        sched_fail(s, i, PC_ERR_NOMEM, "out of memory for the traffic counters");
+        return PC_ERR_NOMEM;
+    }
     MPI_Request *r = &s->reqs[s->nreq];
     int rc = op->kind == PC_SEND
         ? MPI_Isend(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r)
@@ -43,6 +47,7 @@ int mpi_post(pc_sched *s, int i)
     }
     s->req_op[s->nreq++] = i;
     if (op->nbytes >= E.policy.busy_bytes) s->inflight_big++;
+    if (op->kind == PC_SEND) s->sent[op->peer] += op->nbytes;
     return PC_OK;
 }
 
@@ -149,5 +154,18 @@ int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits)
     while (bits < 31 && (1LL << (bits + 1)) - 1 <= tag_ub) bits++;
     *seqbits = bits >= 24 ? 16 : bits - 4;   /* at least 4 bits of version */
     *vbits = bits - *seqbits;
+    return PC_OK;
+}
+
+/* Bytes sent per peer (coll.traffic(), Schedule traffic): the counters of mpi_post. */
+int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n)
+{
+    if (!sent || n < 0 || (!c && !s)) return fail(PC_ERR_ARG, "pc_traffic: no collective or schedule");
+    app_lock();
+    pc_sched *list[3] = {s, c ? c->sched[0] : NULL, c ? c->sched[1] : NULL};
+    for (int k = 0; k < 3; k++)
+        if (list[k] && list[k]->sent)
+            for (int i = 0; i < n && i < list[k]->size; i++) sent[i] += list[k]->sent[i];
+    app_unlock();
     return PC_OK;
 }

@@ -157,6 +157,9 @@ int pc_coll_close(pc_coll *c);
 int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too */
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
 int pc_coll_abandon(pc_coll *c, int *deferred);
+/* traffic: add the bytes of the sends each schedule posted to peer i since creation
+ * to sent[i], i < n; pass a collective (its round schedules) or a schedule */
+int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n);
 /* CDEF END */
 
 #endif

@@ -58,6 +58,8 @@ struct pc_sched {
     char errmsg[384];
     pc_coll *coll;
     pc_sched *next, *prev;   /* running list */
+    int64_t *sent;           /* bytes of the sends posted to each peer since creation
+                              * (size entries, allocated by the first send; mpi.c) */
 };
 
 struct pc_coll {

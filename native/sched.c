@@ -53,7 +53,7 @@ int sched_drain(pc_sched *s)
 void sched_destroy(pc_sched *s)
 {
     free(s->ops); free(s->succ_store); free(s->stack); free(s->reqs); free(s->req_op);
-    free(s->done_idx); free(s->finished); free(s->statuses); free(s->scratch); free(s);
+    free(s->done_idx); free(s->finished); free(s->statuses); free(s->scratch); free(s->sent); free(s);
 }
 
 /* ------------------------------------------------------------------ execution */

@@ -26,7 +26,7 @@ from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
 from .activation import BUILDERS
 from .activation.candidates import candidates
-from .algorithms import ALGORITHMS, choose
+from .algorithms import ALGORITHMS, choose, tree
 from .algorithms.recursive_doubling import allreduce_packed
 from .schedule import Schedule, _create_native
 
@@ -126,14 +126,14 @@ class PartialAllreduce:
                  comm: MPI.Comm = MPI.COMM_WORLD, *,
                  mode: str = "solo", candidates: Optional[int] = None, quorum: Optional[int] = None, seed: int = 0,
                  max_staleness: Optional[int] = None, late: str = "latest",
-                 algorithm: str = "auto") -> None:
+                 algorithm: str = "auto", groups=None) -> None:
         check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
         problem = None
         try:
             params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
-                                    late, algorithm, size)
+                                    late, algorithm, size, groups)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = exc, None
         everyone = comm.allgather((repr(problem) if problem else None, params))
@@ -155,6 +155,10 @@ class PartialAllreduce:
         self.op, self.late, self.seed = op, late, params["seed"]
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
         self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
+        # tree: the regions given, or one per shared-memory node (collective, agreed)
+        self.groups = params["groups"] if params["groups"] is not None or self.algorithm != "tree" \
+            else tree.host_groups(comm)
+        self._traffic: Optional[np.ndarray] = None     # kept at close()
         self.size, self.rank = size, rank
         self._closed = True              # until _build has made the native collective
         self._mask_cache: dict = {}
@@ -166,7 +170,7 @@ class PartialAllreduce:
         self._closed = False
 
     @staticmethod
-    def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size) -> dict:
+    def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None) -> dict:
         count = integer(count, "count", 0)
         dt = as_dtype(dtype)
         dtype_code(dt)
@@ -190,8 +194,13 @@ class PartialAllreduce:
             max_staleness = integer(max_staleness, "max_staleness", 1)
         seed = integer(seed, "seed")
         choose(algorithm, count * dt.itemsize, size)
+        if groups is not None:
+            if algorithm not in ("tree", "auto"):
+                raise ArgumentError(f"groups= is for algorithm='tree'; {algorithm!r} has no use for it")
+            groups = tree.normalize_groups(groups, size)
         return {"count": count, "dtype": dtype_name(dt), "op": code, "mode": mode, "candidates": q, "quorum": k,
-                "seed": seed, "max_staleness": max_staleness, "late": late, "algorithm": algorithm}
+                "seed": seed, "max_staleness": max_staleness, "late": late, "algorithm": algorithm,
+                "groups": groups}
 
     # -- construction ---------------------------------------------------------------
     def _round_schedule(self, activation: str) -> Schedule:
@@ -209,7 +218,8 @@ class PartialAllreduce:
             # small: data and bitmasks travel in the same messages (half the messages)
             done = [allreduce_packed(s, [(work, op_code(self.op)), (mask, _BOR)], after=take)]
         else:
-            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take),
+            extra = {"groups": self.groups, "seed": self.seed} if self.algorithm == "tree" else {}
+            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, **extra),
                     ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
         return s
@@ -466,6 +476,7 @@ class PartialAllreduce:
         timeout = rc.timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
         result = self._take(None, 2 ** 62, timeout, self._last_on_device)
+        self._traffic = self.traffic()
         self._closed = True
         check(lib.pc_coll_free(self._coll))
         self._coll = None
@@ -473,6 +484,16 @@ class PartialAllreduce:
         self._outs = {}
         self._fb = (None, None, None, None)
         return result
+
+    def traffic(self) -> np.ndarray:
+        """Bytes this rank has sent to each peer since creation (int64, one per rank),
+        counted by the engine: data, activation and bookkeeping messages alike."""
+        if self._closed and self._traffic is not None:
+            return self._traffic.copy()
+        sent = np.zeros(self.size, np.int64)
+        check(_engine.lib.pc_traffic(self._native_coll(), _engine.ffi.NULL,
+                                     _engine.ffi.cast("int64_t *", sent.ctypes.data), self.size))
+        return sent
 
     def _abandon(self) -> None:
         """Drop the collective without the collective close(): this rank only. The engine

@@ -1,7 +1,8 @@
 """A pure-Python executor of dry-built schedules, one per rank: it checks the
 algorithms for many process counts without MPI. Messages match per (sender,
-receiver) pair in creation order, as in the engine; ops fire when `need` of their
-dependencies have completed, at most once; a deadlock is reported."""
+receiver) pair in creation (op) order, as the engine's tags make them, whatever order
+they fire in; ops fire when `need` of their dependencies have completed, at most once;
+a deadlock is reported."""
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -35,8 +36,16 @@ def run(scheds: List[Schedule]) -> None:
         for op in s.ops:
             for d in op.deps:
                 succ[r][d].append(op.index)
-    channel = defaultdict(deque)        # (src, dst) -> queue of sent payloads (in send order)
-    posted = defaultdict(deque)         # (src, dst) -> queue of (rank, op) receives posted
+    seq = [[0] * len(s.ops) for s in scheds]   # k: the k-th message of its (src, dst) pair, in op order
+    counted = defaultdict(int)
+    for r, s in enumerate(scheds):
+        for op in s.ops:
+            if op.kind in (SEND, RECV):
+                pair = (r, op.peer) if op.kind == SEND else (op.peer, r)
+                seq[r][op.index] = counted[pair, op.kind]
+                counted[pair, op.kind] += 1
+    channel = {}                        # (src, dst, k) -> the payload sent
+    posted = {}                         # (src, dst, k) -> the (rank, op) receive posted
     ready = deque((r, op.index) for r, s in enumerate(scheds) for op in s.ops if op.need == 0)
 
     def complete(r, i):
@@ -46,10 +55,10 @@ def run(scheds: List[Schedule]) -> None:
             if got[r][j] == scheds[r].ops[j].need and not fired[r][j]:
                 ready.append((r, j))
 
-    def match(src, dst):
-        while channel[(src, dst)] and posted[(src, dst)]:
-            data = channel[(src, dst)].popleft()
-            rr, i = posted[(src, dst)].popleft()
+    def match(key):
+        if key in channel and key in posted:
+            data = channel.pop(key)
+            rr, i = posted.pop(key)
             buf = view(scheds[rr].ops[i].bufs[0], scheds[rr])
             assert buf.nbytes == data.nbytes, "message size mismatch"
             buf[...] = data.view(buf.dtype)
@@ -62,12 +71,12 @@ def run(scheds: List[Schedule]) -> None:
         fired[r][i] = True
         op = scheds[r].ops[i]
         if op.kind == SEND:
-            channel[(r, op.peer)].append(view(op.bufs[0], scheds[r]).copy().view(np.uint8))
+            channel[r, op.peer, seq[r][i]] = view(op.bufs[0], scheds[r]).copy().view(np.uint8)
             complete(r, i)          # eager in the simulator; buffers are copied
-            match(r, op.peer)
+            match((r, op.peer, seq[r][i]))
         elif op.kind == RECV:
-            posted[(op.peer, r)].append((r, i))
-            match(op.peer, r)
+            posted[op.peer, r, seq[r][i]] = (r, i)
+            match((op.peer, r, seq[r][i]))
         elif op.kind == COMPUTE:
             a, b, out = (view(x, scheds[r]) for x in op.bufs)
             out[...] = a if op.redop == 10 else _NUMPY[op.redop](a, b)

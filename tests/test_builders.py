@@ -115,8 +115,9 @@ def test_auto_choice():
     assert choose("auto", 8, 4) == "recursive_doubling"
     assert choose("auto", 16 << 20, 4) == "ring"
     assert choose("ring", 8, 4) == "ring"
+    assert choose("tree", 8, 4) == "tree"
     with pytest.raises(ValueError, match="unknown algorithm"):
-        choose("tree", 8, 4)
+        choose("no_such_algorithm", 8, 4)
 
 
 def test_dry_schedule_cannot_commit():

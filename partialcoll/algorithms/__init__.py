@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from . import recursive_doubling, ring
+from . import recursive_doubling, ring, tree
 
 ALGORITHMS: Dict[str, Callable] = {
     "recursive_doubling": recursive_doubling.allreduce,
     "ring": ring.allreduce,
+    "tree": tree.allreduce,          # takes groups= and seed= (see tree.py)
 }
 
 # "auto": recursive doubling up to this many bytes, ring above (measured: see docs/benchmarks.md).

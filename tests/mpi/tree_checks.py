@@ -1,0 +1,128 @@
+"""Tree allreduce (issue 16) against MPI_Allreduce, and traffic(): python tree_checks.py
+
+Region shapes over P ranks: one region, P regions, uneven contiguous, interleaved
+(r % 3), two levels, and the default (one region per shared-memory node).
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from partialcoll._buffers import SLOT_MASK
+from partialcoll.algorithms import tree
+from partialcoll.schedule import SEND
+from _data import assert_matches, combos, values
+from _util import expect_raises, main
+
+
+def shapes(p):
+    third = -(-p // 3)
+    return {
+        "one": [0] * p,
+        "each": list(range(p)),
+        "uneven": [0 if r < third else 1 for r in range(p)],
+        "interleaved": [r % 3 for r in range(p)],
+        "levels": [[r // 2 for r in range(p)], [0 if r < third else 1 for r in range(p)]],
+        "default": None,
+    }
+
+
+def check_one(comm, groups, count, dtype, op, rounds=1, seed=0, mode="full"):
+    coll = pc.PartialAllreduce(count, dtype, op, comm, mode=mode, algorithm="tree", groups=groups, seed=seed)
+    assert coll.algorithm == "tree"
+    what = f"tree groups={groups} count={count} {np.dtype(dtype)} {op} P={comm.size}"
+    for salt in range(rounds):
+        x = values(dtype, op, count, comm.rank, salt)
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref, op=op)
+        res = coll.post(x).wait()
+        assert_matches(res.data, ref, op, what)
+        assert res.round == salt and res.active == tuple(range(comm.size)), (what, res)
+        crcs = comm.allgather(zlib.crc32(res.data.tobytes()))
+        assert len(set(crcs)) == 1, f"{what}: ranks disagree bitwise"
+    coll.close()
+    return coll
+
+
+def every_shape(comm):
+    p = comm.size
+    for name, groups in shapes(p).items():
+        for count in sorted({0, 1, p + 1, 1000, 2 ** 17 + 3}):       # 2^17 + 3 float64: chunked
+            check_one(comm, groups, count, np.float64, MPI.SUM, rounds=2, seed=count)
+            check_one(comm, groups, count, np.int64, MPI.MAX)
+    # the default: one region per node (all ranks share this machine's memory)
+    coll = pc.allreduce_init(4, np.float32, comm=comm, algorithm="tree")
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    assert coll.groups == ((0,) * p,) or node.size < p, coll.groups
+    node.Free()
+    coll.close()
+
+
+def every_op_dtype(comm):
+    """Every op x dtype, one tree and chunked trees (two levels, uneven)."""
+    groups = shapes(comm.size)["levels"]
+    saved = tree.CHUNK_BYTES
+    try:
+        for chunk_bytes, count in ((saved, 5), (1, comm.size + 3)):
+            tree.CHUNK_BYTES = chunk_bytes
+            for dtype, op in combos():
+                check_one(comm, groups, count, dtype, op)
+    finally:
+        tree.CHUNK_BYTES = saved
+
+
+def sent_by_dry_build(coll, data_only):
+    """Bytes per peer that one full round sends, from its dry-built schedule."""
+    out = np.zeros(coll.size, np.int64)
+    for op in coll._schedules[1].ops:
+        if op.kind == SEND and not (data_only and op.bufs[0].slot == SLOT_MASK):
+            out[op.peer] += op.bufs[0].nbytes
+    return out
+
+
+def traffic(comm):
+    """traffic() counts what the schedules send; tree: one vector per aggregator each way."""
+    p, count, rounds = comm.size, 1000, 3
+    half = [0 if r < p // 2 else 1 for r in range(p)]
+    for algorithm in ("tree", "ring", "recursive_doubling"):
+        kw = {"groups": half} if algorithm == "tree" else {}
+        coll = pc.allreduce_init(count, np.float64, comm=comm, algorithm=algorithm, **kw)
+        assert (coll.traffic() == 0).all()
+        for _ in range(rounds):
+            coll.post(np.ones(count)).wait()
+        assert (coll.traffic() == rounds * sent_by_dry_build(coll, False)).all(), (algorithm, coll.traffic())
+        coll.close()                       # one more (final) round; traffic() still answers
+        assert (coll.traffic() == (rounds + 1) * sent_by_dry_build(coll, False)).all(), algorithm
+        if algorithm == "tree" and p > 1:
+            # data crossing between the halves, per round: one vector each way
+            data = np.array(comm.allgather(sent_by_dry_build(coll, True)))
+            lo, hi = [r for r in range(p) if half[r] == 0], [r for r in range(p) if half[r] == 1]
+            assert data[np.ix_(lo, hi)].sum() == count * 8 == data[np.ix_(hi, lo)].sum(), data
+
+
+def bad_groups(comm):
+    p, r = comm.size, comm.rank
+    expect_raises(pc.ArgumentError, pc.allreduce_init, 4, comm=comm, algorithm="tree", groups=[0] * (p + 1),
+                  match="one entry per rank")
+    expect_raises(pc.ArgumentError, pc.allreduce_init, 4, comm=comm, algorithm="ring", groups=[0] * p,
+                  match="algorithm='tree'")
+    if p > 1:
+        expect_raises(pc.ArgumentError, pc.allreduce_init, 4, comm=comm, algorithm="tree",
+                      groups=[0] * p if r else list(range(p)), match="groups differs across ranks")
+        exc = expect_raises(pc.ArgumentError, pc.allreduce_init, 4, comm=comm, algorithm="tree",
+                            groups=[[0]] * p if r == 1 else [0] * p)
+        assert ("rank 1 rejected" in str(exc)) if r != 1 else ("level" in str(exc)), exc
+
+
+def body(comm):
+    every_shape(comm)
+    every_op_dtype(comm)
+    traffic(comm)
+    bad_groups(comm)
+
+
+if __name__ == "__main__":
+    main(body)

@@ -1,0 +1,57 @@
+"""partial_checks.py's semantics checks with algorithm="tree":
+python tree_partial_checks.py MODE [ROUNDS] [SHAPE]
+
+A launcher, not a copy: every PartialAllreduce that partial_checks.py creates gets
+algorithm="tree" and the regions of SHAPE over the communicator's ranks:
+  uneven   two regions, the first of ceil(P/3) ranks (P = 5: [0, 0, 1, 1, 1])
+  levels   hosts of two ranks in two racks ([[0, 0, 1, 1, 2], [0, 0, 0, 1, 1]] at P = 5)
+  chunked  uneven, with every vector cut into chunks (tree.CHUNK_BYTES = 8)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from mpi4py import MPI
+
+import partialcoll as pc
+from partialcoll.algorithms import tree
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPE = sys.argv[3] if len(sys.argv) > 3 else "uneven"
+
+
+def regions(size: int):
+    uneven = [0 if r < -(-size // 3) else 1 for r in range(size)]
+    if SHAPE == "levels":
+        return [[r // 2 for r in range(size)], [0 if r < size // 2 else 1 for r in range(size)]]
+    return uneven
+
+
+class TreeAllreduce(pc.PartialAllreduce):
+    made = 0
+
+    def __init__(self, *args, **kwargs):
+        comm = args[3] if len(args) > 3 else kwargs.get("comm", MPI.COMM_WORLD)
+        kwargs.setdefault("algorithm", "tree")
+        if isinstance(comm, MPI.Intracomm):          # bad_input() also passes an intercommunicator
+            kwargs.setdefault("groups", regions(comm.Get_size()))
+        super().__init__(*args, **kwargs)
+        assert self.algorithm == "tree", self.algorithm
+        TreeAllreduce.made += 1
+
+
+if SHAPE == "chunked":
+    tree.CHUNK_BYTES = 8
+pc.PartialAllreduce = TreeAllreduce
+sys.path.insert(0, HERE)
+import partial_checks  # noqa: E402  (reads MODE and ROUNDS from sys.argv)
+
+
+def body(comm):
+    partial_checks.body(comm)
+    assert TreeAllreduce.made >= 8, f"only {TreeAllreduce.made} tree allreduces were made"
+
+
+if __name__ == "__main__":
+    partial_checks.main(body)
