@@ -57,19 +57,20 @@ def _output(exc_out) -> str:
 
 
 def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dict | None = None,
-            hosts=None, mpiexec_args: Optional[list] = None, expect_passed: Optional[int] = None) -> str:
+            hosts=None, ppn: Optional[int] = None, mpiexec_args: Optional[list] = None,
+            expect_passed: Optional[int] = None) -> str:
     """Run tests/mpi/<script> on nprocs ranks; fail with its output unless every rank passed.
 
     The timeout turns a deadlock into a failure. Every script prints 'PASSED <rank>'
     at its end, so a rank that died silently is caught too (expect_passed: how many
     ranks must pass, when some are meant to die). hosts (tests/hosts.Hosts): spread the
-    ranks over emulated hosts.
+    ranks over emulated hosts, ppn per host (default: the hosts' own).
     """
     argv = [sys.executable, os.path.join(HERE, "mpi", script), *args]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     if hosts is not None:
         timeout *= HOSTS_TIMEOUT_FACTOR
-        cmd = hosts.mpiexec(mpiexec(), nprocs, argv, extra=mpiexec_args)
+        cmd = hosts.mpiexec(mpiexec(), nprocs, argv, extra=mpiexec_args, ppn=ppn)
         full_env.update(hosts.env())
     else:
         cmd = [mpiexec(), *(mpiexec_args or []), "-n", str(nprocs), *argv]

@@ -18,7 +18,8 @@ Link impairments, netem-style on each host's egress (so host-to-host one-way del
   lets packets through if the relay dies);
 - rate: ``tc tbf`` on the host's eth0 (its egress) and on the switch port (its ingress).
 
-Everything is named after the pytest process id and removed at the end by process id
+Everything is named after the pytest process id (a letter after it tells apart several
+sets of hosts in one run) and removed at the end by process id
 (``ip netns pids``), then the namespaces are deleted. Namespaces left by a run whose
 process is gone are removed when the next run starts.
 """
@@ -38,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join(HERE, "hosts_launch.sh")
 DELAYER = os.path.join(HERE, "linkdelay.py")
 SUBNET = "10.78.0"
-_NAME = re.compile(r"^pch(\d+)(?:h\d+|sw)$")
+_NAME = re.compile(r"^pch(\d+)[a-z]?(?:h\d+|sw)$")     # pch<pid>[x]h<i>, pch<pid>[x]sw
 
 
 def unavailable() -> Optional[str]:
@@ -238,17 +239,15 @@ class Hosts:
         return pids
 
     # -- running ---------------------------------------------------------------------
-    def placement(self, nprocs: int) -> List[int]:
-        """The host of each rank: blocks of ppn ranks per host, wrapping past the last host."""
-        return [(r // self.ppn) % self.n for r in range(nprocs)]
-
-    def mpiexec(self, exe: str, nprocs: int, argv: List[str], extra: Optional[List[str]] = None) -> List[str]:
-        """The command line that runs argv on nprocs ranks spread over the hosts."""
-        used = min(self.n, math.ceil(nprocs / self.ppn))
+    def mpiexec(self, exe: str, nprocs: int, argv: List[str], extra: Optional[List[str]] = None,
+                ppn: Optional[int] = None) -> List[str]:
+        """The command line that runs argv on nprocs ranks spread over the hosts (ppn per host)."""
+        ppn = ppn or self.ppn
+        used = min(self.n, math.ceil(nprocs / ppn))
         hosts = ",".join(self.addr(i) for i in range(used))
         return ["ip", "netns", "exec", self.names[0], exe, "-iface", "eth0",
                 "-launcher", "ssh", "-launcher-exec", LAUNCHER,
-                "-hosts", hosts, "-ppn", str(self.ppn), *(extra or []), "-n", str(nprocs), *argv]
+                "-hosts", hosts, "-ppn", str(ppn), *(extra or []), "-n", str(nprocs), *argv]
 
     def env(self) -> Dict[str, str]:
         """What mpiexec (and through it the launcher and every rank) needs."""

@@ -1,0 +1,74 @@
+"""A few multi-rank checks across 4 emulated hosts (network namespaces, MPICH over TCP;
+tests/hosts.py), made and removed by this module: placement, every mode, MPI_Allreduce
+against the engine, close with uneven posts, 1 ms link delay, cleanup by pid. Skipped,
+with the reason, without root or ip netns; `pytest --hosts N` runs the whole multi-rank
+suite this way."""
+import os
+import subprocess
+
+import pytest
+
+import hosts
+
+pytestmark = pytest.mark.mpi
+
+WHY = hosts.unavailable()
+if WHY:
+    pytest.skip(WHY, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def four():
+    hosts.remove_stale()
+    h = hosts.Hosts(4, tag=f"pch{os.getpid()}t").up()
+    yield h
+    h.down()
+
+
+@pytest.mark.parametrize("nprocs,ppn", [(4, 1), (3, 1), (6, 2), (5, 1)])
+def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
+    """Ranks land on hosts in blocks of ppn (wrapping: 5 ranks on 4 hosts); every mode agrees."""
+    before = four.eth0_bytes()
+    mpirun_on(four, "hosts_checks.py", nprocs, str(ppn), "4", ppn=ppn, timeout=60)
+    grew = [b - a for a, b in zip(before, four.eth0_bytes())]
+    used = min(4, -(-nprocs // ppn))
+    assert all(g > 10000 for g in grew[:used]), f"little traffic on the hosts' eth0: {grew}"
+
+
+@pytest.mark.parametrize("script,nprocs,args", [
+    ("allreduce_checks.py", 4, ()),
+    ("partial_checks.py", 4, ("probe", "60")),
+    ("close_checks.py", 3, ("solo", "fold", "1")),
+])
+def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
+    mpirun_on(four, script, nprocs, *args, timeout=120)
+
+
+def test_link_delay(mpirun_on):
+    """1 ms on each host's egress: an 8 B MPI_Allreduce over 4 hosts (two exchanges) takes
+    more than 2 ms, and the partial allreduce still agrees."""
+    h = hosts.Hosts(4, delay="1ms", tag=f"pch{os.getpid()}d").up()
+    try:
+        out = mpirun_on(h, "hosts_checks.py", 4, "1", "4", "2000", timeout=90)
+        assert "8 B MPI_Allreduce across hosts" in out
+    finally:
+        h.down()
+
+
+def test_cleanup_by_pid():
+    """down() ends what runs inside the hosts by pid and deletes every namespace it made."""
+    h = hosts.Hosts(2, tag=f"pch{os.getpid()}c").up()
+    sleeper = subprocess.Popen(["ip", "netns", "exec", h.names[1], "sleep", "300"])
+    killed = h.down()
+    assert sleeper.wait(5) != 0 and sleeper.pid in killed[h.names[1]], killed
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in left for name in h.names + [h.switch]), left
+
+
+@pytest.fixture
+def mpirun_on():
+    from conftest import run_mpi
+
+    def run(h, script, nprocs, *args, **kwargs):
+        return run_mpi(script, nprocs, *args, hosts=h, **kwargs)
+    return run
