@@ -358,6 +358,15 @@ static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
     return rc;
 }
 
+int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
+{
+    app_lock();
+    *round = c->armed_round;
+    *n = mpi_silent_peers(c->armed, ranks, max);
+    app_unlock();
+    return PC_OK;
+}
+
 /* Copy out the result: the latest round (latest), or the fold of the rounds not yet
  * taken (fold, and always after close). */
 static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)

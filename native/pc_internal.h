@@ -124,6 +124,7 @@ int mpi_drain(pc_sched *s);
 void mpi_forget(pc_sched *s);
 int mpi_comm_info(MPI_Comm comm, int *rank, int *size);
 int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
+int mpi_silent_peers(const pc_sched *s, int *ranks, int max);
 
 /* progress.c */
 double now_us(void);

@@ -305,6 +305,14 @@ int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
     return rc;
 }
 
+int pc_sched_silent(pc_sched *s, int *ranks, int max, int *n)
+{
+    app_lock();
+    *n = mpi_silent_peers(s, ranks, max);
+    app_unlock();
+    return PC_OK;
+}
+
 int64_t pc_sched_executions(pc_sched *s)
 {
     app_lock();

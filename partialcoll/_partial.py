@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
+from ._errors import ArgumentError, InvalidBufferError, PartialcollError, Peers, StateError, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, check_op_dtype, dtype_code, identity, integer, op_code
@@ -38,6 +38,16 @@ _BOR = op_code(MPI.BOR)
 def _wait_take(c, index, out, mask, info, seconds):
     """One slice of a wait (see wait_in_slices): wait for round `index`, then take the result."""
     return _engine.lib.pc_coll_wait_take(c, index, seconds, out, mask, info)
+
+
+def _silent_of(c):
+    """For a slow wait's Timeout: the armed round and the peers not heard from in it."""
+    def silent():
+        ffi = _engine.ffi
+        ranks, rnd, n = ffi.new("int[]", 64), ffi.new("int64_t *"), ffi.new("int *")
+        check(_engine.lib.pc_coll_silent(c, ranks, 64, rnd, n))
+        return f"round {rnd[0]}", tuple(ranks[0:n[0]])
+    return silent
 
 
 class Result:
@@ -215,6 +225,7 @@ class PartialAllreduce:
                 self._schedules[kind] = sched
                 check(lib.pc_coll_set_sched(self._coll, kind, _create_native(sched, dup, self._coll)))
             check(lib.pc_coll_begin(self._coll))
+            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
         except BaseException:
             self._abandon()
             raise
@@ -303,8 +314,11 @@ class PartialAllreduce:
         return int(index[0]), bool(late[0]), bool(replaced[0])
 
     def _take(self, out, index: int, timeout: Optional[float],
-              on_device: bool = False) -> Result:
-        """Wait until round `index` completed here (timeout None: forever), then take the result."""
+              on_device: bool = False, what: str = "") -> Result:
+        """Wait until round `index` completed here (timeout None: forever), then take the result.
+
+        A peer the MPI reports as failed raises MPIError naming it (checked every slice of
+        the wait); a Timeout names the peers not heard from in the armed round."""
         ffi = _engine.ffi
         if on_device:
             data = self._staging.outbox
@@ -312,7 +326,8 @@ class PartialAllreduce:
             data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
-        wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info)
+        wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info,
+                       peers=self._peers, what=what or f"round {index}")
         if on_device:
             data = self._staging.deliver(out)
         active, closing = self._ranks_of(tuple(mask))
@@ -341,13 +356,19 @@ class PartialAllreduce:
         """Collective: finish rounds in flight, flush every accumulator in a final round, free.
 
         Returns the final round's result folded with every round completed here that no
-        wait() returned, so nothing posted is ever dropped.
+        wait() returned, so nothing posted is ever dropped. timeout: None is
+        ``pc.rc.close_timeout`` (300 s unless set). If it expires, or a peer failed, this
+        rank drops the collective (as if abandoned) and raises Timeout or MPIError.
         """
         c = self._native_coll()
         lib = _engine.lib
-        timeout = rc.timeout if timeout is None else timeout
+        timeout = rc.close_timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
-        result = self._take(None, 2 ** 62, timeout, self._last_on_device)
+        try:
+            result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
+        except PartialcollError:
+            self._abandon()              # the final round cannot complete here
+            raise
         self._closed = True
         check(lib.pc_coll_free(self._coll))
         self._coll = None
