@@ -262,3 +262,34 @@ class Hosts:
             proc = _in(ns, "cat", "/sys/class/net/eth0/statistics/rx_bytes")
             out.append(int(proc.stdout))
         return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """python tests/hosts.py [--hosts N] [--ppn k] [--link-delay D] [--link-rate R] -n P -- prog args...
+
+    Make the hosts, run prog on P ranks across them (mpiexec's exit status), remove them."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--ppn", type=int, default=1)
+    ap.add_argument("--link-delay")
+    ap.add_argument("--link-rate")
+    ap.add_argument("-n", type=int, required=True, help="ranks")
+    ap.add_argument("--mpiexec", default=os.path.join(os.path.dirname(sys.executable), "mpiexec"))
+    ap.add_argument("prog", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    prog = a.prog[1:] if a.prog[:1] == ["--"] else a.prog
+    why = unavailable()
+    if why or not prog:
+        ap.error(why or "no program to run")
+    remove_stale()
+    h = Hosts(a.hosts, a.ppn, a.link_delay, a.link_rate, tag=f"pch{os.getpid()}m").up()
+    try:
+        print(f"# {h.describe()}", flush=True)
+        return subprocess.call(h.mpiexec(a.mpiexec, a.n, prog), env=dict(os.environ, **h.env()))
+    finally:
+        h.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
-"""A peer that dies (issue 14, faults): python fault_checks.py MODE EXPECT [TIMEOUT]
+"""A peer that dies (issue 14, faults): python fault_checks.py MODE EXPECT [TIMEOUT [HOW]]
 
 Run under ``mpiexec -disable-auto-cleanup`` (else mpiexec ends every rank with the
-first). The last rank os._exit()s before its post #5; every survivor's wait for round 5
+first). The last rank dies before its post #5 (HOW: ``exit``, os._exit(3), default;
+``kill``, SIGKILL); every survivor's wait for round 5
 (or the rounds after it) must raise, within TIMEOUT seconds (default 10), EXPECT:
 
   MPIError  the MPI can tell (MPICH: MPIX_Comm_get_failed): the error's ranks are the dead one
@@ -16,6 +17,7 @@ os._exit(0): MPI_Finalize would wait for the dead rank forever (MPICH).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -26,6 +28,7 @@ import partialcoll as pc
 
 MODE, EXPECT = sys.argv[1], sys.argv[2]
 TIMEOUT = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+HOW = sys.argv[4] if len(sys.argv) > 4 else "exit"
 DIE_AT = 5
 
 
@@ -73,6 +76,8 @@ def body():
     if comm.rank == victim:
         for i in range(DIE_AT):
             coll.post(np.full(4, float(comm.rank + i))).wait(timeout=TIMEOUT)
+        if HOW == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(3)                     # dies: no close, no MPI_Finalize
     try:
         survive(comm, coll, victim)
