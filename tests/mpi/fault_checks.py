@@ -16,6 +16,7 @@ os._exit(0): MPI_Finalize would wait for the dead rank forever (MPICH).
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -70,6 +71,14 @@ def survive(comm, coll, victim):
 
 
 def body():
+    # a survivor that hangs anyway shows where (every thread's stack) and exits
+    faulthandler.dump_traceback_later(3 * TIMEOUT + 20, exit=True)
+    if os.environ.get("PC_TEST_GDB"):
+        import subprocess, threading
+        def native_stacks():
+            subprocess.run(["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt"],
+                           stdin=subprocess.DEVNULL)
+        threading.Timer(3 * TIMEOUT + 10, native_stacks).start()
     comm = MPI.COMM_WORLD
     victim = comm.size - 1
     coll = pc.PartialAllreduce(4, np.float64, MPI.SUM, comm, mode=MODE)
@@ -88,6 +97,7 @@ def body():
         os._exit(1)
     pc.finalize()
     print(f"PASSED {comm.rank}", flush=True)
+    time.sleep(0.5)                     # let mpiexec's proxy forward the line (once lost under load)
     os._exit(0)
 
 
