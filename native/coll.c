@@ -346,7 +346,8 @@ int pc_coll_test(pc_coll *c, int64_t index, int *done)
 
 static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
 {
-    app_lock();
+    int rc0 = app_lock_within(timeout_s < 0 ? -1 : timeout_s + LOCK_GRACE_S);
+    if (rc0) return rc0;
     coll_wait_arg a = {c, index};
     int rc = wait_until(coll_reached, &a, timeout_s);
     if (rc == PC_OK && c->err) rc = coll_error(c);
@@ -360,7 +361,9 @@ static int pc_coll_wait(pc_coll *c, int64_t index, double timeout_s)
 
 int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
 {
-    app_lock();
+    *round = -1;
+    *n = 0;
+    if (app_lock_within(LOCK_GRACE_S)) return PC_OK;     /* busy inside MPI: nobody named */
     *round = c->armed_round;
     *n = mpi_silent_peers(c->armed, ranks, max);
     app_unlock();
@@ -371,7 +374,8 @@ int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
  * taken (fold, and always after close). */
 static int pc_coll_take_result(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
-    app_lock();
+    int rc0 = app_lock_within(LOCK_GRACE_S);
+    if (rc0) return rc0;
     void *src = c->result_ext ? c->result_ext : c->result;
     int folding = c->fold || c->closing;
     if (folding && c->pending == 0) fill_identity(c, out);

@@ -1,5 +1,6 @@
 /* mpi.c -- the one place that talks to MPI: post, test, cancel messages; tag bits;
- * communicator queries. Everything here runs with E.lock held. */
+ * communicator queries; failed peers. Everything here runs with E.lock held, except
+ * pc_comm_failed(). */
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <mpi.h>
@@ -38,14 +39,14 @@ static get_failed_fn lookup_get_failed(void)
     return fn;
 }
 
-/* Called without E.lock (like every pc_ function); takes it around the MPI calls. */
+/* Runs without E.lock (MPI_THREAD_MULTIPLE): it must answer while the progress thread
+ * may be stuck inside an MPI call towards the dead peer. */
 int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n)
 {
     MPI_Comm comm = *(MPI_Comm *)comm_handle;
     get_failed_fn get_failed = lookup_get_failed();
     *n = -1;
     if (!get_failed) return PC_OK;
-    app_lock();
     MPI_Group failed = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
     int k = 0;
     if (get_failed(comm, &failed) == MPI_SUCCESS && MPI_Group_size(failed, &k) == MPI_SUCCESS) {
@@ -61,7 +62,6 @@ int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n)
     }
     if (failed != MPI_GROUP_NULL) MPI_Group_free(&failed);
     if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
-    app_unlock();
     return PC_OK;
 }
 
