@@ -431,10 +431,16 @@ static int coll_running(const pc_coll *c)
     return (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
 }
 
+static int coll_idle(void *c) { return !coll_running(c); }
+
 int pc_coll_free(pc_coll *c)
 {
     if (!c) return PC_OK;
     app_lock();
+    /* The final round has delivered here, but its last sends may still be in flight (a
+     * slow link; with inline progress nothing moves them between engine calls): the
+     * peers are in the same round and receive them, so let them finish. */
+    if (c->finished && coll_running(c)) wait_until(coll_idle, c, 30.0);
     int rc = coll_running(c) ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
     if (rc == PC_OK) coll_destroy(c);
     app_unlock();
