@@ -5,6 +5,7 @@ with the reason, without root or ip netns; `pytest --hosts N` runs the whole mul
 suite this way."""
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -59,8 +60,18 @@ def test_cleanup_by_pid():
     """down() ends what runs inside the hosts by pid and deletes every namespace it made."""
     h = hosts.Hosts(2, tag=f"pch{os.getpid()}c").up()
     sleeper = subprocess.Popen(["ip", "netns", "exec", h.names[1], "sleep", "300"])
-    killed = h.down()
-    assert sleeper.wait(5) != 0 and sleeper.pid in killed[h.names[1]], killed
+    try:
+        for _ in range(100):             # until ip netns exec has entered the namespace
+            pids = subprocess.run(["ip", "netns", "pids", h.names[1]], capture_output=True, text=True).stdout
+            if str(sleeper.pid) in pids.split():
+                break
+            time.sleep(0.05)
+        killed = h.down()
+        assert sleeper.wait(5) != 0 and sleeper.pid in killed[h.names[1]], killed
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(name in left for name in h.names + [h.switch]), left
 
