@@ -5,17 +5,27 @@ with the reason, without root or ip netns; `pytest --hosts N` runs the whole mul
 suite this way."""
 import os
 import subprocess
+import sys
 import time
 
 import pytest
 
 import hosts
 
-pytestmark = pytest.mark.mpi
-
 WHY = hosts.unavailable()
-if WHY:
-    pytest.skip(WHY, allow_module_level=True)
+needs_hosts = pytest.mark.skipif(WHY is not None, reason=f"{WHY}")
+
+
+def test_without_root_the_tests_skip_and_say_why():
+    """pytest --hosts as a user who may not make namespaces: the multi-rank tests skip,
+    and -rs prints the reason (here os.geteuid is patched to a non-root uid)."""
+    code = ("import os, sys, pytest; os.geteuid = lambda: 1000; "
+            "sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', '--hosts', '2', "
+            "'tests/test_engine.py::test_failed_execution[thread]']))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0 and "1 skipped" in p.stdout and "--hosts needs root" in p.stdout, p.stdout + p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +36,8 @@ def four():
     h.down()
 
 
+@needs_hosts
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs,ppn", [(4, 1), (3, 1), (6, 2), (5, 1)])
 def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
     """Ranks land on hosts in blocks of ppn (wrapping: 5 ranks on 4 hosts); every mode agrees."""
@@ -36,6 +48,8 @@ def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
     assert all(g > 10000 for g in grew[:used]), f"little traffic on the hosts' eth0: {grew}"
 
 
+@needs_hosts
+@pytest.mark.mpi
 @pytest.mark.parametrize("script,nprocs,args", [
     ("allreduce_checks.py", 4, ()),
     ("partial_checks.py", 4, ("probe", "60")),
@@ -45,6 +59,8 @@ def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
     mpirun_on(four, script, nprocs, *args, timeout=120)
 
 
+@needs_hosts
+@pytest.mark.mpi
 def test_link_delay(mpirun_on):
     """1 ms on each host's egress: an 8 B MPI_Allreduce over 4 hosts (two exchanges) takes
     more than 2 ms, and the partial allreduce still agrees."""
@@ -56,6 +72,8 @@ def test_link_delay(mpirun_on):
         h.down()
 
 
+@needs_hosts
+@pytest.mark.mpi
 def test_cleanup_by_pid():
     """down() ends what runs inside the hosts by pid and deletes every namespace it made."""
     h = hosts.Hosts(2, tag=f"pch{os.getpid()}c").up()
