@@ -44,3 +44,15 @@ def test_dead_peer_times_out(mpirun, mode, nprocs):
     for rank, (exc, took, ranks) in got.items():
         assert exc == "Timeout" and 2.9 <= took < 8 and ranks and rank not in ranks, (rank, exc, took, ranks)
     assert any(nprocs - 1 in ranks for _, _, ranks in got.values()), got
+
+
+def test_dead_neighbor_is_named(mpirun):
+    """NeighborAllreduce (ring, P = 4): the survivors' waits ask the MPI at their deadline
+    and raise MPIError naming the dead rank, also at rank 1, whose own neighbours live (it
+    stalls an iteration later, when they do)."""
+    out = mpirun("fault_checks.py", 4, "neighbor", "MPIError", "3", mpiexec_args=["-disable-auto-cleanup"],
+                 expect_passed=3, timeout=60)
+    got = faults(out)
+    assert sorted(got) == [0, 1, 2], out[-3000:]
+    for rank, (exc, took, ranks) in got.items():
+        assert exc == "MPIError" and ranks == (3,) and 2.9 <= took < 8, (rank, exc, took, ranks)
