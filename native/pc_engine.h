@@ -147,7 +147,7 @@ int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too *
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
 int pc_coll_abandon(pc_coll *c, int *deferred);
 /* Faults (issue 14). The ranks of comm that the MPI reports as failed, through
- * MPIX_Comm_get_failed where the loaded libmpi has it (MPICH >= 4.1, Open MPI with ULFM):
+ * MPIX_Comm_get_failed where the loaded libmpi has it (MPICH >= 4.1; ULFM, untried):
  * *n of them (at most max) in ranks, ascending; *n = -1 when the MPI cannot tell. */
 int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n);
 /* The peers whose receives in the current execution (a collective: its armed round,

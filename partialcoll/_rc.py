@@ -27,7 +27,7 @@ class RC:
     close_timeout default timeout in seconds of close() (default 300; None: forever), so a
                   peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
-    failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup, ULFM).
+    failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
     """
 
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
