@@ -74,6 +74,18 @@ def test_link_delay(mpirun_on):
 
 @needs_hosts
 @pytest.mark.mpi
+def test_link_rate(mpirun_on):
+    """100 Mbit/s on each host's link (tc tbf): 4 MiB between two hosts take at least ~0.3 s."""
+    h = hosts.Hosts(2, rate="100mbit", tag=f"pch{os.getpid()}r").up()
+    try:
+        out = mpirun_on(h, "hosts_checks.py", 2, "1", "2", "0", "100", timeout=90)
+        assert "Mbit/s" in out, out
+    finally:
+        h.down()
+
+
+@needs_hosts
+@pytest.mark.mpi
 def test_cleanup_by_pid():
     """down() ends what runs inside the hosts by pid and deletes every namespace it made."""
     h = hosts.Hosts(2, tag=f"pch{os.getpid()}c").up()

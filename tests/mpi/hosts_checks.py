@@ -1,10 +1,11 @@
 """Where the ranks run under pytest --hosts (tests/hosts.py):
-python hosts_checks.py PPN HOSTS [MIN_US]
+python hosts_checks.py PPN HOSTS [MIN_US [MAX_MBIT]]
 
 Ranks r and s share a network namespace (an emulated host) exactly when r // PPN and
 s // PPN name the same host (modulo the number of hosts); every mode's rounds agree
 across hosts; an 8 B MPI_Allreduce takes at least MIN_US microseconds (the link delay
-is in effect).
+is in effect); 4 MiB from rank 0 to the last rank move at no more than MAX_MBIT
+Mbit/s (plus 25 %: the link rate is in effect).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from _util import main
 PPN = int(sys.argv[1])
 HOSTS = int(sys.argv[2])
 MIN_US = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+MAX_MBIT = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 
 
 def body(comm):
@@ -53,6 +55,20 @@ def body(comm):
         assert us >= MIN_US, f"8 B MPI_Allreduce took {us:.0f} us, less than {MIN_US} us"
     if comm.rank == 0:
         print(f"8 B MPI_Allreduce across hosts: {us:.0f} us", flush=True)
+    if MAX_MBIT and comm.size > 1:
+        big, last = np.ones(1 << 19), comm.size - 1        # 4 MiB
+        comm.Barrier()
+        t = MPI.Wtime()
+        if comm.rank == 0:
+            comm.Send(big, last)
+            comm.Recv(big[:1], last)
+        elif comm.rank == last:
+            comm.Recv(big, 0)
+            comm.Send(big[:1], 0)
+        mbit = big.nbytes * 8 / (MPI.Wtime() - t) / 1e6
+        if comm.rank == 0:
+            print(f"4 MiB from rank 0 to rank {last}: {mbit:.0f} Mbit/s", flush=True)
+            assert mbit <= 1.25 * MAX_MBIT, f"{mbit:.0f} Mbit/s through a {MAX_MBIT:g} Mbit/s link"
 
 
 main(body)
