@@ -401,6 +401,17 @@ static int coll_wait_locked(pc_coll *c, int64_t index, double timeout_s)
     return rc;
 }
 
+int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
+{
+    *round = -1;
+    *n = 0;
+    if (app_lock_within(LOCK_GRACE_S)) return PC_OK;     /* busy inside MPI: nobody named */
+    *round = c->armed_round;
+    *n = mpi_silent_peers(c->armed, ranks, max);
+    app_unlock();
+    return PC_OK;
+}
+
 /* Copy out the result (E.lock held): the latest round (latest), or the fold of the rounds
  * not yet taken (fold, and always after close). */
 static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
@@ -425,8 +436,10 @@ static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_re
 /* Wait for round `index`, then take the result: one call, one lock, on the hot path. */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
 {
-    app_lock();
-    int rc = coll_wait_locked(c, index, timeout_s);
+    /* the lock within the timeout (and a grace): a wait never hangs on a thread stuck in MPI */
+    int rc = app_lock_within(timeout_s < 0 ? -1 : timeout_s + LOCK_GRACE_S);
+    if (rc) return rc;
+    rc = coll_wait_locked(c, index, timeout_s);
     if (rc == PC_OK) coll_take_result_locked(c, out, mask, info);
     app_unlock();
     return rc;
@@ -486,10 +499,16 @@ static int coll_running(const pc_coll *c)
     return (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
 }
 
+static int coll_idle(void *c) { return !coll_running(c); }
+
 int pc_coll_free(pc_coll *c)
 {
     if (!c) return PC_OK;
     app_lock();
+    /* The final round has delivered here, but its last sends may still be in flight (a
+     * slow link; with inline progress nothing moves them between engine calls): the
+     * peers are in the same round and receive them, so let them finish. */
+    if (c->finished && coll_running(c)) wait_until(coll_idle, c, 30.0);
     int rc = coll_running(c) ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
     if (rc == PC_OK) coll_destroy(c);
     app_unlock();

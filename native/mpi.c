@@ -1,5 +1,6 @@
 /* mpi.c -- the one place that talks to MPI: post, test, cancel messages; tag bits;
- * communicator queries. Everything here runs with E.lock held. */
+ * communicator queries; failed peers. Everything here runs with E.lock held, except
+ * pc_comm_failed(). */
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <mpi.h>
@@ -14,6 +15,72 @@ int pc_mpi_cuda_support(void)
 {
     int (*query)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support");
     return query ? (query() != 0) : -1;
+}
+
+/* MPIX_Comm_get_failed of the loaded libmpi (NULL where it has none): looked up in the
+ * global scope, else in the library that defines MPI_Comm_rank. PARTIALCOLL_NO_FAILED_QUERY
+ * (tests) hides it: the view of an MPI that cannot tell. */
+typedef int (*get_failed_fn)(MPI_Comm, MPI_Group *);
+
+static get_failed_fn lookup_get_failed(void)
+{
+    static int looked;
+    static get_failed_fn fn;
+    if (__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) return fn;
+    const char *hide = getenv("PARTIALCOLL_NO_FAILED_QUERY");
+    void *sym = hide && *hide && *hide != '0' ? NULL : dlsym(RTLD_DEFAULT, "MPIX_Comm_get_failed");
+    Dl_info where;
+    if (!sym && !(hide && *hide && *hide != '0') && dladdr((void *)&MPI_Comm_rank, &where) && where.dli_fname) {
+        void *h = dlopen(where.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) { sym = dlsym(h, "MPIX_Comm_get_failed"); dlclose(h); }
+    }
+    fn = (get_failed_fn)sym;
+    __atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+    return fn;
+}
+
+/* Runs without E.lock (MPI_THREAD_MULTIPLE): it must answer while the progress thread
+ * may be stuck inside an MPI call towards the dead peer. */
+int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n)
+{
+    MPI_Comm comm = *(MPI_Comm *)comm_handle;
+    get_failed_fn get_failed = lookup_get_failed();
+    *n = -1;
+    if (!get_failed) return PC_OK;
+    MPI_Group failed = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+    int k = 0;
+    if (get_failed(comm, &failed) == MPI_SUCCESS && MPI_Group_size(failed, &k) == MPI_SUCCESS) {
+        int m = k < max ? k : max;
+        int idx[m > 0 ? m : 1];
+        for (int i = 0; i < m; i++) idx[i] = i;
+        if (m == 0 || (MPI_Comm_group(comm, &all) == MPI_SUCCESS &&
+                       MPI_Group_translate_ranks(failed, m, idx, all, ranks) == MPI_SUCCESS)) {
+            *n = m;
+            for (int i = 1; i < m; i++)          /* ascending (few ranks: insertion sort) */
+                for (int j = i; j > 0 && ranks[j - 1] > ranks[j]; j--) { int t = ranks[j]; ranks[j] = ranks[j - 1]; ranks[j - 1] = t; }
+        }
+    }
+    if (failed != MPI_GROUP_NULL) MPI_Group_free(&failed);
+    if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
+    return PC_OK;
+}
+
+/* The distinct peers of s's receives still in flight, ascending; how many (at most max). */
+int mpi_silent_peers(const pc_sched *s, int *ranks, int max)
+{
+    int n = 0;
+    if (!s || !s->running || s->draining) return 0;
+    for (int r = 0; r < s->nreq; r++) {
+        const pc_op *op = &s->ops[s->req_op[r]];
+        if (op->kind != PC_RECV) continue;
+        int j = n, dup = 0;
+        for (int i = 0; i < n; i++) dup |= ranks[i] == op->peer;
+        if (dup || n == max) continue;
+        while (j > 0 && ranks[j - 1] > op->peer) { ranks[j] = ranks[j - 1]; j--; }
+        ranks[j] = op->peer;
+        n++;
+    }
+    return n;
 }
 
 static int mpi_tag(const pc_sched *s, const pc_op *op)

@@ -160,6 +160,14 @@ int pc_coll_abandon(pc_coll *c, int *deferred);
 /* traffic: add the bytes of the sends each schedule posted to peer i since creation
  * to sent[i], i < n; pass a collective (its round schedules) or a schedule */
 int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n);
+/* Faults (issue 14). The ranks of comm that the MPI reports as failed, through
+ * MPIX_Comm_get_failed where the loaded libmpi has it (MPICH >= 4.1; ULFM, untried):
+ * *n of them (at most max) in ranks, ascending; *n = -1 when the MPI cannot tell. */
+int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n);
+/* The peers whose receives in the current execution (a collective: its armed round,
+ * *round) are still in flight: the ranks not heard from, which a timeout names. */
+int pc_sched_silent(pc_sched *s, int *ranks, int max, int *n);
+int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n);
 /* CDEF END */
 
 #endif

@@ -130,6 +130,7 @@ int mpi_drain(pc_sched *s);
 void mpi_forget(pc_sched *s);
 int mpi_comm_info(MPI_Comm comm, int *rank, int *size);
 int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
+int mpi_silent_peers(const pc_sched *s, int *ranks, int max);
 
 /* progress.c */
 double now_us(void);
@@ -146,6 +147,8 @@ void sleep_for_kick(double us);          /* without E.lock */
 void notify_done(void);
 void app_lock(void);                     /* application threads take E.lock through these */
 void app_unlock(void);
+int app_lock_within(double seconds);      /* app_lock or PC_ERR_TIMEOUT (see progress.c) */
+#define LOCK_GRACE_S 1.0                   /* waits give up on the lock after their timeout + this */
 void running_add(pc_sched *s);
 void running_remove(pc_sched *s);
 int engine_progress_locked(void);

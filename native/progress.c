@@ -145,6 +145,26 @@ void app_lock(void)
 
 void app_unlock(void) { pthread_mutex_unlock(&E.lock); }
 
+/* app_lock(), giving up after `seconds` (< 0: never): PC_OK with E.lock held, or
+ * PC_ERR_TIMEOUT with a message. The lock is held for microseconds at a time unless a
+ * thread is stuck inside an MPI call (a peer died under some transports): a wait then
+ * still returns to Python, which reports the failed or silent peers. */
+int app_lock_within(double seconds)
+{
+    if (seconds < 0) { app_lock(); return PC_OK; }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(seconds * 1e9);
+    ts.tv_sec += ns / 1000000000LL;
+    ts.tv_nsec = ns % 1000000000LL;
+    __atomic_add_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
+    int rc = pthread_mutex_timedlock(&E.lock, &ts);
+    __atomic_sub_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
+    if (rc == 0) return PC_OK;
+    return fail(PC_ERR_TIMEOUT, "the engine has been inside an MPI call for more than %.2f s "
+                "(a peer may have died)", seconds);
+}
+
 void running_add(pc_sched *s)
 {
     s->prev = NULL;

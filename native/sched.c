@@ -294,7 +294,8 @@ int pc_sched_test(pc_sched *s, int64_t execution, int *done)
 
 int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
 {
-    app_lock();
+    int rc0 = app_lock_within(timeout_s < 0 ? -1 : timeout_s + LOCK_GRACE_S);
+    if (rc0) return rc0;
     sched_wait_arg a = {s, execution};
     int rc = wait_until(sched_reached, &a, timeout_s);
     if (rc == PC_OK && s->err) rc = fail(s->err, "%s", s->errmsg);
@@ -303,6 +304,15 @@ int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
                   (long long)execution, s->rank, s->nreq);
     app_unlock();
     return rc;
+}
+
+int pc_sched_silent(pc_sched *s, int *ranks, int max, int *n)
+{
+    *n = 0;
+    if (app_lock_within(LOCK_GRACE_S)) return PC_OK;     /* busy inside MPI: nobody named */
+    *n = mpi_silent_peers(s, ranks, max);
+    app_unlock();
+    return PC_OK;
 }
 
 int64_t pc_sched_executions(pc_sched *s)

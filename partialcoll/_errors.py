@@ -1,6 +1,8 @@
 """Exceptions, and the one helper that turns engine return codes into them."""
 from __future__ import annotations
 
+from typing import Callable, Optional, Tuple
+
 
 class PartialcollError(Exception):
     """Base of every partialcoll error (never raised itself)."""
@@ -23,11 +25,19 @@ class StateError(PartialcollError, RuntimeError):
 
 
 class MPIError(PartialcollError, RuntimeError):
-    """MPI reported an error inside the engine."""
+    """MPI reported an error inside the engine; ``ranks``: the failed peers, where the MPI names them."""
+
+    def __init__(self, message: str = "", ranks: Tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
 
 
 class Timeout(PartialcollError, TimeoutError):
-    """wait(timeout=...) expired."""
+    """wait(timeout=...) or close(timeout=...) expired; ``ranks``: those not heard from in the round."""
+
+    def __init__(self, message: str = "", ranks: Tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
 
 
 class EngineError(PartialcollError, RuntimeError):
@@ -56,13 +66,55 @@ TIMEOUT_CODE = 5
 _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 
 
-def wait_in_slices(call, timeout, *args, shown=None) -> None:
+class Peers:
+    """What a wait asks when it is slow: which peers failed, which were not heard from."""
+
+    def __init__(self, comm_handle, rank: int, silent: Callable[[], Tuple[str, Tuple[int, ...]]]) -> None:
+        self.comm_handle, self.rank, self.silent = comm_handle, rank, silent
+
+    def failed(self) -> Tuple[int, ...]:
+        """The ranks the MPI reports as failed (MPIX_Comm_get_failed; () where it cannot tell)."""
+        from ._engine import ffi, lib
+        ranks, n = ffi.new("int[]", _MAX_NAMED), ffi.new("int *")
+        check(lib.pc_comm_failed(self.comm_handle, ranks, _MAX_NAMED, n))
+        return tuple(ranks[0:n[0]]) if n[0] > 0 else ()
+
+    def check_failed(self, where: str) -> None:
+        dead = self.failed()
+        if dead:
+            raise MPIError(f"{_ranks(dead)} failed (the MPI reports {'it' if len(dead) == 1 else 'them'} "
+                           f"through MPIX_Comm_get_failed); {where} cannot complete (this is rank {self.rank})",
+                           dead)
+
+    def timeout(self, message: str, timeout: float) -> Timeout:
+        what, silent = self.silent()
+        if silent:
+            return Timeout(f"{message} (timeout={timeout} s): no message from {_ranks(silent)} in {what} "
+                           f"(this is rank {self.rank})", silent)
+        return Timeout(f"{message} (timeout={timeout} s)")
+
+
+_MAX_NAMED = 64         # ranks named in one error, at most
+
+
+def _ranks(ranks: Tuple[int, ...]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: str = "the wait",
+                   shown=None) -> None:
     """Run call(*args, seconds) -> engine code until it stops timing out or `timeout`
     (None: forever) has passed; then raise as check() does (Timeout after the deadline,
-    naming `shown` as the timeout when given: the caller waited part of it already)."""
+    naming `shown` as the timeout when given: the caller waited part of it already).
+
+    peers: after every slice that timed out, a peer the MPI reports as failed raises
+    MPIError naming it; the Timeout names the peers not heard from."""
+    shown = timeout if shown is None else shown
     if timeout is None:                      # the hot path: usually done at the first call
         rc = call(*args, _SLICE)
         while rc == TIMEOUT_CODE:
+            if peers is not None:
+                peers.check_failed(what)
             rc = call(*args, _SLICE)
         check(rc)
         return
@@ -71,11 +123,15 @@ def wait_in_slices(call, timeout, *args, shown=None) -> None:
     deadline = time.monotonic() + max(float(timeout), 0.0)
     rc = call(*args, min(_SLICE, max(float(timeout), 0.0)))
     while rc == TIMEOUT_CODE:
+        if peers is not None:
+            peers.check_failed(what)
         left = deadline - time.monotonic()
         if left <= 0:
             try:
                 check(rc)
             except Timeout as exc:
+                if peers is not None:
+                    raise peers.timeout(str(exc), shown) from None
                 raise Timeout(f"{exc} (timeout={shown} s)") from None
         rc = call(*args, min(_SLICE, left))
     check(rc)

@@ -20,7 +20,8 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import _SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
+from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, PartialcollError, Peers, StateError,
+                      check, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -51,6 +52,16 @@ _ndarray = np.ndarray
 _new_result = object.__new__
 _NULL = _engine.ffi.NULL
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
+
+
+def _silent_of(c):
+    """For a slow wait's Timeout: the armed round and the peers not heard from in it."""
+    def silent():
+        ffi = _engine.ffi
+        ranks, rnd, n = ffi.new("int[]", 64), ffi.new("int64_t *"), ffi.new("int *")
+        check(_engine.lib.pc_coll_silent(c, ranks, 64, rnd, n))
+        return f"round {rnd[0]}", tuple(ranks[0:n[0]])
+    return silent
 
 
 class Result:
@@ -255,6 +266,7 @@ class PartialAllreduce:
                 self._schedules[kind] = sched
                 check(lib.pc_coll_set_sched(self._coll, kind, _create_native(sched, dup, self._coll)))
             check(lib.pc_coll_begin(self._coll))
+            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
         except BaseException:
             self._abandon()
             raise
@@ -394,8 +406,11 @@ class PartialAllreduce:
         return int(index[0]), bool(late[0]), bool(replaced[0])
 
     def _take(self, out, index: int, timeout: Optional[float],
-              on_device: bool = False) -> Result:
-        """Wait until round `index` completed here (timeout None: forever), then take the result."""
+              on_device: bool = False, what: str = "") -> Result:
+        """Wait until round `index` completed here (timeout None: forever), then take the result.
+
+        A peer the MPI reports as failed raises MPIError naming it (checked every slice of
+        the wait); a Timeout names the peers not heard from in the armed round."""
         ffi = _engine.ffi
         if on_device:
             data = self._staging.outbox
@@ -403,7 +418,8 @@ class PartialAllreduce:
             data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", 2 * self._mask_words)
         info = ffi.new("pc_result *")
-        wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info)
+        wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info,
+                       peers=self._peers, what=what or f"round {index}")
         self._outs.pop(index, None)       # the engine is done with this request's out
         if on_device:
             data = self._staging.deliver(out)
@@ -435,7 +451,8 @@ class PartialAllreduce:
                 check(code)
             # not done within the first slice: wait out the rest of the timeout in slices
             left = None if timeout is None else max(float(timeout) - first, 0.0)
-            wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout)
+            wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout, peers=self._peers,
+                           what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
         key = (res[6], res[7]) if self._res_len == 8 else tuple(ffi.unpack(res, self._res_len)[6:])
@@ -469,13 +486,19 @@ class PartialAllreduce:
         """Collective: finish rounds in flight, flush every accumulator in a final round, free.
 
         Returns the final round's result folded with every round completed here that no
-        wait() returned, so nothing posted is ever dropped.
+        wait() returned, so nothing posted is ever dropped. timeout: None is
+        ``pc.rc.close_timeout`` (300 s unless set). If it expires, or a peer failed, this
+        rank drops the collective (as if abandoned) and raises Timeout or MPIError.
         """
         c = self._native_coll()
         lib = _engine.lib
-        timeout = rc.timeout if timeout is None else timeout
+        timeout = rc.close_timeout if timeout is None else timeout
         check(lib.pc_coll_close(c))
-        result = self._take(None, 2 ** 62, timeout, self._last_on_device)
+        try:
+            result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
+        except PartialcollError:
+            self._abandon()              # the final round cannot complete here
+            raise
         self._traffic = self.traffic()
         self._closed = True
         check(lib.pc_coll_free(self._coll))

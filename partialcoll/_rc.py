@@ -35,12 +35,16 @@ class RC:
                   thread and one for its progress thread, else "sleep" (see
                   partialcoll._engine.idle_policy); environment PARTIALCOLL_IDLE.
                   partialcoll.info()["idle"] says which one runs.
+    close_timeout default timeout in seconds of close() (default 300; None: forever), so a
+                  peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
+    Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
+    failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
     """
 
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
-                 "timeout": None, "idle": "auto"}
+                 "timeout": None, "idle": "auto", "close_timeout": 300.0}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
@@ -53,6 +57,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_IDLE")
         if env:
             self.idle = env
+        env = os.environ.get("PARTIALCOLL_CLOSE_TIMEOUT")
+        if env:
+            self.close_timeout = None if env.lower() == "none" else float(env)
 
     def __getattr__(self, name: str) -> Any:
         try:

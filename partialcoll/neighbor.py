@@ -104,7 +104,7 @@ from mpi4py import MPI
 
 from . import _engine
 from ._buffers import as_array
-from ._errors import ArgumentError, InvalidBufferError, PartialcollError, StateError, Timeout, check
+from ._errors import ArgumentError, InvalidBufferError, PartialcollError, Peers, StateError, Timeout, check
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import OP_NAMES, check_comm, check_op_dtype, dtype_code, integer, op_code
@@ -582,6 +582,7 @@ class NeighborAllreduce:
                 self._post_rx(j)
             self._flush_tokens()
             if deadline is not None and time.monotonic() > deadline:
+                self._raise_if_failed("close()")
                 raise Timeout(f"NeighborAllreduce.close(): not every rank has called close() (rank {self.rank})")
             if any(not self._ch.idle(c) for c in range(len(self._ch.natives))):
                 self._block(None, None, "close()", everything=True, seconds=pause)
@@ -819,10 +820,18 @@ class NeighborAllreduce:
             watch = [c for c in range(len(self._ch.natives)) if not self._ch.idle(c)]
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
+            self._raise_if_failed(what)
             raise Timeout(f"NeighborAllreduce: {what}")
         if not watch:
             raise StateError(f"NeighborAllreduce: nothing in flight can help: {what}")
         self._ch.block(watch, max(need, 1), seconds if left is None else min(seconds, left))
+
+    def _raise_if_failed(self, what: str) -> None:
+        """At a deadline: a peer the MPI reports as failed is an MPIError naming it (backup
+        workers may have carried on without it until now, so only a wait that ran out asks)."""
+        if self._comms:
+            Peers(_engine.comm_handle(self._comms[0]), self.rank, lambda: ("", ())).check_failed(
+                f"NeighborAllreduce: {what}")
 
     def _complete(self, req: NeighborRequest, ready) -> None:
         k = req.iteration

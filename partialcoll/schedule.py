@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_SCRATCH, BufRef
-from ._errors import ArgumentError, InvalidBufferError, StateError, check, wait_in_slices
+from ._errors import ArgumentError, InvalidBufferError, Peers, StateError, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, ComputeOp, DTypeLike
 from ._types import COPY, OP_NAMES, check_comm, check_op_dtype, integer, op_code
@@ -94,7 +94,9 @@ class Request:
         if self._finished:
             return
         timeout = rc.timeout if timeout is None else timeout
-        wait_in_slices(_engine.lib.pc_sched_wait, timeout, self._schedule._native, self._execution)
+        sched = self._schedule
+        wait_in_slices(_engine.lib.pc_sched_wait, timeout, sched._native, self._execution,
+                       peers=sched._peers(), what=f"schedule execution {self._execution}")
         self._finish()
 
     def _finish(self) -> None:
@@ -130,6 +132,19 @@ class Schedule:
         self._scratch_bytes = 0        # scratch memory the engine allocates for this schedule
         self._mirrors = _device.Mirrors()  # pinned host mirrors of device buffers
         self._unstaged: Optional[Request] = None   # an execution whose outputs are not on the device yet
+
+    def _peers(self) -> Optional[Peers]:
+        """For slow waits: failed peers (MPIError), peers not heard from (Timeout)."""
+        if self._dup is None or self._native is None:
+            return None
+        native = self._native
+
+        def silent():
+            ffi = _engine.ffi
+            ranks, n = ffi.new("int[]", 64), ffi.new("int *")
+            check(_engine.lib.pc_sched_silent(native, ranks, 64, n))
+            return "this execution", tuple(ranks[0:n[0]])
+        return Peers(_engine.comm_handle(self._dup), self.rank, silent)
 
     # -- building --------------------------------------------------------------------
     def _deps(self, after: After, need: Need) -> tuple:

@@ -1,15 +1,45 @@
-"""Test helpers: run a script of tests/mpi under mpiexec, with a timeout, and check it."""
+"""Test helpers: run a script of tests/mpi under mpiexec, with a timeout, and check it.
+
+pytest --hosts N [--ppn k] [--link-delay 1ms] [--link-rate 1gbit] runs those scripts
+with their ranks spread over N emulated hosts (network namespaces made for the session,
+MPI over TCP between them; tests/hosts.py); without root the multi-rank tests skip.
+"""
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+from typing import Optional
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# TCP between emulated hosts (and delay on their links) is slower than shared memory
+HOSTS_TIMEOUT_FACTOR = 2.0
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("partialcoll", "emulated hosts (network namespaces; needs root)")
+    group.addoption("--hosts", type=int, default=0, metavar="N",
+                    help="run the multi-rank tests across N emulated hosts (MPI over TCP)")
+    group.addoption("--ppn", type=int, default=1, metavar="k",
+                    help="ranks per emulated host (default 1); past N*k ranks, hosts take more")
+    group.addoption("--link-delay", default=None, metavar="D",
+                    help="added one-way delay of each host's link, e.g. 1ms, 200us")
+    group.addoption("--link-rate", default=None, metavar="R",
+                    help="rate limit of each host's link (tc tbf), e.g. 1gbit, 100mbit")
+
+
+def pytest_report_header(config):
+    n = config.getoption("--hosts")
+    if n:
+        return [f"emulated hosts: {n} (ppn {config.getoption('--ppn')}, "
+                f"delay {config.getoption('--link-delay') or 0}, rate {config.getoption('--link-rate') or '-'})"]
+    return []
 
 
 def mpiexec() -> str:
@@ -22,29 +52,92 @@ def mpiexec() -> str:
     return found
 
 
-def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dict | None = None) -> str:
+def _output(exc_out) -> str:
+    return exc_out.decode(errors="replace") if isinstance(exc_out, bytes) else (exc_out or "")
+
+
+def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dict | None = None,
+            hosts=None, ppn: Optional[int] = None, mpiexec_args: Optional[list] = None,
+            expect_passed: Optional[int] = None) -> str:
     """Run tests/mpi/<script> on nprocs ranks; fail with its output unless every rank passed.
 
     The timeout turns a deadlock into a failure. Every script prints 'PASSED <rank>'
-    at its end, so a rank that died silently is caught too.
+    at its end, so a rank that died silently is caught too (expect_passed: how many
+    ranks must pass, when some are meant to die). hosts (tests/hosts.Hosts): spread the
+    ranks over emulated hosts, ppn per host (default: the hosts' own).
     """
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, os.path.join(HERE, "mpi", script), *args]
+    argv = [sys.executable, os.path.join(HERE, "mpi", script), *args]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    if hosts is not None:
+        timeout *= HOSTS_TIMEOUT_FACTOR
+        cmd = hosts.mpiexec(mpiexec(), nprocs, argv, extra=mpiexec_args, ppn=ppn)
+        full_env.update(hosts.env())
+    else:
+        cmd = [mpiexec(), *(mpiexec_args or []), "-n", str(nprocs), *argv]
     full_env.setdefault("PARTIALCOLL_TIMEOUT", str(max(30, timeout - 30)))
     full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=full_env, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout, env=full_env, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s (deadlock?)\n{out[-6000:]}")
-    out = proc.stdout
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _end_group(proc)                 # mpiexec and every rank it started here
+        out, _ = proc.communicate()
+        if hosts is not None:
+            hosts.reap()                 # ranks on the other emulated hosts
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s (deadlock?)\n{_output(out)[-6000:]}")
     passed = len(set(re.findall(r"PASSED (\d+)", out)))     # ranks' lines may interleave
-    if proc.returncode != 0 or passed != nprocs:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{nprocs} ranks passed\n{out[-8000:]}")
+    want = nprocs if expect_passed is None else expect_passed
+    if (proc.returncode != 0 and expect_passed is None) or passed != want:
+        if hosts is not None:
+            hosts.reap()
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{want} ranks passed\n{out[-8000:]}")
     return out
 
 
+def _end_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(2)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture(scope="session")
+def emulated_hosts(request):
+    """The session's emulated hosts (tests/hosts.py), or None without --hosts; skips
+    the tests that use it, with the reason, where they cannot be made."""
+    n = request.config.getoption("--hosts")
+    if not n:
+        yield None
+        return
+    import hosts as hosts_mod
+    why = hosts_mod.unavailable()
+    if why:
+        pytest.skip(why)
+    hosts_mod.remove_stale()
+    made = hosts_mod.Hosts(n, request.config.getoption("--ppn"), request.config.getoption("--link-delay"),
+                           request.config.getoption("--link-rate"))
+    try:
+        made.up()
+    except RuntimeError as exc:
+        pytest.skip(f"could not make {n} emulated hosts: {exc}")
+    try:
+        yield made
+    finally:
+        made.down()
+
+
 @pytest.fixture
-def mpirun():
-    return run_mpi
+def mpirun(emulated_hosts):
+    if emulated_hosts is None:
+        return run_mpi
+
+    def run(script: str, nprocs: int, *args: str, **kwargs) -> str:
+        return run_mpi(script, nprocs, *args, hosts=emulated_hosts, **kwargs)
+    return run

@@ -164,3 +164,26 @@ def test_public_surface_every_rank(mpirun, nprocs):
     """An unused option on one rank, or an engine OOM, raises on every rank; NumPy integers
     agree with Python ints across ranks and give MPI_Allreduce's result."""
     mpirun("surface_checks.py", nprocs, timeout=120)
+
+
+def test_timeout_names_silent_peers():
+    """A Timeout names the peers not heard from (Timeout.ranks); close() has a default
+    timeout (pc.rc.close_timeout); with the failure query hidden nothing is reported failed."""
+    p = run_py("""
+        import numpy as np
+        from mpi4py import MPI
+        import partialcoll as pc
+        assert pc.rc.close_timeout == 300.0
+        s = pc.Schedule(MPI.COMM_SELF)
+        s.recv(np.zeros(1), 0)                 # no send: never heard from
+        s.commit()
+        try:
+            s.start().wait(timeout=0.3)
+        except pc.Timeout as exc:
+            assert exc.ranks == (0,) and "no message from rank 0" in str(exc), (exc.ranks, str(exc))
+            print("named")
+        e = pc.MPIError("x", ranks=[3])
+        assert e.ranks == (3,) and pc.Timeout("y").ranks == ()
+        pc.finalize()
+    """)
+    assert p.returncode == 0 and "named" in p.stdout, p.stdout + p.stderr

@@ -1,0 +1,114 @@
+"""A peer that dies (issue 14, faults): python fault_checks.py MODE EXPECT [TIMEOUT [HOW]]
+
+Run under ``mpiexec -disable-auto-cleanup`` (else mpiexec ends every rank with the
+first). The last rank dies before its post #5 (HOW: ``exit``, os._exit(3), default;
+``kill``, SIGKILL); every survivor's wait for round 5
+(or the rounds after it) must raise, within TIMEOUT seconds (default 10), EXPECT:
+
+  MPIError  the MPI can tell (MPICH: MPIX_Comm_get_failed): the error's ranks are the dead one
+  Timeout   the MPI cannot tell (PARTIALCOLL_NO_FAILED_QUERY=1 hides MPIX_Comm_get_failed):
+            the Timeout names the ranks not heard from in the round (never this rank);
+            survivors next to the dead rank in the round's schedule name it
+
+Then close() raises the same way, at once (MPIError) or after its timeout. MODE
+``neighbor``: a NeighborAllreduce on a ring (Hop), whose waits ask the MPI at their
+deadline (backup workers may carry on without a dead neighbour), so MPIError comes after
+TIMEOUT; close() is not checked there. A survivor
+prints ``FAULT rank=... raised=... after=...s ranks=...`` and PASSED, then leaves with
+os._exit(0): MPI_Finalize would wait for the dead rank forever (MPICH).
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from partialcoll import topology
+
+MODE, EXPECT = sys.argv[1], sys.argv[2]
+TIMEOUT = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+HOW = sys.argv[4] if len(sys.argv) > 4 else "exit"
+DIE_AT = 5
+
+
+def survive(comm, coll, victim):
+    expected = {"MPIError": pc.MPIError, "Timeout": pc.Timeout}[EXPECT]
+    for i in range(DIE_AT + 20):
+        req = coll.post(np.full(4, float(comm.rank + i)))
+        t0 = time.monotonic()
+        try:
+            req.wait(timeout=TIMEOUT)
+        except pc.PartialcollError as exc:
+            took = time.monotonic() - t0
+            assert isinstance(exc, expected), f"rank {comm.rank}: {type(exc).__name__}: {exc}, not {EXPECT}"
+            assert took <= TIMEOUT + 5.0, f"raised after {took:.1f} s, past the timeout {TIMEOUT} s"
+            assert i >= DIE_AT, f"round {i} failed before rank {victim} died: {exc}"
+            assert exc.ranks and comm.rank not in exc.ranks, exc.ranks
+            if EXPECT == "MPIError":
+                assert exc.ranks == (victim,), (exc.ranks, str(exc))
+            assert f"this is rank {comm.rank}" in str(exc), str(exc)
+            print(f"FAULT rank={comm.rank} mode={MODE} raised={type(exc).__name__} at_round={i} "
+                  f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}", flush=True)
+            break
+    else:
+        raise AssertionError(f"rank {comm.rank}: every round completed although rank {victim} died")
+    if MODE == "neighbor":
+        return
+    t0 = time.monotonic()
+    try:
+        coll.close(timeout=TIMEOUT)
+        raise AssertionError("close() returned although a rank died")
+    except expected as exc:
+        took = time.monotonic() - t0
+        assert took <= TIMEOUT + 5.0, took
+        print(f"FAULT rank={comm.rank} mode={MODE} close_raised={type(exc).__name__} after={took:.2f}s "
+              f"ranks={exc.ranks}", flush=True)
+    try:
+        coll.post(np.zeros(4))
+        raise AssertionError("post after a failed close() was accepted")
+    except pc.StateError:
+        pass
+
+
+def body():
+    # a survivor that hangs anyway shows where (every thread's stack) and exits
+    faulthandler.dump_traceback_later(3 * TIMEOUT + 20, exit=True)
+    if os.environ.get("PC_TEST_GDB"):
+        import subprocess, threading
+        def native_stacks():
+            subprocess.run(["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt"],
+                           stdin=subprocess.DEVNULL)
+        threading.Timer(3 * TIMEOUT + 10, native_stacks).start()
+    comm = MPI.COMM_WORLD
+    victim = comm.size - 1
+    if MODE == "neighbor":
+        src, dst = topology.neighbors("ring", comm.size)[comm.rank]
+        coll = pc.NeighborAllreduce(4, np.float64, comm=comm.Create_dist_graph_adjacent(src, dst))
+    else:
+        coll = pc.PartialAllreduce(4, np.float64, MPI.SUM, comm, mode=MODE)
+    if comm.rank == victim:
+        for i in range(DIE_AT):
+            coll.post(np.full(4, float(comm.rank + i))).wait(timeout=TIMEOUT)
+        if HOW == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)                     # dies: no close, no MPI_Finalize
+    try:
+        survive(comm, coll, victim)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)
+    pc.finalize()
+    print(f"PASSED {comm.rank}", flush=True)
+    time.sleep(0.5)                     # let mpiexec's proxy forward the line (once lost under load)
+    os._exit(0)
+
+
+body()
