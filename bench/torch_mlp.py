@@ -17,6 +17,8 @@ over MPI):
   optim-solo    DistributedOptimizer(SGD), mode="solo"
 
 Printed: steps/s and the ratio to the best synchronous peer (gloo, mpi4py, pc-group).
+--repeat R runs the whole list R times, each time in a rotated order (so no variant is
+always first or last), and reports each variant's median; the single runs are in --json.
 """
 import argparse
 import json
@@ -91,27 +93,32 @@ def main():
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
     pct.init_process_group(comm, backend="gloo")
     pcg = dist.new_group(backend="partialcoll")
-    rates = {}
-    for v in args.variants.split(","):
-        rates[v] = run(comm, v, args, pcg)
-        if comm.rank == 0:
-            print(f"# {v:<11} {rates[v]:7.1f} steps/s", flush=True)
+    variants = args.variants.split(",")
+    runs = {v: [] for v in variants}
+    for r in range(args.repeat):
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            runs[v].append(run(comm, v, args, pcg))
+            if comm.rank == 0:
+                print(f"# {v:<11} {runs[v][-1]:7.1f} steps/s (run {r + 1})", flush=True)
+    rates = {v: sorted(x)[len(x) // 2] for v, x in runs.items()}
     best = max((rates[p] for p in PEERS if p in rates), default=None)
     if comm.rank == 0:
-        print(f"# 2.9M MLP, balanced, P = {comm.size}, batch {args.batch}, {args.steps} steps "
-              f"(torch threads per rank: 1; partialcoll {partialcoll.__version__})")
-        print(f"# {'variant':<11} {'steps/s':>8} {'x best sync peer':>17}")
+        print(f"# 2.9M MLP, balanced, P = {comm.size}, batch {args.batch}, {args.steps} steps, "
+              f"median of {args.repeat} (torch threads per rank: 1; partialcoll {partialcoll.__version__})")
+        print(f"# {'variant':<11} {'steps/s':>8} {'x best sync peer':>17}  runs")
         for v, r in rates.items():
-            print(f"  {v:<11} {r:8.1f} {r / best if best else float('nan'):17.2f}")
+            each = " ".join(f"{x:.1f}" for x in runs[v])
+            print(f"  {v:<11} {r:8.1f} {r / best if best else float('nan'):17.2f}  {each}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"P": comm.size, "batch": args.batch, "steps": args.steps, "steps_per_s": rates,
+                json.dump({"P": comm.size, "batch": args.batch, "steps": args.steps, "steps_per_s": rates, "runs": runs,
                            "best_sync_peer": best}, f, indent=1)
     dist.destroy_process_group()
 

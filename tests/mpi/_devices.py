@@ -106,6 +106,9 @@ class OnDevice:
         return getattr(self.coll, name)
 
     def post(self, x, out=None):
+        if out is x:                                   # in place: on the device, in place
+            d = to_device(x)
+            return _Request(self.coll.post(d, out=d))
         return _Request(self.coll.post(to_device(x), out=out))
 
     def close(self, **kw):

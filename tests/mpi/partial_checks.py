@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from _devices import on_buffers
+from _devices import KIND, on_buffers
 from _util import expect_raises, main
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "solo"
@@ -118,7 +118,7 @@ def fold_in_place_nothing_lost(comm):
         reqs = [coll.post(b, out=b) if in_place else coll.post(b) for b in bufs]
         for b, req in zip(bufs, reqs):
             res = req.wait(timeout=60)
-            if in_place:
+            if in_place and KIND == "host":
                 assert np.shares_memory(res.data, b) and np.array_equal(res.data, b)
             received += res.data
             rounds += res.rounds
