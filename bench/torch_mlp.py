@@ -48,7 +48,8 @@ def run(comm, variant, args, pcg):
     params = list(model.parameters())
     state = opt = None
     if variant in ("gloo", "pc-group", "hook-full", "hook-solo"):
-        net = DDP(model, process_group=pcg if variant == "pc-group" else None)
+        net = DDP(model, process_group=pcg if variant == "pc-group" else None,
+                  gradient_as_bucket_view=args.bucket_view)
         if variant.startswith("hook"):
             state = pct.PartialHookState(mode=variant.split("-")[1], comm=comm)
             net.register_comm_hook(state, pct.partial_allreduce_hook)
@@ -94,6 +95,9 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                    help="DDP's gradient_as_bucket_view for every DDP variant (default: on; "
+                         "--no-bucket-view: DDP copies gradients into and out of its buckets)")
     ap.add_argument("--json")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -111,14 +115,14 @@ def main():
     best = max((rates[p] for p in PEERS if p in rates), default=None)
     if comm.rank == 0:
         print(f"# 2.9M MLP, balanced, P = {comm.size}, batch {args.batch}, {args.steps} steps, "
-              f"median of {args.repeat} (torch threads per rank: 1; partialcoll {partialcoll.__version__})")
+              f"median of {args.repeat}, gradient_as_bucket_view={args.bucket_view} (torch threads per rank: 1; partialcoll {partialcoll.__version__})")
         print(f"# {'variant':<11} {'steps/s':>8} {'x best sync peer':>17}  runs")
         for v, r in rates.items():
             each = " ".join(f"{x:.1f}" for x in runs[v])
             print(f"  {v:<11} {r:8.1f} {r / best if best else float('nan'):17.2f}  {each}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"P": comm.size, "batch": args.batch, "steps": args.steps, "steps_per_s": rates, "runs": runs,
+                json.dump({"P": comm.size, "batch": args.batch, "steps": args.steps, "bucket_view": args.bucket_view, "steps_per_s": rates, "runs": runs,
                            "best_sync_peer": best}, f, indent=1)
     dist.destroy_process_group()
 

@@ -4,6 +4,9 @@
 #include "pc_internal.h"
 #include <mpi.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <sched.h>
 #include <string.h>
 #include <time.h>
@@ -250,13 +253,40 @@ int engine_pollable(void)
  * grows to a tenth of the idle time (at most deep_sleep_us), so that a long-idle rank
  * costs almost no CPU while a wake-up adds at most ~10 % to how long it was idle.
  * A kick (a local post) ends a sleep at once. Called without E.lock. */
-typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
+typedef struct { double idle_since, sleep_us; unsigned spins; int contended; } idle_state;
+
+/* Is the node's CPU contended: more runnable threads than cores (the 4th field of
+ * /proc/loadavg, this thread included)? Then the ranks are computing while their rounds
+ * move, and polling a large message slows the computation more than it speeds the
+ * transfer: the busy phase is skipped and the thread sleeps (backing off as usual) until
+ * the next event. Without contention (the application threads wait, as in a benchmark
+ * loop) the busy phase polls as before. Asked once per idle period; 0 where unknown. */
+static int node_contended(void)
+{
+    static long cores = 0;
+    if (cores == 0) cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    long running = 0;
+    char *slash = strchr(buf, '/');
+    if (!slash) return 0;
+    char *p = slash;
+    while (p > buf && p[-1] >= '0' && p[-1] <= '9') p--;
+    running = strtol(p, NULL, 10);
+    return cores > 0 && running > cores;
+}
 
 static void idle_reset(idle_state *st)
 {
     st->idle_since = (double)__atomic_load_n(&E.last_event_us, __ATOMIC_RELAXED);
     st->sleep_us = E.policy.sleep_min_us;
     st->spins = 0;
+    st->contended = -1;                   /* not asked yet */
 }
 
 static void idle_step(idle_state *st, int busy)
@@ -270,9 +300,16 @@ static void idle_step(idle_state *st, int busy)
     if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) return;
     double idle = now_us() - st->idle_since;
     if (idle < E.policy.spin_us) return;
-    if (idle < E.policy.spin_us + E.policy.yield_us || (busy && idle < E.policy.busy_cap_us)) {
+    if (idle < E.policy.spin_us + E.policy.yield_us) {
         sched_yield();
         return;
+    }
+    if (busy && idle < E.policy.busy_cap_us && !st->contended) {
+        if (st->contended < 0) st->contended = node_contended();
+        if (!st->contended) {
+            sched_yield();
+            return;
+        }
     }
     sleep_for_kick(st->sleep_us);
     double cap = E.policy.sleep_max_us;
