@@ -85,7 +85,9 @@ def accuracy(model, test):
         return float((model(test[0]).argmax(1) == test[1]).float().mean())
 
 
-def train(comm, trainer, args, data, test):
+def train(comm, trainer, args, data, test, budget_s=None):
+    """args.epochs epochs; or, given budget_s, as many epochs as fit in that much training
+    time (at most 3 x args.epochs): the same wall-clock budget for every trainer."""
     model = cnn()
     ddp = DDP(model)
     extra = {"max_staleness": args.max_staleness} if args.max_staleness and trainer != "synch" else {}
@@ -94,10 +96,13 @@ def train(comm, trainer, args, data, test):
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     x, y = data
     steps_per_epoch = min(comm.allgather(len(y) // args.batch))
-    delay = delays_ms(args, comm.size, args.epochs * steps_per_epoch)
+    epochs = args.epochs if budget_s is None else 3 * args.epochs
+    delay = delays_ms(args, comm.size, epochs * steps_per_epoch)
     order_rng = torch.Generator().manual_seed(100 + comm.rank)
     acc, busy, step = [], 0.0, 0
-    for epoch in range(args.epochs):
+    for epoch in range(epochs):
+        if budget_s is not None and busy >= budget_s:
+            break
         perm = torch.randperm(len(y), generator=order_rng)
         comm.Barrier()
         t0 = time.perf_counter()
@@ -113,7 +118,7 @@ def train(comm, trainer, args, data, test):
         sync_parameters(model.parameters(), comm)       # eager-SGD §5: models agree again
         acc.append(accuracy(model, test))
     state.close()
-    return {"steps_per_s": step / busy, "accuracy": acc, "steps": step}
+    return {"steps_per_s": step / busy, "accuracy": acc, "steps": step, "seconds": busy}
 
 
 def parser():
@@ -130,6 +135,8 @@ def parser():
     ap.add_argument("--max-staleness", type=int, default=0, help="every s-th round full (0: never)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trainers", default="synch,solo,majority")
+    ap.add_argument("--equal-time", action="store_true",
+                    help="the other trainers train for synch's training time (more epochs), not its epochs")
     ap.add_argument("--json")
     return ap
 
@@ -140,7 +147,11 @@ def run(comm, args):
     if not dist.is_initialized():
         init_process_group(comm)
     data, test = load(comm)
-    return {t: train(comm, t, args, data, test) for t in args.trainers.split(",")}
+    out = {}
+    for t in args.trainers.split(","):
+        budget = out["synch"]["seconds"] if args.equal_time and t != "synch" and "synch" in out else None
+        out[t] = train(comm, t, args, data, test, budget)
+    return out
 
 
 def main():
