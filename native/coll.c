@@ -36,7 +36,10 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
 
 /* ------------------------------------------------------------------ partial collectives
  *
- * Round n runs on sched[kind(n)] with version n. Buffers: acc (what post folds into),
+ * Round n runs on sched[kind(n)][n mod variants] with version n (variants > 1: the
+ * tree's rotated aggregators; every rank knows n, so all pick the same variant, and
+ * coll_arm is the one place that picks it, for the next round and for the first).
+ * Buffers: acc (what post folds into),
  * work (what the round's allreduce reduces), result (what wait returns); moving data
  * between them is a pointer swap wherever possible, so a post costs one pass over x.
  *
@@ -130,8 +133,9 @@ int coll_maybe_trigger(pc_coll *c)
 
 static int coll_arm(pc_coll *c, int64_t n)
 {
-    pc_sched *s = c->sched[pc_coll_round_kind(c, n)];
-    if (!s) return fail(PC_ERR_STATE, "no schedule for round %lld", (long long)n);
+    int kind = pc_coll_round_kind(c, n), v = (int)(n % c->variants);
+    pc_sched *s = c->sched[kind][v];
+    if (!s) return fail(PC_ERR_STATE, "no schedule for round %lld (kind %d, variant %d)", (long long)n, kind, v);
     c->armed_round = n;
     c->armed = s;
     c->triggered = 0;
@@ -239,10 +243,12 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     void *id = malloc(c->itemsize);
     int W = spec->mask_words > 0 ? spec->mask_words : 1;
     c->spec.mask_words = W;
+    c->variants = c->spec.variants = spec->variants > 0 ? spec->variants : 1;
     c->mask_slot = calloc(2 * (size_t)W, sizeof(uint64_t));
     c->res_mask = calloc(2 * (size_t)W, sizeof(uint64_t));
+    for (int k = 0; k < 2; k++) c->sched[k] = calloc((size_t)c->variants, sizeof(pc_sched *));
     for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
-    if (!id || !c->mask_slot || !c->res_mask || !c->buf[0] || !c->buf[1] || !c->buf[2]) {
+    if (!id || !c->mask_slot || !c->res_mask || !c->sched[0] || !c->sched[1] || !c->buf[0] || !c->buf[1] || !c->buf[2]) {
         free(id);
         pc_coll_free(c);
         return fail(PC_ERR_NOMEM, "out of memory for a partial allreduce of %zu bytes", c->nbytes);
@@ -259,10 +265,13 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     return PC_OK;
 }
 
-int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s)
+int pc_coll_set_sched(pc_coll *c, int kind, int variant, pc_sched *s)
 {
-    if (kind < 0 || kind > 1 || s->coll != c) return fail(PC_ERR_ARG, "bad schedule for this collective");
-    c->sched[kind] = s;
+    if (kind < 0 || kind > 1 || variant < 0 || variant >= c->variants || s->coll != c)
+        return fail(PC_ERR_ARG, "bad schedule for this collective (kind %d, variant %d of %d)", kind, variant,
+                    c->variants);
+    if (c->sched[kind][variant]) return fail(PC_ERR_STATE, "kind %d, variant %d has a schedule already", kind, variant);
+    c->sched[kind][variant] = s;
     return PC_OK;
 }
 
@@ -488,7 +497,10 @@ int pc_coll_close(pc_coll *c)
 
 static void coll_destroy(pc_coll *c)
 {
-    for (int k = 0; k < 2; k++) if (c->sched[k]) sched_destroy(c->sched[k]);
+    for (int k = 0; k < 2; k++) {
+        for (int v = 0; c->sched[k] && v < c->variants; v++) if (c->sched[k][v]) sched_destroy(c->sched[k][v]);
+        free(c->sched[k]);
+    }
     for (int b = 0; b < 3; b++) free(c->buf[b]);
     free(c->mask_slot); free(c->res_mask); free((void *)c->spec.identity);
     free(c);
@@ -496,7 +508,10 @@ static void coll_destroy(pc_coll *c)
 
 static int coll_running(const pc_coll *c)
 {
-    return (c->sched[0] && c->sched[0]->running) || (c->sched[1] && c->sched[1]->running);
+    for (int k = 0; k < 2; k++)
+        for (int v = 0; c->sched[k] && v < c->variants; v++)
+            if (c->sched[k][v] && c->sched[k][v]->running) return 1;
+    return 0;
 }
 
 static int coll_idle(void *c) { return !coll_running(c); }

@@ -229,10 +229,12 @@ int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n)
 {
     if (!sent || n < 0 || (!c && !s)) return fail(PC_ERR_ARG, "pc_traffic: no collective or schedule");
     app_lock();
-    pc_sched *list[3] = {s, c ? c->sched[0] : NULL, c ? c->sched[1] : NULL};
-    for (int k = 0; k < 3; k++)
-        if (list[k] && list[k]->sent)
-            for (int i = 0; i < n && i < list[k]->size; i++) sent[i] += list[k]->sent[i];
+    int nv = c ? c->variants : 0;
+    for (int k = -1; k < 2 * nv; k++) {       /* s, then every round schedule of c */
+        pc_sched *t = k < 0 ? s : c->sched[k / nv][k % nv];
+        if (t && t->sent)
+            for (int i = 0; i < n && i < t->size; i++) sent[i] += t->sent[i];
+    }
     app_unlock();
     return PC_OK;
 }

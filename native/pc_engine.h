@@ -96,6 +96,8 @@ typedef struct pc_collspec {
     int quorum;          /* quorum: k */
     int max_staleness;   /* 0: none; s: rounds n with (n+1) % s == 0 are full */
     int mask_words;      /* 64-bit words per bitmask: ceil(P/64) */
+    int variants;        /* schedules per round kind (0 or 1: one); round n runs on
+                          * variant n mod variants (the tree's rotated aggregators) */
     uint64_t seed;
     int dtype, redop;
     int64_t count;
@@ -137,7 +139,9 @@ int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int
 int pc_sched_abandon(pc_sched *s, int *deferred);
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
-int pc_coll_set_sched(pc_coll *c, int kind, pc_sched *s);
+/* the schedule of round kind `kind` (0: the mode's, 1: full) for rounds n with
+ * n mod spec.variants == variant */
+int pc_coll_set_sched(pc_coll *c, int kind, int variant, pc_sched *s);
 int pc_coll_begin(pc_coll *c);
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late);
 /* staged (device) posts: see coll.c */
@@ -158,7 +162,7 @@ int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too *
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
 int pc_coll_abandon(pc_coll *c, int *deferred);
 /* traffic: add the bytes of the sends each schedule posted to peer i since creation
- * to sent[i], i < n; pass a collective (its round schedules) or a schedule */
+ * to sent[i], i < n; pass a collective (all its round schedules) or a schedule */
 int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n);
 /* Faults (issue 14). The ranks of comm that the MPI reports as failed, through
  * MPIX_Comm_get_failed where the loaded libmpi has it (MPICH >= 4.1; ULFM, untried):

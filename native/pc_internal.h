@@ -79,7 +79,9 @@ struct pc_coll {
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
     int64_t res_lo, res_hi, res_nap;  /* ... in the pending result; NAP summed over its rounds */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
-    pc_sched *sched[2];      /* [0]: the mode's activation, [1]: full rounds */
+    int variants;            /* schedules per round kind (spec.variants, at least 1) */
+    pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds; each an
+                              * array of `variants`: round n runs on sched[kind][n % variants] */
     pc_sched *armed;
     int abandoned;           /* dropped without close: no new round; freed once none runs */
     int pinned;              /* MPI may still touch its memory (engine stopped): never freed */

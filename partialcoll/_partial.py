@@ -2,10 +2,11 @@
 
 Python builds two round schedules once, pure functions of (rank, size, count, op,
 mode): the mode's activation in front of the data allreduce (kind 0), and a full
-round (kind 1, for max_staleness and closing). The native engine then runs round
-after round on its own: it arms round n on the schedule of its kind with version n,
-fires the trigger when a local post makes this rank eligible, and publishes results.
-Python is never on the per-message path.
+round (kind 1, for max_staleness and closing). The tree builds R variants of each
+(its aggregators rotated, algorithms/tree.py: rotations); the others one. The native
+engine then runs round after round on its own: it arms round n on variant n mod R of
+the schedule of its kind with version n, fires the trigger when a local post makes
+this rank eligible, and publishes results. Python is never on the per-message path.
 
 Every round (full ones too) reduces, next to the data, two bitmasks with BOR in the same
 schedule: the ranks whose post #n was read by round n (active) and the ranks closing.
@@ -214,8 +215,9 @@ class PartialAllreduce:
                 "groups": groups}
 
     # -- construction ---------------------------------------------------------------
-    def _round_schedule(self, activation: str) -> Schedule:
-        """Pure builder of one round: trigger -> activation -> take -> allreduce(s) -> deliver."""
+    def _round_schedule(self, activation: str, rotation: int = 0) -> Schedule:
+        """Pure builder of one round: trigger -> activation -> take -> allreduce(s) -> deliver.
+        rotation: the tree's rotated variant (round n runs on variant n mod self._variants)."""
         s = Schedule(rank=self.rank, size=self.size)
         trigger = s._trigger()
         if activation == "quorum":
@@ -229,7 +231,7 @@ class PartialAllreduce:
             # small: data and bitmasks travel in the same messages (half the messages)
             done = [allreduce_packed(s, [(work, op_code(self.op)), (mask, _BOR)], after=take)]
         else:
-            extra = {"groups": self.groups, "seed": self.seed} if self.algorithm == "tree" else {}
+            extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
             done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, **extra),
                     ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
@@ -244,11 +246,14 @@ class PartialAllreduce:
         self._res_pool: list = []
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
+        # the tree: R variants of each round schedule, so that the aggregators rotate with the round
+        self._variants = tree.rotations(self.count, self.dtype.itemsize, tree.normalize_groups(self.groups, self.size)) \
+            if self.algorithm == "tree" else 1
         spec = ffi.new("pc_collspec *", {
             "mode": _MODE_CODES[self.mode], "late": _LATE.index(self.late),
             "candidates": self.candidates or 0, "quorum": self.quorum or 0,
             "max_staleness": self.max_staleness or 0,
-            "mask_words": self._mask_words, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
+            "mask_words": self._mask_words, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
             "identity": ffi.cast("void *", ident.ctypes.data)})
         dup = comm.Dup()
@@ -259,12 +264,15 @@ class PartialAllreduce:
         try:
             check(lib.pc_coll_create(spec, _engine.comm_handle(dup), out))
             self._coll = out[0]
-            self._schedules = {}          # the dry builds, for dump(); the collective owns the natives
+            # the dry builds, for dump(): kind -> [variant 0, 1, ...]; the collective owns the natives
+            self._schedules: Dict[int, list] = {}
             kinds = {1: "full"} if self.mode == "full" else {0: self._activation_kind(), 1: "full"}
             for kind, activation in kinds.items():
-                sched = self._round_schedule(activation)
-                self._schedules[kind] = sched
-                check(lib.pc_coll_set_sched(self._coll, kind, _create_native(sched, dup, self._coll)))
+                self._schedules[kind] = []
+                for v in range(self._variants):
+                    sched = self._round_schedule(activation, v)
+                    self._schedules[kind].append(sched)
+                    check(lib.pc_coll_set_sched(self._coll, kind, v, _create_native(sched, dup, self._coll)))
             check(lib.pc_coll_begin(self._coll))
             self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
         except BaseException:

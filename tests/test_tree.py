@@ -33,13 +33,14 @@ def shapes(p):
     }
 
 
-def simulate_tree(data, groups, op=0, chunks=None, seed=0):
+def simulate_tree(data, groups, op=0, chunks=None, seed=0, rotation=0):
     p = len(data)
     bufs = [d.copy() for d in data]
     scheds = []
     for r in range(p):
         s = Schedule(rank=r, size=p)
-        tree.allreduce(s, BufRef.of(bufs[r], writable=True), op, groups=groups, chunks=chunks, seed=seed)
+        tree.allreduce(s, BufRef.of(bufs[r], writable=True), op, groups=groups, chunks=chunks, seed=seed,
+                       rotation=rotation)
         scheds.append(s)
     run(scheds)
     return bufs, scheds
@@ -50,12 +51,12 @@ def simulate_tree(data, groups, op=0, chunks=None, seed=0):
 def test_simulated_tree(p, shape):
     groups = shapes(p)[shape]
     for count in (0, 1, 2, 7, 100):
-        for chunks, seed in ((None, 0), (1, 3), (3, 1), (p + 2, 0)):
+        for chunks, seed, rotation in ((None, 0, 0), (1, 3, 0), (3, 1, 0), (p + 2, 0, 0), (1, 0, 2), (2, 1, 3)):
             data = [np.arange(count, dtype=np.int64) * (r + 1) + r for r in range(p)]
-            bufs, _ = simulate_tree(data, groups, chunks=chunks, seed=seed)
+            bufs, _ = simulate_tree(data, groups, chunks=chunks, seed=seed, rotation=rotation)
             expect = np.sum(data, axis=0) if count else np.zeros(0, np.int64)
             for r in range(p):
-                assert np.array_equal(bufs[r], expect), (shape, p, count, chunks, seed, r)
+                assert np.array_equal(bufs[r], expect), (shape, p, count, chunks, seed, rotation, r)
 
 
 def _reduce(code, arrays):
@@ -134,6 +135,45 @@ def test_aggregators_rotate_over_chunks_and_seeds():
     assert sorted(tree.Plan(levels, 0, seed=1).members[0]) == [1, 5]
     plan = tree.Plan(tree.normalize_groups([[0, 0, 1, 1, 2, 2, 3], [0, 0, 0, 0, 1, 1, 1]], 7), 0, 0)
     assert sorted(plan.members[0]) == [0, 3, 4, 6] and plan.top == [0, 6]   # the docstring's example
+
+
+def test_aggregators_rotate_with_the_round():
+    """Variant r (round n runs on variant n mod R) moves chunk c of region g to member
+    (c + r * chunks + seed + g) mod k: over R = ceil(k_max / chunks) rounds every member of
+    the largest region aggregates, and every member of the smaller ones too."""
+    groups = [0, 0, 0, 1, 1, 1, 1]
+    levels = tree.normalize_groups(groups, 7)
+    assert tree.rotations(10, 8, levels) == 4                        # one chunk, regions of 3 and 4
+    aggs = [sorted(tree.Plan(levels, 0, seed=0, rotation=r).members[0]) for r in range(4)]
+    assert aggs == [[0, 4], [1, 5], [2, 6], [0, 3]]
+    assert tree.rotations(10, 8, levels, chunks=2) == 2
+    assert tree.rotations(10, 8, levels, chunks=4) == 1                # chunks == k_max: as before
+    two = [sorted(tree.Plan(levels, c, seed=1, rotation=r, chunks=2).members[0]) for r in range(2) for c in range(2)]
+    assert sorted({a for pair in two for a in pair}) == list(range(7)), two
+    assert tree.rotations(0, 8, levels) == 1 and tree.rotations(10, 8, ((0,),)) == 1
+    assert tree.rotations(10, 8, tree.normalize_groups(list(range(7)), 7)) == 1    # nothing to rotate
+    # two levels: the rack aggregators (level 1) rotate too
+    levels = tree.normalize_groups([[0, 0, 1, 1, 2, 2, 3], [0, 0, 0, 0, 1, 1, 1]], 7)
+    R = tree.rotations(10, 8, levels)
+    assert R == 4
+    tops = {tuple(tree.Plan(levels, 0, 0, rotation=r).top) for r in range(R)}
+    assert len(tops) > 1, tops
+
+
+def test_rotated_variants_move_the_aggregation_load():
+    """Simulated, one chunk, P = 5 in regions of 2 and 3: over R = 3 variants each member
+    sends the most bytes (the aggregator's k - 1 vectors down) in its own variant."""
+    p, count, groups = 5, 16, [0, 0, 1, 1, 1]
+    R = tree.rotations(count, 8, tree.normalize_groups(groups, p))
+    assert R == 3
+    heavy = []
+    for rot in range(R):
+        data = [np.arange(count, dtype=np.float64) + r for r in range(p)]
+        bufs, scheds = simulate_tree(data, groups, rotation=rot)
+        assert all(np.array_equal(b, np.sum(data, axis=0)) for b in bufs)
+        sent = [sum(op.bufs[0].nbytes for op in s.ops if op.kind == SEND) for s in scheds]
+        heavy.append(max(range(2, 5), key=lambda r: sent[r]))
+    assert sorted(heavy) == [2, 3, 4], heavy
 
 
 def test_chunked_tree_spreads_the_work():

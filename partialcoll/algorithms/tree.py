@@ -21,11 +21,24 @@ region has members, every member aggregates its share and every link carries tra
 in both directions, as in a ring; the chunks run concurrently (nothing orders them).
 By default a vector is cut only where each chunk keeps at least ``CHUNK_BYTES``.
 
-Rotation. RAT rotates the aggregator from round to round. A partial allreduce builds
-its round schedule once and the engine runs every round on it, so here the aggregator
-rotates over the chunks of every round instead (and over seeds and regions): for a
-large vector no rank carries the aggregation of a whole round. A vector of one chunk
-has one aggregator per region, chosen by the seed, in every round.
+Rotation. RAT rotates the aggregator from round to round. The builder takes a rotation
+index r and gives chunk c of region g to member m_{(c + r * chunks + seed + g) mod k}:
+variant r hands the next ``chunks`` members the aggregation. A partial allreduce builds
+R = rotations(...) = ceil(k_max / chunks) variants of its round schedule (k_max: the
+largest region), and the engine runs round n on variant n mod R (every rank knows n,
+so all agree on the variant; the version n in the tags keeps rounds apart). Over R
+consecutive rounds every member of the largest region aggregates (and every member of
+a smaller region too, since R * chunks >= k_max >= k). With chunks == k_max (vectors of
+k_max * CHUNK_BYTES and more) R = 1: the chunks already spread the work in every round.
+Recursive doubling and ring have R = 1. R is at most MAX_ROTATIONS.
+
+What R costs: each variant is a whole round schedule with its own scratch, held for
+the collective's lifetime. A rank's scratch in variant r is the k - 1 chunks of each
+chunk it aggregates there; over the R variants a member aggregates one or two chunks
+per level, so it holds at most 2 (k - 1) chunks of scratch per level in all (a chunk is
+under 2 * CHUNK_BYTES whenever R > 1, so < 4 (k - 1) CHUNK_BYTES), plus the top
+allreduce's scratch in the variants where it is a top aggregator, and R op tables.
+With one variant the same scratch sits on fewer ranks; rotation spreads it.
 
 Rounds: per level, one reduce step and one broadcast step (each aggregator exchanges
 with its k - 1 members concurrently), plus the top allreduce among the G top regions'
@@ -36,8 +49,8 @@ aggregates: about one vector per level when the vector is cut into k chunks
 Every rank ends with the same bits: each chunk is reduced at one place, then copied.
 
 Worked example, p = 7, groups = [0, 0, 0, 1, 1, 1, 1] (regions of 3 and 4), one chunk,
-seed 0: region 0 is aggregated by its member (0 + 0 + 0) mod 3 = 0, i.e. rank 0;
-region 1 by its member (0 + 0 + 1) mod 4 = 1, i.e. rank 4.
+seed 0, rotation 0: region 0 is aggregated by its member (0 + 0 + 0) mod 3 = 0, i.e. rank
+0; region 1 by its member (0 + 0 + 1) mod 4 = 1, i.e. rank 4.
 
     reduce     1 -> 0, 2 -> 0            3 -> 4, 5 -> 4, 6 -> 4
     top        0 <-> 4                   (recursive doubling between the 2 aggregators)
@@ -47,6 +60,11 @@ With chunks = 4 (count 8, chunks [0:2) [2:4) [4:6) [6:8)) chunk c is aggregated 
 rank c mod 3 in region 0 and by rank 3 + (c + 1) mod 4 in region 1: (0, 4), (1, 5),
 (2, 6), (0, 3). Cross-region traffic is still one vector each way, now spread over
 all seven ranks' links.
+
+Rotating the one-chunk tree: R = ceil(4 / 1) = 4 variants; in variant r region 0 is
+aggregated by rank r mod 3 and region 1 by rank 3 + (r + 1) mod 4: rounds 0, 1, 2, 3,
+4, ... run on variants 0, 1, 2, 3, 0, ... with aggregators (0, 4), (1, 5), (2, 6),
+(0, 3), (0, 4), ...
 
 Two levels, groups = [[0, 0, 1, 1, 2, 2, 3], [0, 0, 0, 0, 1, 1, 1]] (hosts of 2, 2,
 2, 1 ranks in racks of 4 and 3): the host aggregators 0, 3, 4, 6 meet at level 1 in
@@ -62,6 +80,8 @@ from ..schedule import Schedule, ScheduleOp
 
 # Below this many bytes per chunk the vector is not cut (one tree).
 CHUNK_BYTES = 64 * 1024
+# At most this many rotated variants of a round schedule (see "What R costs").
+MAX_ROTATIONS = 64
 
 Levels = Tuple[Tuple[int, ...], ...]
 
@@ -121,10 +141,24 @@ def default_chunks(count: int, itemsize: int, levels: Levels) -> int:
     return max(1, min(biggest, count * itemsize // CHUNK_BYTES, count))
 
 
-class Plan:
-    """One chunk's tree, the same on every rank: who sends to whom at each level."""
+def rotations(count: int, itemsize: int, levels: Levels, chunks: Optional[int] = None) -> int:
+    """R: how many rotated variants of the round schedule it takes for every member of the
+    largest region to aggregate once, ceil(k_max / chunks) (at most MAX_ROTATIONS); 1 where
+    there is nothing to rotate (no data, one rank, or every region of one rank)."""
+    size = len(levels[0])
+    biggest = max(max(level.count(g) for g in set(level)) for level in levels)
+    if size <= 1 or count == 0 or biggest <= 1:
+        return 1
+    n = default_chunks(count, itemsize, levels) if chunks is None else max(1, min(int(chunks), count))
+    return max(1, min(MAX_ROTATIONS, -(-biggest // n)))
 
-    def __init__(self, levels: Levels, chunk: int, seed: int) -> None:
+
+class Plan:
+    """One chunk's tree, the same on every rank: who sends to whom at each level.
+    rotation r of a vector in `chunks` pieces: chunk c of region g goes to member
+    (c + r * chunks + seed + g) mod k."""
+
+    def __init__(self, levels: Levels, chunk: int, seed: int, rotation: int = 0, chunks: int = 1) -> None:
         size = len(levels[0])
         self.parent: List[Dict[int, int]] = []       # per level: member -> its aggregator
         self.members: List[Dict[int, List[int]]] = []  # per level: aggregator -> its members
@@ -135,7 +169,7 @@ class Plan:
                 regions.setdefault(level[r], []).append(r)
             parent, members = {}, {}
             for g, ranks in regions.items():
-                agg = ranks[(chunk + seed + g) % len(ranks)]
+                agg = ranks[(chunk + rotation * chunks + seed + g) % len(ranks)]
                 members[agg] = [r for r in ranks if r != agg]
                 for r in members[agg]:
                     parent[r] = agg
@@ -164,12 +198,13 @@ class _Among:
 
 
 def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None,
-              groups=None, seed: int = 0, chunks: Optional[int] = None) -> ScheduleOp:
+              groups=None, seed: int = 0, chunks: Optional[int] = None, rotation: int = 0) -> ScheduleOp:
     """Add a tree allreduce of buf (in place) to s; returns its last op.
 
     groups: each rank's region (one list per level, innermost first; None: one region).
     seed: moves the aggregators. chunks: trees over pieces of the vector (default: see
-    default_chunks)."""
+    default_chunks). rotation: which rotated variant r (0 <= r < rotations(...)); the
+    partial allreduce runs round n on variant n mod R."""
     from . import choose, ALGORITHMS
     from .ring import segments
     p, rank = s.size, s.rank
@@ -181,7 +216,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     bounds = segments(buf.count, nchunks)
     finals: List[ScheduleOp] = []
     for c in range(nchunks):
-        plan = Plan(levels, c, seed)
+        plan = Plan(levels, c, seed, rotation, nchunks)
         seg = buf.segment(bounds[c], bounds[c + 1])
         last = after
         sent_at: Optional[Tuple[int, ScheduleOp]] = None     # (level, send) where I handed my chunk up

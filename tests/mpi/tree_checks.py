@@ -74,10 +74,12 @@ def every_op_dtype(comm):
         tree.CHUNK_BYTES = saved
 
 
-def sent_by_dry_build(coll, data_only):
-    """Bytes per peer that one full round sends, from its dry-built schedule."""
+def sent_by_dry_build(coll, data_only, round=0):
+    """Bytes per peer that full round `round` sends, from its dry-built schedule (the
+    variant round mod R)."""
     out = np.zeros(coll.size, np.int64)
-    for op in coll._schedules[1].ops:
+    variants = coll._schedules[1]
+    for op in variants[round % len(variants)].ops:
         if op.kind == SEND and not (data_only and op.bufs[0].slot == SLOT_MASK):
             out[op.peer] += op.bufs[0].nbytes
     return out
@@ -93,14 +95,64 @@ def traffic(comm):
         assert (coll.traffic() == 0).all()
         for _ in range(rounds):
             coll.post(np.ones(count)).wait()
-        assert (coll.traffic() == rounds * sent_by_dry_build(coll, False)).all(), (algorithm, coll.traffic())
+        expect = sum(sent_by_dry_build(coll, False, n) for n in range(rounds))
+        assert (coll.traffic() == expect).all(), (algorithm, coll.traffic(), expect)
         coll.close()                       # one more (final) round; traffic() still answers
-        assert (coll.traffic() == (rounds + 1) * sent_by_dry_build(coll, False)).all(), algorithm
+        expect += sent_by_dry_build(coll, False, rounds)
+        assert (coll.traffic() == expect).all(), algorithm
         if algorithm == "tree" and p > 1:
             # data crossing between the halves, per round: one vector each way
             data = np.array(comm.allgather(sent_by_dry_build(coll, True)))
             lo, hi = [r for r in range(p) if half[r] == 0], [r for r in range(p) if half[r] == 1]
             assert data[np.ix_(lo, hi)].sum() == count * 8 == data[np.ix_(hi, lo)].sum(), data
+
+
+def rotation(comm):
+    """Aggregators rotate with the round (a vector of one chunk): in each round a member
+    sends its N bytes to one peer only (its aggregator), an aggregator sends N to each of
+    its members and to at least one peer above (the next level's aggregator, or its
+    partners in the top allreduce); so, from traffic(), over R consecutive rounds every
+    member of every region of several ranks is the aggregator once. Every round's result
+    equals MPI_Allreduce, the same bits on every rank. Shapes: uneven, two levels (at
+    P = 2 both have a single top aggregator or no region of two, so only the results
+    are checked there)."""
+    p = comm.size
+    if p == 1:
+        return
+    count, n = 1000, 8000                     # float64, one chunk
+    for name in ("uneven", "levels"):
+        groups = shapes(p)[name]
+        levels = tree.normalize_groups(groups, p)
+        coll = pc.allreduce_init(count, np.float64, comm=comm, algorithm="tree", groups=groups, seed=1)
+        R = coll._variants
+        biggest = max(levels[0].count(g) for g in set(levels[0]))
+        assert R == tree.rotations(count, 8, levels) and R >= biggest, (R, levels)
+        region = [r for r in range(p) if levels[0][r] == levels[0][comm.rank]]
+        aggregated = set()
+        before = coll.traffic()
+        for rnd in range(2 * R):
+            x = values(np.float64, MPI.SUM, count, comm.rank, rnd)
+            ref = np.empty_like(x)
+            comm.Allreduce(x, ref, op=MPI.SUM)
+            res = coll.post(x).wait()
+            assert_matches(res.data, ref, MPI.SUM, f"rotation {name} round {rnd}")
+            assert len(set(comm.allgather(zlib.crc32(res.data.tobytes())))) == 1, f"round {rnd}: ranks disagree"
+            after = coll.traffic()
+            delta, before = after - before, after
+            # innermost level: am I my region's aggregator this round? (N to 2 peers or more)
+            mine = [m for m in region if m != comm.rank]
+            agg_here = len(mine) > 0 and int((delta >= n).sum()) >= 2
+            plan = tree.Plan(levels, 0, 1, rotation=rnd % R)
+            if len(plan.top) > 1:
+                assert agg_here == (comm.rank in plan.members[0] and len(mine) > 0), (name, rnd, delta, plan.members)
+            aggs = comm.allgather(agg_here)
+            if rnd < R:
+                aggregated |= {r for r in range(p) if aggs[r]}
+        coll.close()
+        # over R rounds every member of every region of several ranks aggregated
+        several = {r for r in range(p) if levels[0].count(levels[0][r]) > 1}
+        if len(tree.Plan(levels, 0, 1).top) > 1:
+            assert aggregated == several, (name, sorted(aggregated), sorted(several))
 
 
 def bad_groups(comm):
@@ -121,6 +173,7 @@ def body(comm):
     every_shape(comm)
     every_op_dtype(comm)
     traffic(comm)
+    rotation(comm)
     bad_groups(comm)
 
 
