@@ -2,12 +2,14 @@
 
     mpiexec -n 8 python bench/tree.py traffic [--count N]
     mpiexec -n P python bench/tree.py time --bytes 1048576 [--groups 0,0,1,1] [--late RANK:MS] [--iters 10]
+        [--algorithms ring,recursive_doubling,tree,auto]
 
 traffic: 8 ranks in 2 regions of 4 (contiguous, then interleaved), one full round of a
 float32 vector, bytes crossing the regions each way as coll.traffic() counts them,
 against the formulas (N: the vector's bytes; the mask allreduce adds 16 B a message).
 time: completion time of one blocking allreduce (post + wait) per algorithm, barrier
-first; --late r:ms makes rank r post ms later (a late sender). Rank 0 prints.
+first; --late r:ms makes rank r post ms later (a late sender); tree and auto get the
+groups (auto's row says what it picked). Rank 0 prints.
 """
 from __future__ import annotations
 
@@ -68,8 +70,10 @@ def timing(comm, args):
     expect = sum(1.0 + r for r in range(comm.size))
     rows = []
     for alg in args.algorithms.split(","):
-        kw = {"groups": groups} if alg == "tree" else {}
+        kw = {"groups": groups} if alg in ("tree", "auto") and args.groups else {}
         coll = pc.allreduce_init(n, np.float32, comm=comm, algorithm=alg, **kw)
+        if alg == "auto":
+            alg = f"auto ({coll.algorithm})"
         times = []
         for it in range(args.warmup + args.iters):
             comm.Barrier()

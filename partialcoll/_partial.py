@@ -28,7 +28,7 @@ from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
 from .activation import BUILDERS
 from .activation.candidates import candidates
-from .algorithms import ALGORITHMS, choose, tree
+from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, tree
 from .algorithms.recursive_doubling import allreduce_packed
 from .schedule import Schedule, _create_native
 
@@ -166,10 +166,14 @@ class PartialAllreduce:
         self.count, self.dtype, self.mode = params["count"], as_dtype(dtype), mode
         self.op, self.late, self.seed = op, late, params["seed"]
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
-        self.algorithm = choose(algorithm, self.count * self.dtype.itemsize, size)
-        # tree: the regions given, or one per shared-memory node (collective, agreed)
-        self.groups = params["groups"] if params["groups"] is not None or self.algorithm != "tree" \
-            else tree.host_groups(comm)
+        nbytes = self.count * self.dtype.itemsize
+        # the regions: those given, or one per shared-memory node (collective, agreed), found
+        # where the tree is named or "auto" may pick it (every rank decides alike)
+        groups = params["groups"]
+        if groups is None and (algorithm == "tree" or auto_may_choose_tree(algorithm, nbytes, size)):
+            groups = tree.host_groups(comm)
+        self.algorithm = choose(algorithm, nbytes, size, groups)
+        self.groups = groups if self.algorithm == "tree" else params["groups"]
         self._traffic: Optional[np.ndarray] = None     # kept at close()
         self.size, self.rank = size, rank
         self._closed = True              # until _build has made the native collective

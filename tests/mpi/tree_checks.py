@@ -155,6 +155,38 @@ def rotation(comm):
             assert aggregated == several, (name, sorted(aggregated), sorted(several))
 
 
+def auto_with_groups(comm):
+    """algorithm="auto" with groups=: the tree where the regions are non-trivial and the
+    vector has more than AUTO_TREE_BYTES (equal to MPI_Allreduce, the same bits on every
+    rank); otherwise as without groups. Without groups= on one node: never the tree."""
+    from partialcoll.algorithms import AUTO_TREE_BYTES, choose
+    p = comm.size
+    big = AUTO_TREE_BYTES // 8 + 3                   # float64 elements
+    for name in ("uneven", "levels", "one", "each"):
+        groups = shapes(p)[name]
+        for count in (big, 5):
+            nbytes = count * 8
+            coll = pc.PartialAllreduce(count, np.float64, MPI.SUM, comm, mode="full", groups=groups)
+            want = choose("auto", nbytes, p, tree.normalize_groups(groups, p))
+            assert coll.algorithm == want, (name, count, coll.algorithm, want)
+            pays = name in ("uneven", "levels") and p > 2 and nbytes > AUTO_TREE_BYTES
+            assert (coll.algorithm == "tree") == pays, (name, p, count, coll.algorithm)
+            for salt in range(2):
+                x = values(np.float64, MPI.SUM, count, comm.rank, salt)
+                ref = np.empty_like(x)
+                comm.Allreduce(x, ref, op=MPI.SUM)
+                res = coll.post(x).wait()
+                assert_matches(res.data, ref, MPI.SUM, f"auto groups={name} count={count}")
+                assert len(set(comm.allgather(zlib.crc32(res.data.tobytes())))) == 1
+            coll.close()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if node.size == p:                               # one node: one region, nothing for a tree
+        coll = pc.allreduce_init(big, np.float64, comm=comm)
+        assert coll.algorithm != "tree" and coll.groups is None, coll.algorithm
+        coll.close()
+    node.Free()
+
+
 def bad_groups(comm):
     p, r = comm.size, comm.rank
     expect_raises(pc.ArgumentError, pc.allreduce_init, 4, comm=comm, algorithm="tree", groups=[0] * (p + 1),
@@ -174,6 +206,7 @@ def body(comm):
     every_op_dtype(comm)
     traffic(comm)
     rotation(comm)
+    auto_with_groups(comm)
     bad_groups(comm)
 
 
