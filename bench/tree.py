@@ -1,12 +1,15 @@
 """Tree allreduce (issue 16): cross-region bytes and completion times per algorithm.
 
     mpiexec -n 8 python bench/tree.py traffic [--count N]
+    mpiexec -n 8 python bench/tree.py rotation [--count 4096]
     mpiexec -n P python bench/tree.py time --bytes 1048576 [--groups 0,0,1,1] [--late RANK:MS] [--iters 10]
         [--algorithms ring,recursive_doubling,tree,auto]
 
 traffic: 8 ranks in 2 regions of 4 (contiguous, then interleaved), one full round of a
 float32 vector, bytes crossing the regions each way as coll.traffic() counts them,
 against the formulas (N: the vector's bytes; the mask allreduce adds 16 B a message).
+rotation: tree, 2 contiguous regions, a vector of one chunk: bytes each rank sends in
+each of R consecutive rounds (the aggregator's row is the large one; it moves).
 time: completion time of one blocking allreduce (post + wait) per algorithm, barrier
 first; --late r:ms makes rank r post ms later (a late sender); tree and auto get the
 groups (auto's row says what it picked). Rank 0 prints.
@@ -62,6 +65,24 @@ def traffic(comm, args):
                 print(f"  {layout:12s} {alg:19s} {way[0, 1]:10d} {way[1, 0]:10d}")
 
 
+def rotation(comm, args):
+    p, n = comm.size, args.count
+    groups = [r * 2 // p for r in range(p)]
+    coll = pc.allreduce_init(n, np.float32, comm=comm, algorithm="tree", groups=groups)
+    R, rows, prev = coll._variants, [], coll.traffic()
+    for _ in range(R):
+        coll.post(np.ones(n, np.float32)).wait()
+        now = coll.traffic()
+        rows.append(int((now - prev).sum()))
+        prev = now
+    table = comm.gather(rows, root=0)
+    coll.close()
+    if comm.rank == 0:
+        print(f"# tree, groups={groups}, {4 * n} B of float32, R = {R} variants: bytes sent per rank per round")
+        for r, row in enumerate(table):
+            print(f"  rank {r}: " + " ".join(f"{b:8d}" for b in row) + f"   total {sum(row)}")
+
+
 def timing(comm, args):
     n = args.bytes // 4
     groups = [int(g) for g in args.groups.split(",")] if args.groups else [0] * comm.size
@@ -97,7 +118,7 @@ def timing(comm, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("command", choices=("traffic", "time"))
+    ap.add_argument("command", choices=("traffic", "rotation", "time"))
     ap.add_argument("--count", type=int, default=1 << 18)
     ap.add_argument("--bytes", type=int, default=1 << 20)
     ap.add_argument("--groups", default="")
@@ -107,7 +128,7 @@ def main():
     ap.add_argument("--algorithms", default=",".join(ALGS))
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
-    (traffic if args.command == "traffic" else timing)(comm, args)
+    {"traffic": traffic, "rotation": rotation, "time": timing}[args.command](comm, args)
     pc.finalize()
 
 
