@@ -427,6 +427,13 @@ static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_re
     info->nap = none ? 0 : c->res_nap;
     info->post_lo = none ? 0 : c->res_lo;
     info->post_hi = none ? 0 : c->res_hi;
+    /* latest: the same result is what the next wait gets if no round completes before it
+     * (a request not waited for yet, or a late post), so when it lives in a user's buffer,
+     * which is the user's again from now on, keep a copy -- unless no such wait can come:
+     * every post is taken and the next one waits for a later round (a post+wait loop). */
+    if (c->result_ext && !folding && (c->takes + 1 < c->posts || c->posts <= c->res_round))
+        result_internal(c);
+    c->takes++;
     c->result_ext = NULL;     /* the result is in out now: the user's buffer is theirs again */
     info->finished = c->finished;
     memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);

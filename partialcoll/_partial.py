@@ -21,7 +21,7 @@ from mpi4py import MPI
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, PartialcollError, Peers, StateError,
-                      check, wait_in_slices)
+                      as_timeout, check, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -119,6 +119,8 @@ class PartialRequest:
         if result is None:
             if timeout is None:
                 timeout = _rc_values["timeout"]
+            elif type(timeout) is not float or timeout != timeout:
+                timeout = as_timeout(timeout, "wait()'s timeout")
             if self._on_device:
                 result = self._coll._take(self._out, self.index, timeout, True)
             else:
@@ -492,7 +494,7 @@ class PartialAllreduce:
         """
         c = self._native_coll()
         lib = _engine.lib
-        timeout = rc.close_timeout if timeout is None else timeout
+        timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
         check(lib.pc_coll_close(c))
         try:
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
