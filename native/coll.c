@@ -229,6 +229,8 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     if (!pc_op_valid(spec->redop, spec->dtype) || spec->redop == PC_OP_COPY)
         return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", spec->redop, spec->dtype);
     if (spec->count < 0) return fail(PC_ERR_ARG, "count must be >= 0");
+    if (spec->dtype < 0 || spec->dtype >= PC_DT_COUNT || spec->count > (INT64_MAX / 4) / pc_dt_size[spec->dtype])
+        return fail(PC_ERR_NOMEM, "a partial allreduce of %lld elements is too large", (long long)spec->count);
     pc_coll *c = calloc(1, sizeof *c);
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
     if (mpi_comm_info(*(MPI_Comm *)comm_handle, &c->rank, &c->size)) { free(c); return PC_ERR_MPI; }

@@ -14,7 +14,7 @@ import partialcoll as pc
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs,examples", [(1, 25), (2, 50), (3, 50), (4, 30), (5, 30)])
+@pytest.mark.parametrize("nprocs,examples", [(1, 30), (2, 80), (3, 60), (4, 40), (5, 40)])
 def test_fuzz_api(mpirun, nprocs, examples):
     out = mpirun("fuzz_checks.py", nprocs, "api", str(examples), timeout=240)
     assert f"fuzz api: {examples} cases at P={nprocs}" in out
