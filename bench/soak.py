@@ -132,9 +132,12 @@ def soak(comm, mode: str, args) -> dict:
     if rank == 0:
         t = max(s["t_loop"] for s in everyone)
         row = {"mode": mode, "P": size, "rounds": rounds, "count": count, "skew_p": args.skew_p,
-               "skew_us": args.skew_us, "seconds": round(t, 2), "seconds_with_close": round(max(s["t_all"] for s in everyone), 2),
-               "posts_per_s_per_rank": round(rounds / t, 1), "rounds_completed": max(s["last_round"] for s in everyone) + 1,
-               "rounds_checked_for_agreement": checked, "disagreements": disagree, "nothing_lost": all(s["ok"] for s in everyone),
+               "skew_us": args.skew_us, "seconds": round(t, 2),
+               "seconds_with_close": round(max(s["t_all"] for s in everyone), 2),
+               "posts_per_s_per_rank": round(rounds / t, 1),
+               "rounds_completed": max(s["last_round"] for s in everyone) + 1,
+               "rounds_checked_for_agreement": checked, "disagreements": disagree,
+               "nothing_lost": all(s["ok"] for s in everyone),
                "rss_before_mib": [round(s["rss0"], 1) for s in everyone],
                "rss_after_mib": [round(s["rss1"], 1) for s in everyone],
                "rss_peak_mib": [round(s["hwm"], 1) for s in everyone],

@@ -71,7 +71,8 @@ def run(comm, args) -> dict:
     t0 = comm.bcast(time.monotonic(), root=0)    # one node: CLOCK_MONOTONIC is shared
     t_stall, t_resume = t0 + args.before, t0 + args.before + args.stall
     t_end = t_resume + args.after
-    phases = {"before": [0, 0, -1, -1], "during": [0, 0, -1, -1], "after": [0, 0, -1, -1]}   # posts, -, first/last round
+    # per phase: posts, (unused), first and last round of this rank's results
+    phases = {"before": [0, 0, -1, -1], "during": [0, 0, -1, -1], "after": [0, 0, -1, -1]}
 
     samples = []                                 # (t, [rss per rank]) at rank 0
     stop_sampler = threading.Event()

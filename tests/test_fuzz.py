@@ -16,6 +16,7 @@ import partialcoll as pc
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs,examples", [(1, 30), (2, 80), (3, 60), (4, 40), (5, 40)])
 def test_fuzz_api(mpirun, nprocs, examples):
+    pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (pip install -e '.[test]')")
     out = mpirun("fuzz_checks.py", nprocs, "api", str(examples), timeout=240)
     assert f"fuzz api: {examples} cases at P={nprocs}" in out
 
@@ -25,6 +26,7 @@ def test_fuzz_api(mpirun, nprocs, examples):
 def test_fuzz_bad_input(mpirun, nprocs, examples):
     """Random bad arguments, on every rank or one: a partialcoll exception that says what
     is wrong, on every rank where the call is collective; never a hang."""
+    pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (pip install -e '.[test]')")
     out = mpirun("fuzz_checks.py", nprocs, "bad", str(examples), timeout=240)
     assert f"fuzz bad: {examples} cases at P={nprocs}" in out
 

@@ -202,7 +202,7 @@ def run_api(comm, case: dict) -> None:
     prog = case["programs"][rank]
     received, singles, pending, log = [], {}, [], []
 
-    def take(i, req, out, x_inplace):
+    def take(i, req, out):
         res = req.wait(timeout=WAIT)
         assert res.round >= req.index, (res.round, req.index)
         data = res.data
@@ -244,7 +244,7 @@ def run_api(comm, case: dict) -> None:
         else:
             req = coll.post(x)
         if p["then"] == "wait":
-            take(i, req, out, p["buf"] == "inplace")
+            take(i, req, out)
         elif p["then"] == "test":
             for _ in range(3):
                 if req.test():
@@ -258,7 +258,7 @@ def run_api(comm, case: dict) -> None:
     order = np.random.default_rng(int(prog["wait_order"] * 2 ** 32)).permutation(len(pending))
     for j in order:
         i, req, out = pending[j]
-        take(i, req, out, False)
+        take(i, req, out)
     final = coll.close(timeout=WAIT)
     assert final.data.size == count
     received.append(wide(name, final.data))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 
-from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import stall  # noqa: E402
