@@ -233,6 +233,8 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     if (!pc_op_valid(spec->redop, spec->dtype) || spec->redop == PC_OP_COPY)
         return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", spec->redop, spec->dtype);
     if (spec->count < 0) return fail(PC_ERR_ARG, "count must be >= 0");
+    if (spec->dtype < 0 || spec->dtype >= PC_DT_COUNT || spec->count > (INT64_MAX / 4) / pc_dt_size[spec->dtype])
+        return fail(PC_ERR_NOMEM, "a partial allreduce of %lld elements is too large", (long long)spec->count);
     pc_coll *c = calloc(1, sizeof *c);
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
     if (mpi_comm_info(*(MPI_Comm *)comm_handle, &c->rank, &c->size)) { free(c); return PC_ERR_MPI; }
@@ -436,6 +438,13 @@ static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_re
     info->nap = none ? 0 : c->res_nap;
     info->post_lo = none ? 0 : c->res_lo;
     info->post_hi = none ? 0 : c->res_hi;
+    /* latest: the same result is what the next wait gets if no round completes before it
+     * (a request not waited for yet, or a late post), so when it lives in a user's buffer,
+     * which is the user's again from now on, keep a copy -- unless no such wait can come:
+     * every post is taken and the next one waits for a later round (a post+wait loop). */
+    if (c->result_ext && !folding && (c->takes + 1 < c->posts || c->posts <= c->res_round))
+        result_internal(c);
+    c->takes++;
     c->result_ext = NULL;     /* the result is in out now: the user's buffer is theirs again */
     info->finished = c->finished;
     memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <string.h>
+#include <math.h>
 
 typedef struct { float re, im; } c64;
 typedef struct { double re, im; } c128;
@@ -52,6 +53,12 @@ static inline uint16_t float_f16(float f)
     return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+/* Floating MIN and MAX commute bit for bit, so that every rank of an allreduce gets the
+ * same bits whichever operand order its schedule uses: -0 < +0 (MIN(-0, +0) is -0, MAX
+ * is +0, as IEEE 754-2019 minimum/maximum), and a NaN operand gives a NaN. */
+#define FMIN(u, v) ((v) < (u) || (v) != (v) || ((v) == (u) && signbit(v)) ? (v) : (u))
+#define FMAX(u, v) ((v) > (u) || (v) != (v) || ((v) == (u) && !signbit(v)) ? (v) : (u))
+
 #define HALF(TO_F, FROM_F, EXPR) do { const uint16_t *x = a, *y = b; uint16_t *z = out; \
         for (int64_t i = 0; i < n; i++) { float u = TO_F(x[i]), v = TO_F(y[i]); z[i] = FROM_F(EXPR); } \
         } while (0)
@@ -59,8 +66,8 @@ static inline uint16_t float_f16(float f)
 #define HALF_ARITH(TO_F, FROM_F) switch (redop) { \
     case PC_OP_SUM: HALF(TO_F, FROM_F, u + v); return PC_OK; \
     case PC_OP_PROD: HALF(TO_F, FROM_F, u * v); return PC_OK; \
-    case PC_OP_MIN: HALF(TO_F, FROM_F, v < u ? v : u); return PC_OK; \
-    case PC_OP_MAX: HALF(TO_F, FROM_F, v > u ? v : u); return PC_OK; }
+    case PC_OP_MIN: HALF(TO_F, FROM_F, FMIN(u, v)); return PC_OK; \
+    case PC_OP_MAX: HALF(TO_F, FROM_F, FMAX(u, v)); return PC_OK; }
 
 int pc_op_valid(int redop, int dtype)
 {
@@ -86,6 +93,12 @@ int pc_op_valid(int redop, int dtype)
     case PC_OP_LAND: LOOP(T, (u != 0) && (v != 0)); return PC_OK; \
     case PC_OP_LOR: LOOP(T, (u != 0) || (v != 0)); return PC_OK; \
     case PC_OP_LXOR: LOOP(T, (u != 0) != (v != 0)); return PC_OK; }
+
+#define FARITH(T) switch (redop) { \
+    case PC_OP_SUM: LOOP(T, u + v); return PC_OK; \
+    case PC_OP_PROD: LOOP(T, u * v); return PC_OK; \
+    case PC_OP_MIN: LOOP(T, FMIN(u, v)); return PC_OK; \
+    case PC_OP_MAX: LOOP(T, FMAX(u, v)); return PC_OK; }
 
 #define BITS(T) switch (redop) { \
     case PC_OP_BAND: LOOP(T, u & v); return PC_OK; \
@@ -124,8 +137,8 @@ int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *ou
     case PC_DT_UINT16: ARITH(uint16_t) BITS(uint16_t) break;
     case PC_DT_UINT32: ARITH(uint32_t) BITS(uint32_t) break;
     case PC_DT_UINT64: ARITH(uint64_t) BITS(uint64_t) break;
-    case PC_DT_FLOAT32: ARITH(float) break;
-    case PC_DT_FLOAT64: ARITH(double) break;
+    case PC_DT_FLOAT32: FARITH(float) break;
+    case PC_DT_FLOAT64: FARITH(double) break;
     case PC_DT_COMPLEX64: COMPLEX(c64) break;
     case PC_DT_COMPLEX128: COMPLEX(c128) break;
     case PC_DT_FLOAT16: HALF_ARITH(f16_float, float_f16) break;

@@ -76,6 +76,7 @@ struct pc_coll {
     int acc_full, work_filled, closing, finished, triggered, taken, fold;
     int64_t posts, armed_round, completed, pending, res_round;
     int64_t taken_posts;     /* posts read by the rounds so far */
+    int64_t takes;           /* results taken (waits of distinct requests, close) */
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
     int64_t res_lo, res_hi, res_nap;  /* ... in the pending result; NAP summed over its rounds */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */

@@ -101,6 +101,16 @@ def _ranks(ranks: Tuple[int, ...]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
+def as_timeout(timeout, what: str = "timeout") -> Optional[float]:
+    """timeout as seconds (float, negative: 0) or None: anything else is an ArgumentError."""
+    import numbers
+    if timeout is None:
+        return None
+    if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and timeout == timeout:
+        return max(float(timeout), 0.0)
+    raise ArgumentError(f"{what} must be a number of seconds or None, not {timeout!r}")
+
+
 def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: str = "the wait",
                    shown=None) -> None:
     """Run call(*args, seconds) -> engine code until it stops timing out or `timeout`
@@ -119,6 +129,7 @@ def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: st
         check(rc)
         return
     import time
+    timeout = as_timeout(timeout)
     shown = timeout if shown is None else shown
     deadline = time.monotonic() + max(float(timeout), 0.0)
     rc = call(*args, min(_SLICE, max(float(timeout), 0.0)))

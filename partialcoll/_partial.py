@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, PartialcollError, Peers, StateError,
-                      check, wait_in_slices)
+from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
+                      StateError, as_timeout, check, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -120,6 +120,8 @@ class PartialRequest:
         if result is None:
             if timeout is None:
                 timeout = _rc_values["timeout"]
+            elif type(timeout) is not float or timeout != timeout:
+                timeout = as_timeout(timeout, "wait()'s timeout")
             if self._on_device:
                 result = self._coll._take(self._out, self.index, timeout, True)
             else:
@@ -148,6 +150,8 @@ class PartialAllreduce:
                                     late, algorithm, size, groups)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = exc, None
+            if not isinstance(exc, PartialcollError):
+                problem = ArgumentError(f"PartialAllreduce: invalid arguments ({type(exc).__name__}: {exc})")
         everyone = comm.allgather((repr(problem) if problem else None, params))
         if problem is not None:
             raise problem
@@ -190,6 +194,8 @@ class PartialAllreduce:
         count = integer(count, "count", 0)
         dt = as_dtype(dtype)
         dtype_code(dt)
+        if count * dt.itemsize >= 2 ** 62:          # the engine's sizes are 64-bit
+            raise OutOfMemory(f"count {count} of {dt} is {count * dt.itemsize} bytes: no machine holds that")
         code = op_code(op)
         check_op_dtype(code, dt)
         if mode not in MODES:
@@ -504,7 +510,7 @@ class PartialAllreduce:
         """
         c = self._native_coll()
         lib = _engine.lib
-        timeout = rc.close_timeout if timeout is None else timeout
+        timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
         check(lib.pc_coll_close(c))
         try:
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")

@@ -32,7 +32,10 @@ def as_dtype(dtype) -> np.dtype:
     """np.dtype(dtype), with "bfloat16" meaning BFLOAT16 (also without ml_dtypes)."""
     if isinstance(dtype, str) and dtype.lower() == "bfloat16":
         return BFLOAT16
-    return np.dtype(dtype)
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise InvalidBufferError(f"dtype {dtype!r} is not a NumPy dtype ({exc})") from None
 
 
 def dtype_name(dt: np.dtype) -> str:

@@ -1,0 +1,40 @@
+"""A rank stalled under solo (issue 14, item 3), short: python stall_checks.py HOW STALL_S
+
+bench/stall.py's run: the last rank stalls for STALL_S seconds (HOW: sleep, its
+application thread sleeps; sigstop, rank 0 stops the whole process) while the others
+post and wait. Nothing is lost (every rank's results plus close() equal everything
+posted); with sleep the others' rounds go on during the stall (more than 20 rounds a
+second here), and the victim's first post afterwards folds every round it missed and
+returns at once.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import stall  # noqa: E402
+from _util import main  # noqa: E402
+
+HOW = sys.argv[1] if len(sys.argv) > 1 else "sleep"
+STALL = sys.argv[2] if len(sys.argv) > 2 else "3"
+
+
+def body(comm):
+    args = stall.parser().parse_args(["--how", HOW, "--stall", STALL, "--before", "1", "--after", "1",
+                                      "--sample", "0.5"])
+    r = stall.run(comm, args)
+    assert r["ok"], "something posted was lost"
+    if comm.rank == 0:
+        row = r["row"]
+        if HOW == "sleep":
+            assert row["during_rounds_per_s"] > 20, row
+            first = row["victim_first_result_after"]
+            assert first["late"] and first["rounds_folded"] > 20, first
+            assert row["victim_back_in_step"] is not None, row
+        assert all(p > 0 for p in row["posts"]), row
+
+
+if __name__ == "__main__":
+    main(body)
