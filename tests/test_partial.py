@@ -30,3 +30,15 @@ def test_close_uneven_posts(mpirun, mode, late, nprocs):
     mpirun("close_checks.py", nprocs, mode, late, "1", timeout=120)
     if nprocs == 3:
         mpirun("close_checks.py", nprocs, mode, late, str(1 << 17), timeout=120)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+@pytest.mark.parametrize("mode", MODES)
+def test_late_in_place_post(mpirun, mode, nprocs):
+    """A late post(x, out=x) lends x as the next round's accumulator (issue 12): its result
+    lands in x, nothing is lost whether it is waited for at once, after the next round
+    took x, or after a second post; 1 MiB and 16 MiB vectors."""
+    mpirun("late_lend_checks.py", nprocs, mode, str(1 << 20), timeout=120)
+    if nprocs == 3:
+        mpirun("late_lend_checks.py", nprocs, mode, str(16 << 20), timeout=120)
