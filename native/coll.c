@@ -49,27 +49,21 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * for: acc is x itself (acc_ext), not a copy, so TAKE hands x to the round, which runs
  * in it, and the result is already where wait puts it: no pass over the data on this
  * rank, in every mode (the full mode's direct post is the same idea, for an armed round
- * that has not started). A late in-place post (its round has already read acc) lends x
- * too, marked late (acc_late): x must receive that earlier round's result, so no round
- * may run in it. Its wait moves x into the internal acc while it writes the result into
- * x, in one chunked pass (move_and_deliver), off the posting thread; should a TAKE come
- * first (the request not yet waited for), TAKE copies x into the round's buffer instead.
- * Only the latest post's buffer is ever lent (a later post folds acc into its own x, or
- * into the internal acc if it lends nothing); a wait whose out is still lent (the same
- * buffer posted again, or a late post) moves it into the internal acc. pc_coll_user_buffers
- * says which user buffers the engine still holds, so that Python keeps exactly those alive.
+ * that has not started). A late post lends nothing: the round that takes acc would be
+ * a later one than the round its request waits for. Only the latest post's buffer is
+ * ever lent (a later post folds acc into its own x, or into the internal acc if it
+ * lends nothing); a wait whose out is still lent (the same buffer posted again) copies
+ * it into the internal acc first. pc_coll_user_buffers says which user buffers the
+ * engine still holds, so that Python keeps exactly those alive.
  */
-/* nbytes (a multiple of the item size) of the op's identity at dst */
-static void fill_identity_bytes(pc_coll *c, void *dst, size_t nbytes)
+static void fill_identity(pc_coll *c, void *dst)
 {
     const unsigned char *id = c->spec.identity;
     size_t k, z = 1;
     for (k = 0; k < c->itemsize; k++) z &= id[k] == 0;
-    if (z) { memset(dst, 0, nbytes); return; }
-    for (size_t i = 0; i < nbytes; i += c->itemsize) memcpy((char *)dst + i, id, c->itemsize);
+    if (z) { memset(dst, 0, c->nbytes); return; }
+    for (int64_t i = 0; i < c->spec.count; i++) memcpy((char *)dst + i * c->itemsize, id, c->itemsize);
 }
-
-static void fill_identity(pc_coll *c, void *dst) { fill_identity_bytes(c, dst, c->nbytes); }
 
 static void swap_ptr(void **a, void **b) { void *t = *a; *a = *b; *b = t; }
 
@@ -84,23 +78,12 @@ static void result_internal(pc_coll *c)
     c->result_ext = NULL;
 }
 
-/* The lent acc x goes back to the caller with a result in it: x's content moves into
- * the internal acc and src (NULL: the identity) into x, chunk by chunk, so that each
- * chunk of x is read and rewritten while it is in cache (one pass instead of two). */
-#define MOVE_CHUNK ((size_t)1 << 20)
-static void move_and_deliver(pc_coll *c, const void *src)
+/* A lent acc goes back to the caller: its content moves into the internal acc. */
+static void acc_internal(pc_coll *c)
 {
-    char *x = c->acc_ext, *acc = c->acc;
-    size_t chunk = MOVE_CHUNK - MOVE_CHUNK % c->itemsize;
-    for (size_t off = 0; off < c->nbytes; off += chunk) {
-        size_t k = c->nbytes - off < chunk ? c->nbytes - off : chunk;
-        memcpy(acc + off, x + off, k);
-        if (src == x) continue;        /* the result is already in x */
-        if (src) memcpy(x + off, (const char *)src + off, k);
-        else fill_identity_bytes(c, x + off, k);
-    }
+    if (!c->acc_ext) return;
+    memcpy(c->acc, c->acc_ext, c->nbytes);
     c->acc_ext = NULL;
-    c->acc_late = 0;
 }
 
 static int pc_coll_round_kind(pc_coll *c, int64_t n)
@@ -163,12 +146,6 @@ int coll_take(pc_coll *c)
     int64_t n = c->armed_round;
     if (c->work_filled) {
         c->work_filled = 0;            /* a direct post already placed the data */
-    } else if (c->acc_ext && c->acc_late) {   /* lent by a late post not yet waited for: its
-                                                * buffer still owes that post's result */
-        memcpy(c->work, c->acc_ext, c->nbytes);
-        c->work_slot = c->work;
-        c->acc_ext = NULL;
-        c->acc_late = 0;
     } else if (c->acc_ext) {           /* the round runs in the lent buffer */
         c->work_slot = c->acc_ext;
         c->acc_ext = NULL;
@@ -331,7 +308,7 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
         c->work_slot = dst;
         c->work_filled = 1;
     } else {
-        void *lend = out == x ? out : NULL;   /* in place: x itself becomes acc (late: see above) */
+        void *lend = out == x && !*late ? out : NULL;   /* in place: x itself becomes acc */
         if (c->acc_full) {
             void *acc = c->acc_ext ? c->acc_ext : c->acc;
             rc = pc_reduce_local(c->spec.redop, c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count);
@@ -340,7 +317,6 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
             memcpy(c->acc, x, c->nbytes);
         }
         c->acc_ext = lend;
-        c->acc_late = lend && *late;
         c->acc_full = 1;
     }
     rc = coll_post_end(c);
@@ -383,7 +359,6 @@ int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, i
     *replaced = 0;
     if (rc == PC_OK && c->acc_full) {
         c->acc_ext = NULL;
-        c->acc_late = 0;
         memcpy(c->acc, x, c->nbytes);
         *replaced = 1;
         rc = coll_post_end(c);
@@ -441,11 +416,10 @@ int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
  * not yet taken (fold, and always after close). */
 static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
+    if (c->acc_ext == out) acc_internal(c);   /* out was posted again: it is the caller's now */
     void *src = c->result_ext ? c->result_ext : c->result;
     int folding = c->fold || c->closing;
-    if (c->acc_ext == out)         /* out is lent (a late post, or posted again): the caller's now */
-        move_and_deliver(c, folding && c->pending == 0 ? NULL : src);
-    else if (folding && c->pending == 0) fill_identity(c, out);
+    if (folding && c->pending == 0) fill_identity(c, out);
     else if (out != src) memcpy(out, src, c->nbytes);
     info->round = c->res_round;
     info->rounds = folding ? c->pending : (c->completed > 0);

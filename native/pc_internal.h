@@ -71,7 +71,6 @@ struct pc_coll {
     void *work_slot;         /* what WORK ops address: work, or a user's out buffer */
     void *result_ext;        /* result delivered straight into a user's buffer */
     void *acc_ext;           /* acc lent by an in-place post: the user's x == out (or NULL) */
-    int acc_late;            /* ... by a late post: x must receive an earlier round's result first */
     void *mask_slot;         /* 2*W words: active bits, closing bits */
     uint64_t *res_mask;      /* active bits, then closing bits, of the last delivered round */
     int acc_full, work_filled, closing, finished, triggered, taken, fold;

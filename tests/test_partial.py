@@ -36,9 +36,10 @@ def test_close_uneven_posts(mpirun, mode, late, nprocs):
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
 @pytest.mark.parametrize("mode", MODES)
 def test_late_in_place_post(mpirun, mode, nprocs):
-    """A late post(x, out=x) lends x as the next round's accumulator (issue 12): its result
-    lands in x, nothing is lost whether it is waited for at once, after the next round
-    took x, or after a second post; 1 MiB and 16 MiB vectors."""
+    """Late in-place posts, post(x, out=x) after the round started without this rank (the
+    balanced solo pattern, issue 12): the result lands in x, nothing is lost whether the
+    request is waited for at once, after the next round started, or after a second post;
+    1 MiB and 16 MiB vectors."""
     mpirun("late_lend_checks.py", nprocs, mode, str(1 << 20), timeout=120)
     if nprocs == 3:
         mpirun("late_lend_checks.py", nprocs, mode, str(16 << 20), timeout=120)

@@ -3,9 +3,9 @@ thread that completes torch futures, and the averaging of a round's result.
 
 A contiguous CPU tensor is handed to the library as a NumPy view of its memory
 (``Tensor.numpy()`` shares it; bfloat16 through a 16-bit view, see ``_types.BFLOAT16``),
-so ``post(x, out=x)`` reduces a gradient bucket where it lies: the engine takes the
-bucket as its accumulator and runs the round in it, in every mode; a late post's wait
-moves it into the accumulator while writing the result into it (one pass). A CUDA tensor goes to the library as a CuPy view (DLPack) where CuPy can
+so ``post(x, out=x)`` reduces a gradient bucket where it lies: the full mode runs the
+round in it, the partial modes copy it into the accumulator once and write the result
+back into it. A CUDA tensor goes to the library as a CuPy view (DLPack) where CuPy can
 use the GPU, else through a host copy.
 """
 from __future__ import annotations

@@ -19,8 +19,8 @@
 * ``sync_parameters`` -- periodic model synchronisation (eager-SGD §5).
 
 Buffers: a CPU tensor reaches the library as a NumPy view of its memory (no copy); the
-bucket is posted with ``out=`` itself, so the round runs in the bucket in every mode (a
-late post's wait moves the bucket into the accumulator while writing the result, one pass).
+bucket is posted with ``out=`` itself, so the full mode runs the round in the bucket and
+the partial modes copy it into the accumulator once and write the result back into it.
 float16 and bfloat16 gradients are reduced by the engine in float (see kernels.c).
 CUDA tensors go to the library as CuPy views (DLPack) where CuPy can use the GPU, else
 through a host copy.
