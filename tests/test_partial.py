@@ -40,6 +40,6 @@ def test_late_in_place_post(mpirun, mode, nprocs):
     balanced solo pattern, issue 12): the result lands in x, nothing is lost whether the
     request is waited for at once, after the next round started, or after a second post;
     1 MiB and 16 MiB vectors."""
-    mpirun("late_lend_checks.py", nprocs, mode, str(1 << 20), timeout=120)
+    mpirun("late_in_place_checks.py", nprocs, mode, str(1 << 20), timeout=120)
     if nprocs == 3:
-        mpirun("late_lend_checks.py", nprocs, mode, str(16 << 20), timeout=120)
+        mpirun("late_in_place_checks.py", nprocs, mode, str(16 << 20), timeout=120)

@@ -1,4 +1,4 @@
-"""Late in-place posts (issue 12): python late_lend_checks.py MODE NBYTES
+"""Late in-place posts (issue 12): python late_in_place_checks.py MODE NBYTES
 
 A post(x, out=x) whose round has already read this rank's accumulator (a late post,
 the balanced solo pattern: the first rank to post starts the round, the others' posts
