@@ -30,3 +30,16 @@ def test_close_uneven_posts(mpirun, mode, late, nprocs):
     mpirun("close_checks.py", nprocs, mode, late, "1", timeout=120)
     if nprocs == 3:
         mpirun("close_checks.py", nprocs, mode, late, str(1 << 17), timeout=120)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+@pytest.mark.parametrize("mode", MODES)
+def test_late_in_place_post(mpirun, mode, nprocs):
+    """Late in-place posts, post(x, out=x) after the round started without this rank (the
+    balanced solo pattern, issue 12): the result lands in x, nothing is lost whether the
+    request is waited for at once, after the next round started, or after a second post;
+    1 MiB and 16 MiB vectors."""
+    mpirun("late_in_place_checks.py", nprocs, mode, str(1 << 20), timeout=120)
+    if nprocs == 3:
+        mpirun("late_in_place_checks.py", nprocs, mode, str(16 << 20), timeout=120)
