@@ -1,15 +1,19 @@
-"""Allreduce schedules against MPI_Allreduce (issue 3), under mpiexec."""
+"""Allreduce schedules against MPI_Allreduce (issue 3), under mpiexec.
+
+P = 1, 2, 3, 4, 5, 8: P = 6 and 7 took 4-5 minutes of the suite's 20 and add no schedule
+shape that 3 and 5 (odd, folded into a power of two) and 8 do not cover; the pure
+builder tests (test_builders.py) simulate P = 1-9, 13, 16, 24 without MPI."""
 import pytest
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_allreduce_every_op_dtype_count(mpirun, nprocs):
     mpirun("allreduce_checks.py", nprocs, timeout=300)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_allreduce_large(mpirun, nprocs):
     """count 2^20 + 3: every op x dtype and algorithm against MPI_Allreduce."""
     mpirun("allreduce_checks.py", nprocs, "--large", timeout=400)

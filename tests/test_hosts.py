@@ -4,6 +4,7 @@ against the engine, close with uneven posts, 1 ms link delay, cleanup by pid. Sk
 with the reason, without root or ip netns; `pytest --hosts N` runs the whole multi-rank
 suite this way."""
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -60,6 +61,8 @@ def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
 
 
 @needs_hosts
+@pytest.mark.skipif(shutil.which("iptables") is None,
+                    reason="--link-delay needs iptables (NFQUEUE rules on the emulated switch; .ci/run installs it as root)")
 @pytest.mark.mpi
 def test_link_delay(mpirun_on):
     """1 ms on each host's egress: an 8 B MPI_Allreduce over 4 hosts (two exchanges) takes
