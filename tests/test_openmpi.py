@@ -38,9 +38,9 @@ def test_subset_on_openmpi():
                            capture_output=True, text=True, cwd=os.path.dirname(python), timeout=120)
     assert check.returncode == 0 and check.stdout.startswith("Open MPI"), check.stdout + check.stderr
     pytest_exe = os.path.join(os.path.dirname(python), "pytest")
-    proc = subprocess.run([pytest_exe, "-q", "-p", "no:cacheprovider", *SUBSET], cwd=ROOT,
+    proc = subprocess.run([pytest_exe, "-p", "no:cacheprovider", *SUBSET], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     tail = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    assert "(openmpi)" in proc.stdout and " passed" in proc.stdout, tail
+    assert "(openmpi)" in proc.stdout and " passed" in proc.stdout, tail     # the header names the MPI
     print(proc.stdout.strip().splitlines()[-1])
