@@ -166,6 +166,8 @@ def run(comm, args) -> dict:
             row[f"{name}_rss_mib_max"] = [round(max(r[i] for r in rss), 1) for i in range(size)]
             row[f"{name}_rss_mib_last"] = [round(v, 1) for v in rss[-1]]
     row["victim_posts_during"] = stats[victim]["phases"]["during"][0]
+    # its late posts return at once, so it gains on the others' rounds at this rate less theirs
+    row["victim_posts_per_s_after"] = round(stats[victim]["phases"]["after"][0] / args.after, 1)
     row["victim_first_result_after"] = stats[victim]["first_after"]
     row["victim_back_in_step"] = stats[victim]["back_in_step"]
     row["rss_samples"] = len(samples)

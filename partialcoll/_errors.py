@@ -126,7 +126,7 @@ def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: st
             if peers is not None:
                 peers.check_failed(what)
             rc = call(*args, _SLICE)
-        check(rc)
+        check_round(rc, peers, what)
         return
     import time
     timeout = as_timeout(timeout)
@@ -145,4 +145,13 @@ def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: st
                     raise peers.timeout(str(exc), shown) from None
                 raise Timeout(f"{exc} (timeout={shown} s)") from None
         rc = call(*args, min(_SLICE, left))
+    check_round(rc, peers, what)
+
+
+def check_round(rc: int, peers: Optional[Peers], what: str) -> None:
+    """check(rc), but an MPI error while the MPI reports failed peers names them: under
+    Open MPI's ULFM a receive from a dead rank fails at once (MPIX_ERR_PROC_FAILED), where
+    MPICH leaves it pending and the slices above find the dead rank."""
+    if rc and peers is not None and _BY_CODE.get(rc) is MPIError:
+        peers.check_failed(what)
     check(rc)

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
-                      StateError, as_timeout, check, wait_in_slices)
+                      StateError, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -466,7 +466,7 @@ class PartialAllreduce:
         code = _engine.lib.pc_coll_wait1(c, index, first, fout, res)
         if code:
             if code != TIMEOUT_CODE:
-                check(code)
+                check_round(code, self._peers, f"round {index}")
             # not done within the first slice: wait out the rest of the timeout in slices
             left = None if timeout is None else max(float(timeout) - first, 0.0)
             wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout, peers=self._peers,

@@ -104,7 +104,7 @@ from mpi4py import MPI
 
 from . import _engine
 from ._buffers import as_array
-from ._errors import ArgumentError, InvalidBufferError, PartialcollError, Peers, StateError, Timeout, check
+from ._errors import ArgumentError, InvalidBufferError, MPIError, PartialcollError, Peers, StateError, Timeout, check
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import OP_NAMES, check_comm, check_op_dtype, dtype_code, integer, op_code
@@ -824,7 +824,11 @@ class NeighborAllreduce:
             raise Timeout(f"NeighborAllreduce: {what}")
         if not watch:
             raise StateError(f"NeighborAllreduce: nothing in flight can help: {what}")
-        self._ch.block(watch, max(need, 1), seconds if left is None else min(seconds, left))
+        try:
+            self._ch.block(watch, max(need, 1), seconds if left is None else min(seconds, left))
+        except MPIError:
+            self._raise_if_failed(what)     # ULFM fails a receive from a dead rank at once
+            raise
 
     def _raise_if_failed(self, what: str) -> None:
         """At a deadline: a peer the MPI reports as failed is an MPIError naming it (backup

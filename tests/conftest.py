@@ -12,9 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import pytest
+
+import hosts as hosts_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,11 +37,12 @@ def pytest_addoption(parser):
 
 
 def pytest_report_header(config):
+    lines = [f"mpiexec: {mpiexec()} ({mpi_flavour()})"] if shutil.which(mpiexec()) else []
     n = config.getoption("--hosts")
     if n:
-        return [f"emulated hosts: {n} (ppn {config.getoption('--ppn')}, "
-                f"delay {config.getoption('--link-delay') or 0}, rate {config.getoption('--link-rate') or '-'})"]
-    return []
+        lines.append(f"emulated hosts: {n} (ppn {config.getoption('--ppn')}, "
+                     f"delay {config.getoption('--link-delay') or 0}, rate {config.getoption('--link-rate') or '-'})")
+    return lines
 
 
 def mpiexec() -> str:
@@ -52,28 +55,60 @@ def mpiexec() -> str:
     return found
 
 
+def mpi_flavour() -> str:
+    """'openmpi' or 'mpich': which MPI's mpiexec the tests launch."""
+    return hosts_mod.mpi_flavour(mpiexec())
+
+
+def launch(nprocs: int, argv: List[str], extra: Optional[List[str]] = None, keep_going: bool = False) -> List[str]:
+    """The mpiexec command line for nprocs ranks of argv on this node, for either MPI.
+
+    keep_going: the job outlives a rank that dies (MPICH -disable-auto-cleanup; Open MPI's
+    ULFM, --with-ft ulfm), so the survivors can report it. Open MPI also needs leave to
+    oversubscribe the node's cores and not to bind every rank to one core.
+    """
+    if mpi_flavour() == "openmpi":
+        flags = ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"] + (["--with-ft", "ulfm"] if keep_going else [])
+    else:
+        flags = ["-disable-auto-cleanup"] if keep_going else []
+    return [mpiexec(), *flags, *(extra or []), "-n", str(nprocs), *argv]
+
+
+def launch_env() -> dict:
+    """What the launched ranks need beyond os.environ, for either MPI.
+
+    Open MPI: run as root where CI does; and its AVX reduction kernels saturate 8- and
+    16-bit integer sums (open-mpi/ompi#8045) where MPI_SUM wraps, as ours and MPICH's do,
+    so the comparisons with MPI_Allreduce use its plain C kernels.
+    """
+    if mpi_flavour() != "openmpi":
+        return {}
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_op": "^avx"}
+
+
 def _output(exc_out) -> str:
     return exc_out.decode(errors="replace") if isinstance(exc_out, bytes) else (exc_out or "")
 
 
 def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dict | None = None,
             hosts=None, ppn: Optional[int] = None, mpiexec_args: Optional[list] = None,
-            expect_passed: Optional[int] = None) -> str:
+            expect_passed: Optional[int] = None, keep_going: bool = False) -> str:
     """Run tests/mpi/<script> on nprocs ranks; fail with its output unless every rank passed.
 
     The timeout turns a deadlock into a failure. Every script prints 'PASSED <rank>'
     at its end, so a rank that died silently is caught too (expect_passed: how many
-    ranks must pass, when some are meant to die). hosts (tests/hosts.Hosts): spread the
+    ranks must pass, when some are meant to die; keep_going: the job outlives a dead
+    rank, see launch()). hosts (tests/hosts.Hosts): spread the
     ranks over emulated hosts, ppn per host (default: the hosts' own).
     """
     argv = [sys.executable, os.path.join(HERE, "mpi", script), *args]
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **launch_env())
     if hosts is not None:
         timeout *= HOSTS_TIMEOUT_FACTOR
-        cmd = hosts.mpiexec(mpiexec(), nprocs, argv, extra=mpiexec_args, ppn=ppn)
+        cmd = hosts.mpiexec(mpiexec(), nprocs, argv, extra=mpiexec_args, ppn=ppn, keep_going=keep_going)
         full_env.update(hosts.env())
     else:
-        cmd = [mpiexec(), *(mpiexec_args or []), "-n", str(nprocs), *argv]
+        cmd = launch(nprocs, argv, extra=mpiexec_args, keep_going=keep_going)
     full_env.setdefault("PARTIALCOLL_TIMEOUT", str(max(30, timeout - 30)))
     full_env.update(env or {})
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -116,7 +151,6 @@ def emulated_hosts(request):
     if not n:
         yield None
         return
-    import hosts as hosts_mod
     why = hosts_mod.unavailable()
     if why:
         pytest.skip(why)

@@ -25,6 +25,8 @@ process is gone are removed when the next run starts.
 """
 from __future__ import annotations
 
+import functools
+import glob
 import math
 import os
 import re
@@ -32,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -40,6 +43,14 @@ LAUNCHER = os.path.join(HERE, "hosts_launch.sh")
 DELAYER = os.path.join(HERE, "linkdelay.py")
 SUBNET = "10.78.0"
 _NAME = re.compile(r"^pch(\d+)[a-z]?(?:h\d+|sw)$")     # pch<pid>[x]h<i>, pch<pid>[x]sw
+
+
+@functools.lru_cache(maxsize=None)
+def mpi_flavour(exe: str) -> str:
+    """'openmpi' or 'mpich': whose mpiexec exe is."""
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    text = out.stdout + out.stderr
+    return "openmpi" if ("Open MPI" in text or "prte" in text.lower()) else "mpich"
 
 
 def unavailable() -> Optional[str]:
@@ -211,6 +222,8 @@ class Hosts:
             except subprocess.TimeoutExpired:
                 self.delayer.kill()
                 self.delayer.wait()
+        for seq in glob.glob(os.path.join(tempfile.gettempdir(), f"{self.tag}-seq-*")):
+            os.unlink(seq)                  # Open MPI's rank maps (mpiexec())
         killed = {}
         for ns in reversed(self.made):
             pids = _remove(ns)
@@ -240,20 +253,37 @@ class Hosts:
 
     # -- running ---------------------------------------------------------------------
     def mpiexec(self, exe: str, nprocs: int, argv: List[str], extra: Optional[List[str]] = None,
-                ppn: Optional[int] = None) -> List[str]:
-        """The command line that runs argv on nprocs ranks spread over the hosts (ppn per host)."""
+                ppn: Optional[int] = None, keep_going: bool = False) -> List[str]:
+        """The command line that runs argv on nprocs ranks spread over the hosts (ppn per
+        host), for MPICH's or Open MPI's mpiexec (keep_going: the job outlives a dead rank)."""
         ppn = ppn or self.ppn
         used = min(self.n, math.ceil(nprocs / ppn))
+        if mpi_flavour(exe) == "openmpi":
+            # PRRTE's "ssh" is the launcher too; every rank's TCP and the daemons' control
+            # traffic on eth0; shared memory only between ranks of one host
+            # rank r on host (r // ppn) mod used, as Hydra's -ppn places them: a sequential map
+            seq = os.path.join(tempfile.gettempdir(), f"{self.tag}-seq-{nprocs}-{ppn}-{used}")
+            with open(seq, "w") as f:
+                f.writelines(f"{self.addr((r // ppn) % used)}\n" for r in range(nprocs))
+            return ["ip", "netns", "exec", self.names[0], exe, "--hostfile", seq, "--map-by", "seq:OVERSUBSCRIBE",
+                    "--bind-to", "none", "--prtemca", "plm_ssh_agent", LAUNCHER,
+                    "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "btl", "tcp,sm,self",
+                    "--mca", "btl_tcp_if_include", "eth0", *(["--with-ft", "ulfm"] if keep_going else []),
+                    *(extra or []), "-n", str(nprocs), *argv]
         hosts = ",".join(self.addr(i) for i in range(used))
         return ["ip", "netns", "exec", self.names[0], exe, "-iface", "eth0",
                 "-launcher", "ssh", "-launcher-exec", LAUNCHER,
-                "-hosts", hosts, "-ppn", str(ppn), *(extra or []), "-n", str(nprocs), *argv]
+                "-hosts", hosts, "-ppn", str(ppn), *(["-disable-auto-cleanup"] if keep_going else []),
+                *(extra or []), "-n", str(nprocs), *argv]
 
     def env(self) -> Dict[str, str]:
         """What mpiexec (and through it the launcher and every rank) needs."""
         return {"PCH_TAG": self.tag, "PCH_SUBNET": SUBNET,
                 # keep MPI traffic on the veths: TCP between hosts, never loopback
-                "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0"}
+                "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
+                # Open MPI: as root; its daemons tell hosts apart by hostname (the launcher
+                # gives each host its own, in a UTS namespace)
+                "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
     def eth0_bytes(self) -> List[int]:
         """Bytes received on each host's eth0 (a check that ranks really talk over the veths)."""

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import mpiexec
+from conftest import launch, launch_env
 
 BENCH = [sys.executable, "-m", "partialcoll.bench"]
 ALL_MODES = ("mpi", "impi", "solo", "majority", "probe", "quorum", "full")
@@ -30,9 +30,9 @@ sys.exit(code)
 
 
 def run(nprocs, *args, timeout=240, patch=""):
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, "-c", EVERY_RANK.format(patch=patch), *args]
+    cmd = launch(nprocs, [sys.executable, "-c", EVERY_RANK.format(patch=patch), *args])
     return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PARTIALCOLL_TIMEOUT="120"))
+                          env=dict(os.environ, PARTIALCOLL_TIMEOUT="120", **launch_env()))
 
 
 def exits(p):

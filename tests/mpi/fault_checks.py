@@ -51,7 +51,9 @@ def survive(comm, coll, victim):
             assert i >= DIE_AT, f"round {i} failed before rank {victim} died: {exc}"
             assert exc.ranks and comm.rank not in exc.ranks, exc.ranks
             if EXPECT == "MPIError":
-                assert exc.ranks == (victim,), (exc.ranks, str(exc))
+                # Open MPI (ULFM) also reports survivors that already left without MPI_Finalize
+                ulfm = "Open MPI" in MPI.Get_library_version()
+                assert (victim in exc.ranks) if ulfm else exc.ranks == (victim,), (exc.ranks, str(exc))
             assert f"this is rank {comm.rank}" in str(exc), str(exc)
             print(f"FAULT rank={comm.rank} mode={MODE} raised={type(exc).__name__} at_round={i} "
                   f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}", flush=True)

@@ -1,0 +1,79 @@
+"""The fault table of docs/faults.md: run tests/mpi/fault_checks.py for each way a peer
+dies, each mode and P, under this environment's mpiexec (MPICH or Open MPI), and print
+one Markdown row per run: what each survivor's wait raised, after how long, which ranks
+it named, and what close() raised.
+
+    python bench/fault_table.py [--P 3 4] [--modes solo full neighbor] [--how exit kill]
+                                [--timeout 3] [--cannot-tell]
+
+--cannot-tell hides MPIX_Comm_get_failed from the engine (PARTIALCOLL_NO_FAILED_QUERY=1).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+from conftest import launch, launch_env, mpi_flavour   # noqa: E402  (the tests' own launcher)
+
+WAIT = re.compile(r"FAULT rank=(\d+) mode=\w+ raised=(\w+) at_round=(\d+) after=([\d.]+)s ranks=\(([\d, ]*)\)")
+CLOSE = re.compile(r"FAULT rank=(\d+) mode=\w+ close_raised=(\w+) after=([\d.]+)s")
+
+
+def row(mpi: str, how: str, mode: str, p: int, timeout: float, cannot_tell: bool) -> str:
+    expect = "Timeout" if cannot_tell else "MPIError"
+    argv = [sys.executable, os.path.join(HERE, "..", "tests", "mpi", "fault_checks.py"), mode, expect,
+            str(timeout), how]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **launch_env())
+    if cannot_tell:
+        env["PARTIALCOLL_NO_FAILED_QUERY"] = "1"
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(launch(p, argv, keep_going=True), capture_output=True, text=True, env=env,
+                             timeout=3 * timeout + 60).stdout
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        out += "\n(mpiexec timed out)"
+    took = time.monotonic() - t0
+    waits = {int(m[0]): m for m in WAIT.findall(out)}
+    closes = {int(m[0]): m for m in CLOSE.findall(out)}
+    raised = sorted({f"{m[1]} at round {m[2]}" for m in waits.values()}) or ["nothing"]
+    after = sorted(float(m[3]) for m in waits.values())
+    span = "-" if not after else (f"{after[0]:.2f} s" if after[-1] - after[0] < 0.01
+                                  else f"{after[0]:.2f} - {after[-1]:.2f} s")
+    named = ", ".join(f"({waits[r][4]})" if r in waits else "-" for r in range(p - 1))
+    closed = sorted({f"{m[1]}, {float(m[2]):.2f} s" for m in closes.values()}) or ["-"]
+    died = {"exit": "`os._exit(3)`", "kill": "`SIGKILL`"}[how]
+    who = mpi + (", cannot tell" if cannot_tell else "")
+    note = "" if waits or "timed out" not in out else " (mpiexec killed by the driver)"
+    return (f"| {who} | 1 node | {died} | {mode} | {p} | {'; '.join(raised)}{note} | {span} | {named} | "
+            f"{'; '.join(closed)} | {took:.1f} s |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--P", type=int, nargs="+", default=[3, 4])
+    ap.add_argument("--modes", nargs="+", default=["solo", "full"])
+    ap.add_argument("--how", nargs="+", default=["exit", "kill"])
+    ap.add_argument("--timeout", type=float, default=3.0)
+    ap.add_argument("--cannot-tell", action="store_true")
+    a = ap.parse_args()
+    import partialcoll as pc
+    mpi = pc.info()["mpi_library"].split(",")[0].split("\n")[0].replace("Version:", "").strip()
+    print(f"# {mpi} ({mpi_flavour()}), timeout {a.timeout} s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print("| MPI | where | how the peer died | mode | P | each survivor's wait raised | after | "
+          "ranks named (by survivor 0, 1, ...) | close() raised, after | job took |")
+    print("|---|---|---|---|---:|---|---:|---|---|---:|")
+    for how in a.how:
+        for mode in a.modes:
+            for p in (a.P if mode != "neighbor" else [4]):
+                print(row(mpi, how, mode, p, a.timeout, a.cannot_tell), flush=True)
+
+
+if __name__ == "__main__":
+    main()

