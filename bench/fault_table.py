@@ -4,7 +4,7 @@ one Markdown row per run: what each survivor's wait raised, after how long, whic
 it named, and what close() raised.
 
     python bench/fault_table.py [--P 3 4] [--modes solo full neighbor] [--how exit kill]
-                                [--timeout 3] [--cannot-tell]
+                                [--timeout 3] [--cannot-tell] [--expect Timeout]
 
 --cannot-tell hides MPIX_Comm_get_failed from the engine (PARTIALCOLL_NO_FAILED_QUERY=1).
 """
@@ -25,8 +25,8 @@ WAIT = re.compile(r"FAULT rank=(\d+) mode=\w+ raised=(\w+) at_round=(\d+) after=
 CLOSE = re.compile(r"FAULT rank=(\d+) mode=\w+ close_raised=(\w+) after=([\d.]+)s")
 
 
-def row(mpi: str, how: str, mode: str, p: int, timeout: float, cannot_tell: bool) -> str:
-    expect = "Timeout" if cannot_tell else "MPIError"
+def row(mpi: str, how: str, mode: str, p: int, timeout: float, cannot_tell: bool, expect: str) -> str:
+    expect = "Timeout" if cannot_tell else expect
     argv = [sys.executable, os.path.join(HERE, "..", "tests", "mpi", "fault_checks.py"), mode, expect,
             str(timeout), how]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **launch_env())
@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--how", nargs="+", default=["exit", "kill"])
     ap.add_argument("--timeout", type=float, default=3.0)
     ap.add_argument("--cannot-tell", action="store_true")
+    ap.add_argument("--expect", choices=["MPIError", "Timeout"], default="MPIError",
+                    help="what the survivors must raise (else they print no row: 'nothing')")
     a = ap.parse_args()
     import partialcoll as pc
     mpi = pc.info()["mpi_library"].split(",")[0].split("\n")[0].replace("Version:", "").strip()
@@ -72,7 +74,7 @@ def main() -> None:
     for how in a.how:
         for mode in a.modes:
             for p in (a.P if mode != "neighbor" else [4]):
-                print(row(mpi, how, mode, p, a.timeout, a.cannot_tell), flush=True)
+                print(row(mpi, how, mode, p, a.timeout, a.cannot_tell, a.expect), flush=True)
 
 
 if __name__ == "__main__":
