@@ -37,7 +37,8 @@ def pytest_addoption(parser):
 
 
 def pytest_report_header(config):
-    lines = [f"mpiexec: {mpiexec()} ({mpi_flavour()})"] if shutil.which(mpiexec()) else []
+    exe = _find_mpiexec()
+    lines = [f"mpiexec: {exe} ({hosts_mod.mpi_flavour(exe)})" if exe else "mpiexec: not found"]
     n = config.getoption("--hosts")
     if n:
         lines.append(f"emulated hosts: {n} (ppn {config.getoption('--ppn')}, "
@@ -45,11 +46,14 @@ def pytest_report_header(config):
     return lines
 
 
-def mpiexec() -> str:
+def _find_mpiexec() -> Optional[str]:
+    """This environment's mpiexec (beside the Python running the tests), else PATH's."""
     exe = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(exe):
-        return exe
-    found = shutil.which("mpiexec")
+    return exe if os.path.exists(exe) else shutil.which("mpiexec")
+
+
+def mpiexec() -> str:
+    found = _find_mpiexec()
     if not found:
         pytest.fail("mpiexec not found: install the 'mpich' wheel (pip install -e .)")
     return found
