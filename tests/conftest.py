@@ -67,15 +67,14 @@ def mpi_flavour() -> str:
 def launch(nprocs: int, argv: List[str], extra: Optional[List[str]] = None, keep_going: bool = False) -> List[str]:
     """The mpiexec command line for nprocs ranks of argv on this node, for either MPI.
 
-    keep_going: the job outlives a rank that dies (MPICH -disable-auto-cleanup; Open MPI's
-    ULFM, --with-ft ulfm), so the survivors can report it. Open MPI also needs leave to
+    keep_going: the job outlives a rank that dies (hosts.keep_going_flags), so the
+    survivors can report it. Open MPI also needs leave to
     oversubscribe the node's cores and not to bind every rank to one core.
     """
-    if mpi_flavour() == "openmpi":
-        flags = ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"] + (["--with-ft", "ulfm"] if keep_going else [])
-    else:
-        flags = ["-disable-auto-cleanup"] if keep_going else []
-    return [mpiexec(), *flags, *(extra or []), "-n", str(nprocs), *argv]
+    exe = mpiexec()
+    flags = ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"] if mpi_flavour() == "openmpi" else []
+    going = hosts_mod.keep_going_flags(exe) if keep_going else []
+    return [exe, *flags, *going, *(extra or []), "-n", str(nprocs), *argv]
 
 
 def launch_env() -> dict:

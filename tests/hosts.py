@@ -53,6 +53,12 @@ def mpi_flavour(exe: str) -> str:
     return "openmpi" if ("Open MPI" in text or "prte" in text.lower()) else "mpich"
 
 
+def keep_going_flags(exe: str) -> List[str]:
+    """exe's flags for a job that outlives a rank that dies, so the survivors can report it
+    (MPICH: -disable-auto-cleanup; Open MPI: its ULFM)."""
+    return ["--with-ft", "ulfm"] if mpi_flavour(exe) == "openmpi" else ["-disable-auto-cleanup"]
+
+
 def unavailable() -> Optional[str]:
     """Why emulated hosts cannot be made here (None: they can)."""
     if os.geteuid() != 0:
@@ -258,31 +264,29 @@ class Hosts:
         host), for MPICH's or Open MPI's mpiexec (keep_going: the job outlives a dead rank)."""
         ppn = ppn or self.ppn
         used = min(self.n, math.ceil(nprocs / ppn))
+        going = keep_going_flags(exe) if keep_going else []
         if mpi_flavour(exe) == "openmpi":
-            # PRRTE's "ssh" is the launcher too; every rank's TCP and the daemons' control
-            # traffic on eth0; shared memory only between ranks of one host
-            # rank r on host (r // ppn) mod used, as Hydra's -ppn places them: a sequential map
+            # rank r on host (r // ppn) mod used, as Hydra's -ppn places them: a sequential
+            # map; PRRTE's daemons started through our "ssh"; their control traffic and every
+            # rank's TCP on eth0, shared memory only between ranks of one host
             seq = os.path.join(tempfile.gettempdir(), f"{self.tag}-seq-{nprocs}-{ppn}-{used}")
             with open(seq, "w") as f:
                 f.writelines(f"{self.addr((r // ppn) % used)}\n" for r in range(nprocs))
             return ["ip", "netns", "exec", self.names[0], exe, "--hostfile", seq, "--map-by", "seq:OVERSUBSCRIBE",
                     "--bind-to", "none", "--prtemca", "plm_ssh_agent", LAUNCHER,
                     "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "btl", "tcp,sm,self",
-                    "--mca", "btl_tcp_if_include", "eth0", *(["--with-ft", "ulfm"] if keep_going else []),
-                    *(extra or []), "-n", str(nprocs), *argv]
+                    "--mca", "btl_tcp_if_include", "eth0", *going, *(extra or []), "-n", str(nprocs), *argv]
         hosts = ",".join(self.addr(i) for i in range(used))
         return ["ip", "netns", "exec", self.names[0], exe, "-iface", "eth0",
                 "-launcher", "ssh", "-launcher-exec", LAUNCHER,
-                "-hosts", hosts, "-ppn", str(ppn), *(["-disable-auto-cleanup"] if keep_going else []),
-                *(extra or []), "-n", str(nprocs), *argv]
+                "-hosts", hosts, "-ppn", str(ppn), *going, *(extra or []), "-n", str(nprocs), *argv]
 
     def env(self) -> Dict[str, str]:
         """What mpiexec (and through it the launcher and every rank) needs."""
         return {"PCH_TAG": self.tag, "PCH_SUBNET": SUBNET,
                 # keep MPI traffic on the veths: TCP between hosts, never loopback
                 "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
-                # Open MPI: as root; its daemons tell hosts apart by hostname (the launcher
-                # gives each host its own, in a UTS namespace)
+                # Open MPI refuses to run as root without these (its daemons too)
                 "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
     def eth0_bytes(self) -> List[int]:
