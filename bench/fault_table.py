@@ -1,4 +1,4 @@
-"""The fault table of docs/faults.md: run tests/mpi/fault_checks.py for each way a peer
+"""The fault table of docs/faults.md: run tests/mpi/peer_dies.py for each way a peer
 dies, each mode and P, under this environment's mpiexec (MPICH or Open MPI), and print
 one Markdown row per run: what each survivor's wait raised, after how long, which ranks
 it named, and what close() raised.
@@ -27,7 +27,7 @@ CLOSE = re.compile(r"FAULT rank=(\d+) mode=\w+ close_raised=(\w+) after=([\d.]+)
 
 def row(mpi: str, how: str, mode: str, p: int, timeout: float, cannot_tell: bool, expect: str) -> str:
     expect = "Timeout" if cannot_tell else expect
-    argv = [sys.executable, os.path.join(HERE, "..", "tests", "mpi", "fault_checks.py"), mode, expect,
+    argv = [sys.executable, os.path.join(HERE, "..", "tests", "mpi", "peer_dies.py"), mode, expect,
             str(timeout), how]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **launch_env())
     if cannot_tell:

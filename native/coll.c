@@ -225,7 +225,11 @@ void coll_round_done(pc_coll *c)
     c->armed = NULL;
     if (c->finished || c->err || c->abandoned) return;
     int rc = coll_arm(c, c->completed);
-    if (rc && !c->err) { c->err = rc; snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error()); }
+    if (rc && !c->err) {
+        c->err = rc;
+        c->errpeer = pc_last_error_peer();
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
+    }
 }
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
@@ -285,7 +289,7 @@ int pc_coll_begin(pc_coll *c)
     return rc;
 }
 
-static int coll_error(pc_coll *c) { return fail(c->err, "%s", c->errmsg); }
+static int coll_error(pc_coll *c) { return fail_at(c->err, c->errpeer, c->errmsg); }
 
 /* Every post begins here (lock held): refuse after an error or close, number the post. */
 static int coll_post_begin(pc_coll *c, int64_t *index, int *late)

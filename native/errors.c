@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 static __thread char last_error[512];
+static __thread int last_peer = -1;
 
 /* Record a message for pc_last_error() (per thread) and return the code. */
 int fail(int code, const char *fmt, ...)
@@ -13,10 +14,19 @@ int fail(int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
+    last_peer = -1;
+    return code;
+}
+
+int fail_at(int code, int peer, const char *msg)
+{
+    fail(code, "%s", msg);
+    last_peer = peer;
     return code;
 }
 
 const char *pc_last_error(void) { return last_error; }
+int pc_last_error_peer(void) { return last_peer; }
 
 const char *pc_strerror(int code)
 {

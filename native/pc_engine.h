@@ -114,6 +114,7 @@ typedef struct pc_result {
 
 const char *pc_strerror(int code);
 const char *pc_last_error(void);
+int pc_last_error_peer(void);   /* the peer of the send/receive that failed, or -1 */
 
 int pc_engine_start(int use_thread, const pc_idle_policy *policy);
 int pc_engine_stop(void);

@@ -56,6 +56,7 @@ struct pc_sched {
     int doomed;              /* free the schedule once it stops running (pc_sched_abandon) */
     int64_t version, executions;
     char errmsg[384];
+    int errpeer;             /* with err: the peer of the failed send/receive, or -1 */
     pc_coll *coll;
     pc_sched *next, *prev;   /* running list */
     int64_t *sent;           /* bytes of the sends posted to each peer since creation
@@ -89,6 +90,7 @@ struct pc_coll {
     pc_coll *next_doomed;    /* list of abandoned collectives (E.doomed) */
     int err;
     char errmsg[384];
+    int errpeer;             /* with err: as pc_sched's */
 };
 
 /* ------------------------------------------------------------------ engine state */
@@ -120,6 +122,8 @@ extern pc_engine_state E;
 
 /* errors.c */
 int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* fail(code, "%s", msg), naming the peer of a failed send/receive (-1: none) */
+int fail_at(int code, int peer, const char *msg);
 
 /* kernels.c */
 extern const size_t pc_dt_size[PC_DT_COUNT];

@@ -13,13 +13,18 @@ void *op_addr(const pc_op *op, int i) { return (char *)*op->base[i] + op->off[i]
 void sched_fail(pc_sched *s, int op, int code, const char *what)
 {
     if (s->err) return;
+    int kind = op >= 0 ? s->ops[op].kind : -1;
     s->err = code;
-    snprintf(s->errmsg, sizeof s->errmsg, "schedule op %d (%s) failed at rank %d, execution %lld: %s",
-             op, op >= 0 ? (const char *[]){"send", "recv", "compute", "nop", "trigger", "take",
-                                             "deliver"}[s->ops[op].kind] : "-",
-             s->rank, (long long)s->version, what);
+    s->errpeer = kind == PC_SEND || kind == PC_RECV ? s->ops[op].peer : -1;
+    char peer[32] = "";
+    if (s->errpeer >= 0) snprintf(peer, sizeof peer, " %s rank %d", kind == PC_SEND ? "to" : "from", s->errpeer);
+    snprintf(s->errmsg, sizeof s->errmsg, "schedule op %d (%s%s) failed at rank %d, execution %lld: %s",
+             op, kind >= 0 ? (const char *[]){"send", "recv", "compute", "nop", "trigger", "take",
+                                              "deliver"}[kind] : "-",
+             peer, s->rank, (long long)s->version, what);
     if (s->coll && !s->coll->err) {
         s->coll->err = code;
+        s->coll->errpeer = s->errpeer;
         memcpy(s->coll->errmsg, s->errmsg, sizeof s->errmsg);
     }
     sched_withdraw(s);      /* the buffers stay in use until what is posted has drained */
@@ -145,7 +150,7 @@ int sched_begin(pc_sched *s, int64_t version)
     }
     sched_check_done(s);
     kick_lazy();
-    return s->err ? fail(s->err, "%s", s->errmsg) : PC_OK;
+    return s->err ? fail_at(s->err, s->errpeer, s->errmsg) : PC_OK;
 }
 
 
@@ -287,7 +292,7 @@ int pc_sched_test(pc_sched *s, int64_t execution, int *done)
     sched_wait_arg a = {s, execution};
     if (!sched_reached(&a)) engine_progress_locked();    /* as MPI_Test: see pc_coll_test */
     *done = sched_reached(&a);
-    int rc = s->err ? fail(s->err, "%s", s->errmsg) : PC_OK;
+    int rc = s->err ? fail_at(s->err, s->errpeer, s->errmsg) : PC_OK;
     app_unlock();
     return rc;
 }
@@ -298,7 +303,7 @@ int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s)
     if (rc0) return rc0;
     sched_wait_arg a = {s, execution};
     int rc = wait_until(sched_reached, &a, timeout_s);
-    if (rc == PC_OK && s->err) rc = fail(s->err, "%s", s->errmsg);
+    if (rc == PC_OK && s->err) rc = fail_at(s->err, s->errpeer, s->errmsg);
     else if (rc == PC_ERR_TIMEOUT)
         rc = fail(PC_ERR_TIMEOUT, "schedule execution %lld did not complete (rank %d; %d messages in flight)",
                   (long long)execution, s->rank, s->nreq);

@@ -49,7 +49,7 @@ int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int
         done[i] = s[i]->executions > executions[i];
         if (s[i]->err && failed < 0) failed = i;
     }
-    if (failed >= 0) rc = fail(s[failed]->err, "%s", s[failed]->errmsg);
+    if (failed >= 0) rc = fail_at(s[failed]->err, s[failed]->errpeer, s[failed]->errmsg);
     else if (rc == PC_ERR_TIMEOUT && timeout_s != 0)
         rc = fail(PC_ERR_TIMEOUT, "%d of %d schedule executions did not complete", need, n);
     app_unlock();

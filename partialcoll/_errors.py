@@ -25,7 +25,8 @@ class StateError(PartialcollError, RuntimeError):
 
 
 class MPIError(PartialcollError, RuntimeError):
-    """MPI reported an error inside the engine; ``ranks``: the failed peers, where the MPI names them."""
+    """MPI reported an error inside the engine; ``ranks``: the failed peers where the MPI
+    names them (MPIX_Comm_get_failed), else the peer of the send or receive that failed."""
 
     def __init__(self, message: str = "", ranks: Tuple[int, ...] = ()) -> None:
         super().__init__(message)
@@ -59,6 +60,9 @@ def check(rc: int) -> None:
     from ._engine import ffi, lib
     msg = ffi.string(lib.pc_last_error()).decode(errors="replace") or \
         ffi.string(lib.pc_strerror(rc)).decode()
+    peer = lib.pc_last_error_peer()
+    if _BY_CODE.get(rc) is MPIError and peer >= 0:      # a send or receive failed: name its peer
+        raise MPIError(msg, (peer,))
     raise _BY_CODE.get(rc, PartialcollError)(msg)
 
 

@@ -17,6 +17,7 @@ from typing import List, Optional
 import pytest
 
 import hosts as hosts_mod
+from mpi._launch import checks_argv, failed_checks, is_check_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -104,7 +105,8 @@ def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dic
     rank, see launch()). hosts (tests/hosts.Hosts): spread the
     ranks over emulated hosts, ppn per host (default: the hosts' own).
     """
-    argv = [sys.executable, os.path.join(HERE, "mpi", script), *args]
+    path = os.path.join(HERE, "mpi", script)
+    argv = [sys.executable, *(checks_argv(path, args) if is_check_module(path) else [path, *args])]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **launch_env())
     if hosts is not None:
         timeout *= HOSTS_TIMEOUT_FACTOR
@@ -129,7 +131,9 @@ def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dic
     if (proc.returncode != 0 and expect_passed is None) or passed != want:
         if hosts is not None:
             hosts.reap()
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{want} ranks passed\n{out[-8000:]}")
+        checks = failed_checks(out)
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{want} ranks passed"
+                    + (f"\nfailed checks: {checks}" if checks else "") + f"\n{out[-8000:]}")
     return out
 
 

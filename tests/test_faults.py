@@ -1,4 +1,4 @@
-"""A peer that dies (issue 14, faults; tests/mpi/fault_checks.py): the last rank exits at
+"""A peer that dies (issue 14, faults; tests/mpi/peer_dies.py): the last rank exits at
 iteration 5 under an mpiexec that outlives it (MPICH -disable-auto-cleanup, Open MPI
 --with-ft ulfm; conftest.launch); every survivor raises within its
 timeout: MPIError naming the dead rank where the MPI can tell (MPICH reports it through
@@ -33,7 +33,7 @@ def faults(out):
 @pytest.mark.parametrize("mode", ["solo", "full"])
 def test_dead_peer_is_named(mpirun, mode, nprocs):
     """The MPI can tell: every survivor raises MPIError naming the dead rank, within a few slices of the wait (0.25 s each)."""
-    out = mpirun("fault_checks.py", nprocs, mode, "MPIError", "10", named_death(), keep_going=True,
+    out = mpirun("peer_dies.py", nprocs, mode, "MPIError", "10", named_death(), keep_going=True,
                  expect_passed=nprocs - 1, timeout=60)
     got = faults(out)
     assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
@@ -46,12 +46,17 @@ def test_dead_peer_is_named(mpirun, mode, nprocs):
 def test_dead_peer_times_out(mpirun, mode, nprocs):
     """The MPI cannot tell (MPIX_Comm_get_failed hidden): every survivor raises Timeout after
     its 3 s, naming the ranks it has not heard from in the round; the dead rank is among
-    them at the survivors it talks to directly."""
-    out = mpirun("fault_checks.py", nprocs, mode, "Timeout", "3", keep_going=True,
+    them at the survivors it talks to directly. Open MPI across emulated hosts notices the
+    dead rank's closed TCP connection even so: a survivor whose receive from it fails
+    raises MPIError naming it, at once."""
+    out = mpirun("peer_dies.py", nprocs, mode, "Timeout", "3", keep_going=True,
                  env={"PARTIALCOLL_NO_FAILED_QUERY": "1"}, expect_passed=nprocs - 1, timeout=60)
     got = faults(out)
     assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
     for rank, (exc, took, ranks) in got.items():
+        if exc == "MPIError" and mpi_flavour() == "openmpi":
+            assert ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)
+            continue
         assert exc == "Timeout" and 2.9 <= took < 8 and ranks and rank not in ranks, (rank, exc, took, ranks)
     assert any(nprocs - 1 in ranks for _, _, ranks in got.values()), got
 
@@ -61,7 +66,7 @@ def test_dead_neighbor_is_named(mpirun):
     and raise MPIError naming the dead rank, also at rank 1, whose own neighbours live (it
     stalls an iteration later, when they do). Under Open MPI's ULFM the receive from the
     dead rank fails at once, and the MPI is asked then."""
-    out = mpirun("fault_checks.py", 4, "neighbor", "MPIError", "3", named_death(), keep_going=True,
+    out = mpirun("peer_dies.py", 4, "neighbor", "MPIError", "3", named_death(), keep_going=True,
                  expect_passed=3, timeout=60)
     got = faults(out)
     assert sorted(got) == [0, 1, 2], out[-3000:]

@@ -54,7 +54,7 @@ def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
 @pytest.mark.parametrize("script,nprocs,args", [
     ("allreduce_checks.py", 4, ()),
     ("partial_checks.py", 4, ("probe", "60")),
-    ("close_checks.py", 3, ("solo", "fold", "1")),
+    ("close_checks.py", 3, ("solo", "fold,latest", "1")),
 ])
 def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
     mpirun_on(four, script, nprocs, *args, timeout=120)

@@ -1,10 +1,23 @@
-"""Shared by the scripts under tests/mpi (each runs on every rank under mpiexec)."""
+"""Shared by the modules under tests/mpi (each runs on every rank under mpiexec)."""
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
 from mpi4py import MPI
+
+from _launch import checks_args
+
+# the check module's arguments (MODE, ROUNDS...): pytest's --check-args (conftest.py), or
+# the command line of ``python X_checks.py ARGS``
+ARGS: list = sys.argv[1:] if os.path.basename(sys.argv[0]).endswith("_checks.py") else []
+
+
+def run_module(path: str) -> None:
+    """``python X_checks.py ARGS`` (under mpiexec) runs the module as ``python -m pytest --with-mpi`` would."""
+    import pytest
+    sys.exit(pytest.main(checks_args(path, sys.argv[1:])))
 
 
 def expect_raises(exc_type, fn, *args, match: str = "", **kwargs):
@@ -18,7 +31,8 @@ def expect_raises(exc_type, fn, *args, match: str = "", **kwargs):
 
 
 def main(body) -> None:
-    """Run body(comm); print PASSED <rank>, or the traceback and abort every rank."""
+    """A plain script (not a check module): run body(comm); print PASSED <rank>, or the
+    traceback and abort every rank."""
     comm = MPI.COMM_WORLD
     try:
         body(comm)

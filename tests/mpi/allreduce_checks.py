@@ -1,15 +1,15 @@
 """Allreduce schedules against MPI_Allreduce (issue 3): python allreduce_checks.py [--large]"""
 from __future__ import annotations
 
-import sys
 import zlib
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from _data import assert_matches, combos, values
-from _util import main
+from _util import ARGS, run_module
 
 ALGORITHMS = ["recursive_doubling", "ring", "auto"]
 
@@ -33,32 +33,36 @@ def check_one(comm, algorithm, count, dtype, op, salt=0, in_place=False):
     coll.close()
 
 
-def body(comm):
-    p = comm.size
-    large = "--large" in sys.argv
-    if large:                        # count 2^20 + 3, every op x dtype, every algorithm
-        n = 2 ** 20 + 3
-        for algorithm in ALGORITHMS:
-            for dtype, op in combos():
-                check_one(comm, algorithm, n, dtype, op)
+LARGE = "--large" in ARGS          # count 2^20 + 3 only, every op x dtype
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_count_op_dtype(comm, algorithm):
+    if LARGE:
+        for dtype, op in combos():
+            check_one(comm, algorithm, 2 ** 20 + 3, dtype, op)
         return
-    counts = sorted({0, 1, 2, max(p - 1, 0), p, p + 1, 1000})
-    for algorithm in ALGORITHMS:
-        for count in counts:
-            for dtype, op in combos():
-                check_one(comm, algorithm, count, dtype, op)
-        check_one(comm, algorithm, 1000, np.float64, MPI.SUM, in_place=True)
-    # one persistent allreduce, 500 executions with fresh data each time
-    for algorithm in ("recursive_doubling", "ring"):
-        coll = pc.allreduce_init(37, np.int64, MPI.SUM, comm, algorithm=algorithm)
-        for it in range(500):
-            x = values(np.int64, MPI.SUM, 37, comm.rank, salt=it)
-            ref = np.empty_like(x)
-            comm.Allreduce(x, ref)
-            res = coll.post(x).wait()
-            assert np.array_equal(res.data, ref) and res.round == it, (algorithm, it)
-        coll.close()
+    p = comm.size
+    for count in sorted({0, 1, 2, max(p - 1, 0), p, p + 1, 1000}):
+        for dtype, op in combos():
+            check_one(comm, algorithm, count, dtype, op)
+    check_one(comm, algorithm, 1000, np.float64, MPI.SUM, in_place=True)
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_persistent_500_executions(comm, algorithm):
+    """One persistent allreduce, 500 executions with fresh data each time."""
+    if LARGE:
+        pytest.skip("--large: only the large counts")
+    coll = pc.allreduce_init(37, np.int64, MPI.SUM, comm, algorithm=algorithm)
+    for it in range(500):
+        x = values(np.int64, MPI.SUM, 37, comm.rank, salt=it)
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref)
+        res = coll.post(x).wait()
+        assert np.array_equal(res.data, ref) and res.round == it, (algorithm, it)
+    coll.close()
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

@@ -16,17 +16,19 @@ from mpi4py import MPI
 import partialcoll as pc
 from _data import values
 from _devices import KIND, to_device, to_host
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 DTYPES = [np.float32, np.float64]
 MODES = ["solo", "majority", "probe", "quorum", "full"]
 
 
+assert KIND != "host", "run with PC_TEST_BUFFERS=cupy or emulated"
+
 def options(mode, comm):
     return {"quorum": {"quorum": max(1, (comm.size + 1) // 2)}, "probe": {"candidates": 2}}.get(mode, {})
 
 
-def full_mode_equals_host_path(comm):
+def test_full_mode_equals_host_path(comm):
     for dt in DTYPES:
         for count in (0, 1, comm.size + 1, 1000, 70_000):        # 70_000 float32s: ring under "auto"
             dev = pc.allreduce_init(count, dt, comm=comm)
@@ -55,7 +57,7 @@ def full_mode_equals_host_path(comm):
                 c.close()
 
 
-def every_mode_nothing_lost(comm):
+def test_every_mode_nothing_lost(comm):
     """Skewed and overlapping posts: the results plus close() hold every posted value once."""
     replaced = 0
     for mode in MODES:
@@ -85,7 +87,7 @@ def every_mode_nothing_lost(comm):
     assert comm.size == 1 or total > 0, "no post went through pc_coll_post_replace"
 
 
-def mixed_host_and_device_posts(comm):
+def test_mixed_host_and_device_posts(comm):
     """Host posts fold on the host: the device's pending copy is then no longer the accumulator."""
     coll = pc.PartialAllreduce(3, np.float64, MPI.SUM, comm, mode="majority", late="fold")
     got = np.zeros(3)
@@ -103,7 +105,7 @@ def mixed_host_and_device_posts(comm):
     assert np.array_equal(got, np.full(3, float(expect))), (got, expect)
 
 
-def schedule_with_device_buffers(comm):
+def test_schedule_with_device_buffers(comm):
     """A ring step on device buffers: acc = acc + (what the left neighbour sent), 4 executions."""
     p, r = comm.size, comm.rank
     left, right = (r - 1) % p, (r + 1) % p
@@ -140,7 +142,7 @@ def _set(dev, host):
         np.copyto(dev.view(np.ndarray), host)
 
 
-def bad_device_input(comm):
+def test_bad_device_input(comm):
     coll = pc.PartialAllreduce(6, np.float32, MPI.SUM, comm)
     expect_raises(pc.InvalidBufferError, coll.post, to_device(np.zeros(6, np.float64)), match="dtype")
     expect_raises(pc.InvalidBufferError, coll.post, to_device(np.zeros(5, np.float32)), match="elements")
@@ -150,14 +152,5 @@ def bad_device_input(comm):
     coll.close()
 
 
-def body(comm):
-    assert KIND != "host", "run with PC_TEST_BUFFERS=cupy or emulated"
-    full_mode_equals_host_path(comm)
-    every_mode_nothing_lost(comm)
-    mixed_host_and_device_posts(comm)
-    schedule_with_device_buffers(comm)
-    bad_device_input(comm)
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

@@ -1,14 +1,15 @@
-"""Schedule engine checks (issue 2), run on every rank: python engine_checks.py"""
+"""Schedule engine checks (issue 2), on every rank: mpiexec -n P python -m pytest --with-mpi engine_checks.py"""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 
-def ring_pass(comm):
+def test_ring_pass(comm):
     r, p = comm.rank, comm.size
     send, got = np.full(5, r, np.int64), np.full(5, -1, np.int64)
     s = pc.Schedule(comm)
@@ -19,7 +20,7 @@ def ring_pass(comm):
         assert (got == (r - 1) % p).all(), got
 
 
-def binomial_bcast_every_root(comm):
+def test_binomial_bcast_every_root(comm):
     r, p = comm.rank, comm.size
     for root in range(p):
         rel = (r - root) % p
@@ -41,7 +42,7 @@ def binomial_bcast_every_root(comm):
         assert (buf == np.arange(7) * 10 + root).all(), (root, buf)
 
 
-def binomial_reduce(comm):
+def test_binomial_reduce(comm):
     r, p = comm.rank, comm.size
     root = p - 1
     rel = (r - root) % p
@@ -64,7 +65,8 @@ def binomial_reduce(comm):
         assert (acc == expect).all(), acc
 
 
-def k_of_n(comm, need):
+@pytest.mark.parametrize("need", ["any", 2, 3])
+def test_k_of_n(comm, need):
     """Rank 0's op X waits for `need` of three messages; the other messages are sent only
     after X fired (they are gated on a message X sends), so X provably fired at exactly
     `need` completions, and a counter shows it fired exactly once."""
@@ -100,7 +102,7 @@ def k_of_n(comm, need):
         assert all(b[0] == 1 for b in bufs)
 
 
-def persistent_1000(comm):
+def test_persistent_1000(comm):
     """1000 executions with fresh data each; no barrier between them, so fast ranks run
     ahead and only the execution versions keep messages apart."""
     r, p = comm.rank, comm.size
@@ -116,7 +118,7 @@ def persistent_1000(comm):
             assert got[0] == it * p + left and got[1] == it and got[2] == -left, (it, got)
 
 
-def nonpersistent_runs_once(comm):
+def test_nonpersistent_runs_once(comm):
     s = pc.Schedule(comm)
     s.nop()
     with s.commit(persistent=False):
@@ -124,7 +126,7 @@ def nonpersistent_runs_once(comm):
         expect_raises(pc.StateError, s.start, match="runs once")
 
 
-def bad_inputs(comm):
+def test_bad_inputs(comm):
     p = comm.size
     s = pc.Schedule(comm)
     a32, a64 = np.zeros(4, np.float32), np.zeros(4, np.float64)
@@ -148,19 +150,22 @@ def bad_inputs(comm):
     expect_raises(pc.StateError, pc.Schedule(comm).start, match="commit")
 
 
-def size_mismatch(comm):
-    """A receive that gets a message of another size is an MPIError on the receiver."""
+def test_size_mismatch(comm):
+    """A receive that gets a message of another size is an MPIError on the receiver, naming
+    the sender (the peer of the receive that failed)."""
     r, p = comm.rank, comm.size
     s = pc.Schedule(comm)
     s.send(np.zeros(4, np.int32), (r + 1) % p)
     s.recv(np.zeros(8, np.int32), (r - 1) % p)
     with s.commit():
         req = s.start()
-        expect_raises(pc.MPIError, req.wait, timeout=30, match="bytes")
+        exc = expect_raises(pc.MPIError, req.wait, timeout=30, match="bytes")
+        assert exc.ranks == ((r - 1) % p,), exc.ranks
+        assert f"(recv from rank {(r - 1) % p})" in str(exc), str(exc)
     comm.Barrier()
 
 
-def timeout(comm):
+def test_timeout(comm):
     """A receive that is never matched: wait(timeout=) raises Timeout, it does not hang."""
     r = comm.rank
     s = pc.Schedule(comm)
@@ -171,20 +176,9 @@ def timeout(comm):
     assert not req.test()
 
 
-def body(comm):
-    ring_pass(comm)
-    binomial_bcast_every_root(comm)
-    binomial_reduce(comm)
-    k_of_n(comm, "any")
-    k_of_n(comm, 2)
-    k_of_n(comm, 3)
-    persistent_1000(comm)
-    nonpersistent_runs_once(comm)
-    bad_inputs(comm)
-    size_mismatch(comm)
-    timeout(comm)
+def test_progress_mode_as_configured(comm):
     assert pc.progress_mode() == pc.rc.progress, (pc.progress_mode(), pc.rc.progress)
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

@@ -9,14 +9,15 @@ schedule (rank 0's failed execution drains first) and a new one works.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import partialcoll as pc
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 
-def body(comm):
+def test_size_mismatch_fails_only_its_execution(comm):
     if comm.size != 2:
-        return
+        pytest.skip("a check for 2 ranks")
     s = pc.Schedule(comm)
     if comm.rank == 0:
         s.recv(np.zeros(1, np.float64), 1)
@@ -26,7 +27,7 @@ def body(comm):
     for execution in range(3):
         req = s.start()
         if comm.rank == 0:
-            expect_raises(pc.MPIError, req.wait, timeout=20)
+            assert expect_raises(pc.MPIError, req.wait, timeout=20).ranks == (1,)
         else:
             req.wait(timeout=20)
         comm.Barrier()
@@ -40,4 +41,5 @@ def body(comm):
     assert np.all(got == 1 - comm.rank), got
 
 
-main(body)
+if __name__ == "__main__":
+    run_module(__file__)

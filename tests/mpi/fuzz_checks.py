@@ -41,10 +41,10 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll._types import BFLOAT16
-from _util import main
+from _util import ARGS, run_module
 
-WHAT = sys.argv[1] if len(sys.argv) > 1 else "api"
-EXAMPLES = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+WHAT = ARGS[0] if ARGS else "api"
+EXAMPLES = int(ARGS[1]) if len(ARGS) > 1 else 20
 WAIT = float(os.environ.get("PC_FUZZ_WAIT", "30"))       # every wait/close timeout: a hang is a failure
 
 MODES = ["solo", "majority", "probe", "quorum", "full"]
@@ -403,7 +403,7 @@ def run_case(comm, fn, case):
     return comm.allgather(err)
 
 
-def body(comm):
+def test_fuzz_against_mpi_allreduce(comm):
     fn, strategy = (run_api, api_cases) if WHAT == "api" else (run_bad, bad_cases)
     if comm.rank != 0:
         while True:
@@ -437,4 +437,4 @@ def body(comm):
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

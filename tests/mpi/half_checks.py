@@ -9,15 +9,17 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll._types import BFLOAT16
-from _util import main
+from _util import run_module
 
 N = 4099                                  # odd: ring segments of unequal length
 MODES = [("solo", {}), ("majority", {}), ("probe", {"candidates": 2}), ("quorum", {"quorum": 2}),
          ("full", {})]
+HALF = pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
 
 
 def ints(rank, step, n=N):
@@ -38,7 +40,8 @@ def f64(a):
     return a.astype(np.float64)
 
 
-def every_mode(comm, dtype):
+@HALF
+def test_every_mode(comm, dtype):
     for mode, opts in MODES:
         if mode == "quorum" and comm.size < 2:
             continue
@@ -59,7 +62,8 @@ def every_mode(comm, dtype):
         assert np.array_equal(got, everyone), (mode, np.dtype(dtype).name, np.abs(got - everyone).max())
 
 
-def full_in_place(comm, dtype):
+@HALF
+def test_full_in_place(comm, dtype):
     """full mode, post(x, out=x): the round runs in the caller's buffer."""
     with pc.allreduce_init(N, dtype, comm=comm) as coll:
         for step in range(3):
@@ -70,7 +74,8 @@ def full_in_place(comm, dtype):
             assert np.array_equal(f64(x), ref)
 
 
-def schedule_api(comm, dtype):
+@HALF
+def test_schedule_api(comm, dtype):
     """A hand-built ring exchange: recv from the left, b = a + b (compute on halves)."""
     left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
     mine = to(ints(comm.rank, 9), dtype)
@@ -86,12 +91,5 @@ def schedule_api(comm, dtype):
     assert np.array_equal(f64(acc), expect)
 
 
-def body(comm):
-    for dtype in (np.float16, BFLOAT16):
-        every_mode(comm, dtype)
-        full_in_place(comm, dtype)
-        schedule_api(comm, dtype)
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

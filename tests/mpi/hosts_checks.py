@@ -10,21 +10,20 @@ Mbit/s (plus 25 %: the link rate is in effect).
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from _util import main
+from _util import ARGS, run_module
 
-PPN = int(sys.argv[1])
-HOSTS = int(sys.argv[2])
-MIN_US = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-MAX_MBIT = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+PPN = int(ARGS[0])
+HOSTS = int(ARGS[1])
+MIN_US = float(ARGS[2]) if len(ARGS) > 2 else 0.0
+MAX_MBIT = float(ARGS[3]) if len(ARGS) > 3 else 0.0
 
 
-def body(comm):
+def test_placement_modes_and_links(comm):
     here = os.readlink("/proc/self/ns/net")
     where = comm.allgather(here)
     host = [(r // PPN) % HOSTS for r in range(comm.size)]
@@ -71,4 +70,5 @@ def body(comm):
             assert mbit <= 1.25 * MAX_MBIT, f"{mbit:.0f} Mbit/s through a {MAX_MBIT:g} Mbit/s link"
 
 
-main(body)
+if __name__ == "__main__":
+    run_module(__file__)

@@ -14,7 +14,6 @@ the others 20-40 ms later), float64 vectors of NBYTES, late="fold":
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
@@ -22,10 +21,10 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll import _engine
-from _util import main
+from _util import ARGS, run_module
 
-MODE = sys.argv[1] if len(sys.argv) > 1 else "solo"
-NBYTES = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
+MODE = ARGS[0] if ARGS else "solo"
+NBYTES = int(ARGS[1]) if len(ARGS) > 1 else 1 << 20
 STEPS = 12
 
 
@@ -44,7 +43,7 @@ def held(coll):
     return {int(_engine.ffi.cast("uintptr_t", b)) for b in bufs} - {0}
 
 
-def body(comm):
+def test_late_in_place_posts_nothing_lost(comm):
     n = NBYTES // 8
     coll = pc.PartialAllreduce(n, np.float64, MPI.SUM, comm, mode=MODE, late="fold", seed=5, **options(comm))
     rng = np.random.default_rng(300 + comm.rank)
@@ -80,4 +79,4 @@ def body(comm):
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

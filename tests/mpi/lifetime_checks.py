@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 COUNT = 1 << 18                     # 1 MiB of float32
 
@@ -33,7 +33,7 @@ def check_fresh(comm, mode):
     coll.close(timeout=60)
 
 
-def dropped_mid_round(comm):
+def test_dropped_mid_round(comm):
     for mode in ("solo", "full"):
         coll = pc.PartialAllreduce(COUNT, np.float32, MPI.SUM, comm, mode=mode)
         x = np.ones(COUNT, np.float32)
@@ -53,7 +53,7 @@ def dropped_mid_round(comm):
         check_fresh(comm, mode)
 
 
-def with_block_exception(comm):
+def test_with_block_exception(comm):
     coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode="solo")
     t0 = time.perf_counter()
     if comm.rank == 0:
@@ -71,7 +71,7 @@ def with_block_exception(comm):
     comm.Barrier()
 
 
-def dropped_schedules(comm):
+def test_dropped_schedules(comm):
     r, p = comm.rank, comm.size
     for _ in range(1000):                  # idle: freed at once, communicators too
         s = pc.Schedule(comm)
@@ -97,10 +97,5 @@ def dropped_schedules(comm):
             assert np.array_equal(got, np.full(5, float((r - 1) % p))), got
 
 
-def body(comm):
-    dropped_mid_round(comm)
-    with_block_exception(comm)
-    dropped_schedules(comm)
-
-
-main(body)
+if __name__ == "__main__":
+    run_module(__file__)

@@ -19,21 +19,24 @@ errors: bad input raises ArgumentError on every rank, misuse raises StateError.
 """
 from __future__ import annotations
 
-import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import pytest
+from mpi4py import MPI
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-
-import partialcoll as pc  # noqa: E402
-from partialcoll import topology  # noqa: E402
-from mpi._util import expect_raises, main  # noqa: E402
+import partialcoll as pc
+from partialcoll import topology
+from _util import ARGS, expect_raises, run_module
 
 GRAPHS = topology.GRAPHS
+WHAT = ARGS or ["graphs"]           # which of graphs, fig3, errors to check
+
+
+def asked(what: str) -> None:
+    if what not in WHAT:
+        pytest.skip(f"not asked for (asked: {' '.join(WHAT)})")
 
 
 def val(rank: int, k: int) -> float:
@@ -149,48 +152,54 @@ def check_tokens(comm, stats, options, last):
         assert got <= granted <= last[dst] + 1, (comm.rank, dst, got, granted, last[dst])
 
 
-def graphs(comm):
+@pytest.mark.parametrize("kind", GRAPHS)
+def test_graph(comm, kind):
+    asked("graphs")
     size, rank = comm.size, comm.rank
-    for kind in GRAPHS:
-        g = topology.graph(comm, kind)
-        n_in = len(g.Get_dist_neighbors()[0])
-        # standard mode: exact averages against NumPy, every update of iteration k
-        count = 262144 if kind == "ring" else 1000           # 1 MiB of float32 once per P
-        coll = pc.NeighborAllreduce(count, np.float32, comm=g)
-        base = np.arange(count, dtype=np.float32) % 97
-        for k in range(3):
-            x = base + np.float32(rank * 100 + k)
-            res = coll.post(x).wait(timeout=60)
-            ref = x.copy()
-            for src in sorted(coll.sources):
-                ref += base + np.float32(src * 100 + k)
-            ref /= np.float32(1 + n_in)
-            assert res.updates == tuple((src, k) for src in sorted(coll.sources)), res.updates
-            assert res.nap == 1 + n_in and res.active == tuple(sorted((rank,) + coll.sources))
-            np.testing.assert_array_equal(res.data, ref)
-        coll.close()
-        # every mode with random sleeps: data, gaps, tokens, occupancy
-        modes = [dict(), dict(backup=1), dict(backup=1, max_gap=2), dict(max_staleness=2, weights="staleness"),
-                 dict(backup=1, max_gap=1, max_staleness=1)]
-        if kind == "ring_based":
-            modes.append(dict(backup=1, max_gap=2, skipper=0, slow=0))
-        for seed, options in enumerate(modes):
-            opts = {k: v for k, v in options.items() if k not in ("skipper", "slow")}
-            results, trace, stats, posts = run(comm, g, 24, seed=seed, slow=options.get("slow"),
-                                               skipper=options.get("skipper"), **opts)
-            all_posts = comm.allgather(posts)
-            last = comm.allgather(trace[-1][0] if trace else -1)
-            check_data(comm, g, results, opts, all_posts)
-            check_gaps(comm, kind, trace, opts)
-            if opts.get("max_gap") is not None:
-                check_tokens(comm, stats, opts, last)
-                if not opts.get("max_staleness"):
-                    assert stats["max_buffered"] <= (1 + opts["max_gap"]) * n_in, stats
-            if not opts.get("backup") and not opts.get("max_staleness"):
-                assert stats["dropped"] == 0, stats       # standard mode never has a late update
-            if options.get("skipper") == rank:
-                assert stats["skipped"] > 0, "the slow rank never skipped"
-        g.Free()
+    g = topology.graph(comm, kind)
+    n_in = len(g.Get_dist_neighbors()[0])
+    # standard mode: exact averages against NumPy, every update of iteration k
+    count = 262144 if kind == "ring" else 1000           # 1 MiB of float32 once per P
+    coll = pc.NeighborAllreduce(count, np.float32, comm=g)
+    base = np.arange(count, dtype=np.float32) % 97
+    for k in range(3):
+        x = base + np.float32(rank * 100 + k)
+        res = coll.post(x).wait(timeout=60)
+        ref = x.copy()
+        for src in sorted(coll.sources):
+            ref += base + np.float32(src * 100 + k)
+        ref /= np.float32(1 + n_in)
+        assert res.updates == tuple((src, k) for src in sorted(coll.sources)), res.updates
+        assert res.nap == 1 + n_in and res.active == tuple(sorted((rank,) + coll.sources))
+        np.testing.assert_array_equal(res.data, ref)
+    coll.close()
+    # every mode with random sleeps: data, gaps, tokens, occupancy
+    modes = [dict(), dict(backup=1), dict(backup=1, max_gap=2), dict(max_staleness=2, weights="staleness"),
+             dict(backup=1, max_gap=1, max_staleness=1)]
+    if kind == "ring_based":
+        modes.append(dict(backup=1, max_gap=2, skipper=0, slow=0))
+    for seed, options in enumerate(modes):
+        opts = {k: v for k, v in options.items() if k not in ("skipper", "slow")}
+        results, trace, stats, posts = run(comm, g, 24, seed=seed, slow=options.get("slow"),
+                                           skipper=options.get("skipper"), **opts)
+        all_posts = comm.allgather(posts)
+        last = comm.allgather(trace[-1][0] if trace else -1)
+        check_data(comm, g, results, opts, all_posts)
+        check_gaps(comm, kind, trace, opts)
+        if opts.get("max_gap") is not None:
+            check_tokens(comm, stats, opts, last)
+            if not opts.get("max_staleness"):
+                assert stats["max_buffered"] <= (1 + opts["max_gap"]) * n_in, stats
+        if not opts.get("backup") and not opts.get("max_staleness"):
+            assert stats["dropped"] == 0, stats       # standard mode never has a late update
+        if options.get("skipper") == rank:
+            assert stats["skipped"] > 0, "the slow rank never skipped"
+    g.Free()
+
+
+def test_one_way_ring(comm):
+    asked("graphs")
+    size, rank = comm.size, comm.rank
     # a directed graph, the one-way ring r -> r + 1: path lengths differ with direction
     adjacency = {r: ([(r - 1) % size], [(r + 1) % size]) for r in range(size)}
     g = comm.Create_dist_graph_adjacent(*adjacency[rank], reorder=False)
@@ -203,7 +212,8 @@ def graphs(comm):
     g.Free()
 
 
-def fig3(comm):
+def test_fig3(comm):
+    asked("fig3")
     """Hop's Fig. 3: three workers, worker 2 stalls in iteration 1."""
     assert comm.size == 3
     g = pc.ring_graph(comm)                      # on 3 ranks: the triangle
@@ -248,7 +258,8 @@ def fig3(comm):
             assert ahead[2] == 0
 
 
-def errors(comm):
+def test_errors(comm):
+    asked("errors")
     rank, size = comm.rank, comm.size
     g = pc.ring_graph(comm)
     n_in = len(g.Get_dist_neighbors()[0])
@@ -308,13 +319,5 @@ def errors(comm):
     g.Free()
 
 
-def body(comm):
-    for what in sys.argv[1:] or ["graphs"]:
-        t0 = time.monotonic()
-        {"graphs": graphs, "fig3": fig3, "errors": errors}[what](comm)
-        if comm.rank == 0:
-            print(f"{what} at P={comm.size}: {time.monotonic() - t0:.1f} s", flush=True)
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

@@ -6,7 +6,6 @@ same checks with device buffers (tests/mpi/_devices.py).
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
@@ -14,10 +13,10 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from _devices import KIND, on_buffers
-from _util import expect_raises, main
+from _util import ARGS, expect_raises, run_module
 
-MODE = sys.argv[1] if len(sys.argv) > 1 else "solo"
-ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 200
+MODE = ARGS[0] if ARGS else "solo"
+ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 200
 COUNT = 5
 
 
@@ -78,7 +77,7 @@ def check_agreement(comm, log):
                 assert theirs[n] == val, f"round {n}: rank {comm.rank} and rank {r} disagree"
 
 
-def fold_sum_nothing_lost(comm):
+def test_fold_sum_nothing_lost(comm):
     coll = make(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=7, **options(comm))
     log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.arange(COUNT, dtype=np.int64) * 1000 + comm.rank * 7 + i)
     final = coll.close()
@@ -98,7 +97,7 @@ def fold_sum_nothing_lost(comm):
     expect_raises(pc.StateError, coll.post, np.zeros(COUNT, np.int64), match="closed")
 
 
-def fold_in_place_nothing_lost(comm):
+def test_fold_in_place_nothing_lost(comm):
     """In-place posts, post(x, out=x), lend x to the engine as its accumulator: 1 MiB
     buffers, now and then two posts before a wait (the second folds the first's lent
     buffer into its own), now and then a copying post in between. Nothing posted is lost
@@ -128,7 +127,7 @@ def fold_in_place_nothing_lost(comm):
     assert np.array_equal(received, comm.allreduce(posted))
 
 
-def fold_max_nothing_lost(comm):
+def test_fold_max_nothing_lost(comm):
     coll = make(3, np.float64, MPI.MAX, comm, mode=MODE, late="fold", seed=3, **options(comm))
     rng = np.random.default_rng(comm.rank)
     log = skewed_rounds(comm, coll, ROUNDS // 4, lambda i: rng.normal(size=3), max_sleep=0.005)
@@ -144,7 +143,7 @@ def fold_max_nothing_lost(comm):
     assert np.array_equal(got, posted), (got, posted)
 
 
-def latest_each_value_once(comm):
+def test_latest_each_value_once(comm):
     """late="latest": every posted value appears in exactly one round's result."""
     coll = make(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="latest", seed=11,
                                **options(comm))
@@ -173,7 +172,7 @@ def latest_each_value_once(comm):
     assert np.array_equal(total, posted), (total, posted)
 
 
-def several_open_at_once(comm):
+def test_several_open_at_once(comm):
     """Three collectives (one per 'layer') interleaved: they never interfere."""
     colls = [make(4 + j, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=j, **options(comm))
              for j in range(3)]
@@ -188,7 +187,7 @@ def several_open_at_once(comm):
         assert (sums[j] == expect).all(), (j, sums[j], expect)
 
 
-def staleness(comm):
+def test_staleness(comm):
     s = 3
     coll = make(2, np.int64, MPI.SUM, comm, mode=MODE, late="fold", max_staleness=s,
                                **options(comm))
@@ -205,7 +204,7 @@ def staleness(comm):
     assert (total == 40 * comm.size).all()
 
 
-def liveness(comm):
+def test_liveness(comm):
     """solo: one rank asleep in Python (not calling the library); the others complete
     100 rounds; its later posts return at once; close() flushes its data."""
     if MODE != "solo" or comm.size < 2 or pc.rc.progress != "thread":
@@ -235,7 +234,7 @@ def liveness(comm):
     assert got == 100 * (comm.size - 1) + 1000, got
 
 
-def bad_input(comm):
+def test_bad_input(comm):
     r = comm.rank
     for key, value in [("count", 5 + (r == comm.size - 1)), ("seed", r), ("mode", "solo" if r else "majority")]:
         if comm.size == 1 and key != "count":
@@ -276,16 +275,5 @@ def bad_input(comm):
     expect_raises(pc.StateError, coll.close, match="closed")
 
 
-def body(comm):
-    fold_sum_nothing_lost(comm)
-    fold_in_place_nothing_lost(comm)
-    fold_max_nothing_lost(comm)
-    latest_each_value_once(comm)
-    several_open_at_once(comm)
-    staleness(comm)
-    liveness(comm)
-    bad_input(comm)
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from _data import values
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 CASES = [(np.float32, 2), (np.int64, 1), (np.float64, 3), (np.int32, 0)]   # 8 B, 8 B, 24 B, 0 B
 
 
-def full_mode(comm, dtype, count, iterations):
+@pytest.mark.parametrize("dtype,count", CASES, ids=[f"{np.dtype(d)}x{c}" for d, c in CASES])
+def test_full_mode(comm, dtype, count, iterations=200):
     coll = pc.allreduce_init(count, dtype, MPI.SUM, comm)
     y = np.empty(count, dtype)
     ref = np.empty(count, dtype)
@@ -55,7 +57,8 @@ def full_mode(comm, dtype, count, iterations):
     assert final.nap == 0 and not final.data.any(), final     # nothing left to flush
 
 
-def solo_mode(comm, dtype, count, iterations):
+@pytest.mark.parametrize("dtype,count", [(np.int64, 1), (np.int32, 2)], ids=["int64x1", "int32x2"])
+def test_solo_mode(comm, dtype, count, iterations=100):     # integers: sums are exact
     """Nothing lost: sum of results + close() == the sum of every post (integers: exact)."""
     coll = pc.solo_allreduce(count, dtype, MPI.SUM, comm, late="fold")
     y = np.empty(count, dtype)
@@ -73,7 +76,7 @@ def solo_mode(comm, dtype, count, iterations):
     assert np.array_equal(got, everything), f"solo P={comm.size}: {got} != {everything}"
 
 
-def timeout_still_works(comm):
+def test_timeout_still_works(comm):
     """wait(timeout=) raises when a peer has not posted (full mode, rank 0 posts late)."""
     coll = pc.allreduce_init(2, np.float32, MPI.SUM, comm)
     x = np.ones(2, np.float32)
@@ -91,19 +94,14 @@ def timeout_still_works(comm):
     coll.close()
 
 
-def body(comm):
+def test_info_reports_the_idle_policy(comm):
     expect = os.environ.get("PARTIALCOLL_IDLE", "auto")
-    for dtype, count in CASES:
-        full_mode(comm, dtype, count, 200)
     info = pc.info()
     assert info["idle_setting"] == expect, info
     assert info["idle"] in ("spin", "sleep") and (expect == "auto" or info["idle"] == expect), info
     if expect == "auto":
         assert info["ranks_on_node"] == comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size(), info
-    for dtype, count in [(np.int64, 1), (np.int32, 2)]:      # integers: sums are exact
-        solo_mode(comm, dtype, count, 100)
-    timeout_still_works(comm)
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

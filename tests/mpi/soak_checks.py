@@ -9,16 +9,16 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import soak  # noqa: E402
-from _util import main  # noqa: E402
+from _util import ARGS, run_module  # noqa: E402
 
-ROUNDS = sys.argv[1] if len(sys.argv) > 1 else "2000"
+ROUNDS = ARGS[0] if ARGS else "2000"
 
 
-def body(comm):
+def test_soak_every_mode(comm):
     args = soak.parser().parse_args(["--rounds", ROUNDS, "--sample", "500"])
     for mode in args.modes.split(","):
         assert soak.soak(comm, mode, args)["ok"], mode
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

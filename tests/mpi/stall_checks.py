@@ -16,13 +16,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import stall  # noqa: E402
-from _util import main  # noqa: E402
+from _util import ARGS, run_module  # noqa: E402
 
-HOW = sys.argv[1] if len(sys.argv) > 1 else "sleep"
-STALL = sys.argv[2] if len(sys.argv) > 2 else "3"
+HOW = ARGS[0] if ARGS else "sleep"
+STALL = ARGS[1] if len(ARGS) > 1 else "3"
 
 
-def body(comm):
+def test_stalled_rank(comm):
     args = stall.parser().parse_args(["--how", HOW, "--stall", STALL, "--before", "1", "--after", "1",
                                       "--sample", "0.5"])
     r = stall.run(comm, args)
@@ -44,4 +44,4 @@ def body(comm):
 
 
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

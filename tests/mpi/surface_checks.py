@@ -5,10 +5,10 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 
-def unused_option_on_one_rank(comm):
+def test_unused_option_on_one_rank(comm):
     """candidates= in solo mode, quorum= in full mode...: the rank that passed it names the
     option, every other rank names that rank; nobody waits for the others."""
     culprit = comm.size - 1
@@ -26,7 +26,7 @@ def unused_option_on_one_rank(comm):
             assert f"rank {culprit} rejected" in str(exc) and f"{key}=" in str(exc), exc
 
 
-def numpy_integers(comm):
+def test_numpy_integers(comm):
     """Rank 0 passes NumPy integers, the others Python ints: the options agree, and the
     results equal MPI_Allreduce's."""
     r, p = comm.rank, comm.size
@@ -55,7 +55,7 @@ def numpy_integers(comm):
     s.free()
 
 
-def out_of_memory(comm):
+def test_out_of_memory(comm):
     """A collective the engine cannot allocate (2^60 bytes): pc.OutOfMemory (a MemoryError)
     on every rank, and the engine still works afterwards."""
     exc = expect_raises(pc.OutOfMemory, pc.allreduce_init, 2 ** 57, np.float64, MPI.SUM, comm)
@@ -64,11 +64,5 @@ def out_of_memory(comm):
         assert coll.post(np.ones(2, np.int64)).wait().data.tolist() == [comm.size] * 2
 
 
-def body(comm):
-    unused_option_on_one_rank(comm)
-    numpy_integers(comm)
-    out_of_memory(comm)
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

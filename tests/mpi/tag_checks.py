@@ -13,14 +13,14 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 UB = int(os.environ["PARTIALCOLL_TAG_UB"])
 SEQBITS = (UB.bit_length()) - 4          # as the engine computes it (fewer than 24 tag bits)
 RUNS = 2 * 16 + 10
 
 
-def persistent_schedule(comm):
+def test_persistent_schedule(comm):
     r, p = comm.rank, comm.size
     buf, got = np.zeros(3, np.int64), np.zeros(3, np.int64)
     s = pc.Schedule(comm)
@@ -33,7 +33,7 @@ def persistent_schedule(comm):
             assert np.all(got == 1000 * ((r - 1) % p) + i), (i, got)
 
 
-def partial_rounds(comm):
+def test_partial_rounds(comm):
     p = comm.size
     for mode in ("full", "solo"):
         coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode=mode, late="fold")
@@ -47,7 +47,7 @@ def partial_rounds(comm):
         assert np.all(total == sum(r + 10 * i for r in range(p) for i in range(RUNS))), total
 
 
-def pair_limit(comm):
+def test_pair_limit(comm):
     if comm.size < 2:
         return
     s = pc.Schedule(comm)
@@ -58,10 +58,5 @@ def pair_limit(comm):
     expect_raises(pc.ArgumentError, s.commit, match="messages between ranks")
 
 
-def body(comm):
-    persistent_schedule(comm)
-    partial_rounds(comm)
-    pair_limit(comm)
-
-
-main(body)
+if __name__ == "__main__":
+    run_module(__file__)

@@ -13,6 +13,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -20,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import partialcoll.integrations.torch as pct
 from partialcoll.integrations.torch import (DistributedOptimizer, GradientSynchronizer, PartialHookState,
                                             partial_allreduce_hook, sync_parameters)
-from _util import main
+from _util import run_module
 
 DEV = torch.device(os.environ.get("PC_TEST_TORCH_DEVICE", "cpu"))
 D, H, C = 12, 24, 5
@@ -90,7 +91,7 @@ def same_on_every_rank(comm, m):
 
 
 # -- the process group ------------------------------------------------------------------------
-def process_group_without_env(comm):
+def test_process_group_without_env(comm):
     """dist.init_process_group("partialcoll") under mpiexec: nothing in the environment."""
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
@@ -109,7 +110,17 @@ def process_group_without_env(comm):
     dist.destroy_process_group()
 
 
-def collectives_match_gloo(comm, pcg):
+
+@pytest.fixture(scope="module")
+def pcg(comm):
+    """The default process group on gloo (the reference; its store over MPI) and a
+    partialcoll group beside it, for every check after the first."""
+    pct.init_process_group(comm, backend="gloo")
+    yield dist.new_group(backend="partialcoll")
+    dist.destroy_process_group()
+
+
+def test_collectives_match_gloo(comm, pcg):
     """Each collective of the partialcoll group gives gloo's result on the same inputs."""
     P, r = comm.size, comm.rank
     g = torch.Generator().manual_seed(r)
@@ -185,7 +196,7 @@ def collectives_match_gloo(comm, pcg):
     dist.barrier(group=pcg)
 
 
-def ddp_on_partialcoll_group_equals_gloo(comm, pcg):
+def test_ddp_on_partialcoll_group_equals_gloo(comm, pcg):
     """DDP on the partialcoll group (its default reduction, no hook) == DDP on gloo."""
     ref, ours = model(), model()
     train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 8)
@@ -194,6 +205,14 @@ def ddp_on_partialcoll_group_equals_gloo(comm, pcg):
 
 
 # -- the hook ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("ddp_kwargs", [{}, {"accumulate": 3}, {"find_unused_parameters": True},
+                                        {"static_graph": True}, {"gradient_as_bucket_view": True}],
+                         ids=["default", "no_sync", "find_unused_parameters", "static_graph",
+                              "gradient_as_bucket_view"])
+def test_hook_full_equals_ddp(comm, pcg, ddp_kwargs):
+    hook_full_equals_ddp(comm, **ddp_kwargs)
+
+
 def hook_full_equals_ddp(comm, **ddp_kwargs):
     """mode="full" through the hook gives DDP's own parameters after 20 steps (multi-bucket),
     also with no_sync accumulation and the DDP options given."""
@@ -250,7 +269,9 @@ def flushed_by_param(state):
     return out
 
 
-def hook_every_mode(comm, mode, opts, start_iter=2):
+@pytest.mark.parametrize("mode,opts,start_iter", [(m, o, 2) for m, o in MODES] + [("solo", {}, 0)],
+                         ids=[m for m, _ in MODES] + ["solo_from_iteration_0"])
+def test_hook_every_mode(comm, pcg, mode, opts, start_iter):
     """30+ steps of a multi-bucket model in each mode, a different rank late now and then:
     the loss falls, nothing is lost (late="fold", average="none"). start_iter=0 makes the
     first collectives before DDP's bucket rebuild, so the rebuild must flush them."""
@@ -273,7 +294,8 @@ def hook_every_mode(comm, mode, opts, start_iter=2):
         assert state.flushed, "DDP rebuilt its buckets, but the hook's collectives were not flushed"
 
 
-def hook_half(comm, dtype):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_hook_half(comm, pcg, dtype):
     """float16/bfloat16 models through the hook (full) agree with gloo's DDP to half tolerance."""
     ref, ours = model(dtype), model(dtype)
     ddp_ref, ddp_ours = DDP(ref, bucket_cap_mb=CAP), DDP(ours, bucket_cap_mb=CAP)
@@ -293,7 +315,7 @@ def hook_half(comm, dtype):
     st.close()
 
 
-def real_mlp(comm):
+def test_real_mlp(comm, pcg):
     """The issue's model at its size: the 2.9M-parameter MLP (784-1024-1024-1024-10, 11.6 MB
     of gradients) with DDP's default buckets (a 1 MiB first bucket, then 25 MiB), which the
     old hook crashed on at step 2. Full mode equals DDP on gloo after 6 steps; solo mode
@@ -338,7 +360,7 @@ def real_mlp(comm):
 
 
 # -- without DDP --------------------------------------------------------------------------------
-def optimizer_full_equals_ddp(comm):
+def test_optimizer_full_equals_ddp(comm, pcg):
     ref, ours = model(), model()
     train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 20)
     opt = DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.05), mode="full", comm=comm,
@@ -349,7 +371,7 @@ def optimizer_full_equals_ddp(comm):
     params_close(ref, ours)
 
 
-def optimizer_solo_nothing_lost(comm):
+def test_optimizer_solo_nothing_lost(comm, pcg):
     m = model()
     lr = 0.3 / comm.size
     opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr), mode="solo", comm=comm,
@@ -374,7 +396,7 @@ def optimizer_solo_nothing_lost(comm):
     assert np.mean(losses[-6:]) < np.mean(losses[:6]), losses
 
 
-def synchronizer_nap_and_model_sync(comm):
+def test_synchronizer_nap_and_model_sync(comm, pcg):
     """GradientSynchronizer by hand: average="nap" divides by the round's NAP; the models
     are made identical every 5 steps."""
     m = model()
@@ -404,28 +426,5 @@ def synchronizer_nap_and_model_sync(comm):
     sync_parameters(m.parameters(), comm, how="broadcast")
 
 
-def body(comm):
-    process_group_without_env(comm)
-    pct.init_process_group(comm, backend="gloo")               # the reference (store over MPI)
-    pcg = dist.new_group(backend="partialcoll")
-    collectives_match_gloo(comm, pcg)
-    ddp_on_partialcoll_group_equals_gloo(comm, pcg)
-    hook_full_equals_ddp(comm)
-    hook_full_equals_ddp(comm, accumulate=3)                   # no_sync
-    hook_full_equals_ddp(comm, find_unused_parameters=True)
-    hook_full_equals_ddp(comm, static_graph=True)
-    hook_full_equals_ddp(comm, gradient_as_bucket_view=True)
-    for mode, opts in MODES:
-        hook_every_mode(comm, mode, opts)
-    hook_every_mode(comm, "solo", {}, start_iter=0)
-    hook_half(comm, torch.float16)
-    hook_half(comm, torch.bfloat16)
-    real_mlp(comm)
-    optimizer_full_equals_ddp(comm)
-    optimizer_solo_nothing_lost(comm)
-    synchronizer_nap_and_model_sync(comm)
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

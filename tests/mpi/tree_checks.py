@@ -15,7 +15,7 @@ from partialcoll._buffers import SLOT_MASK
 from partialcoll.algorithms import tree
 from partialcoll.schedule import SEND
 from _data import assert_matches, combos, values
-from _util import expect_raises, main
+from _util import expect_raises, run_module
 
 
 def shapes(p):
@@ -47,7 +47,7 @@ def check_one(comm, groups, count, dtype, op, rounds=1, seed=0, mode="full"):
     return coll
 
 
-def every_shape(comm):
+def test_every_shape(comm):
     p = comm.size
     for name, groups in shapes(p).items():
         for count in sorted({0, 1, p + 1, 1000, 2 ** 17 + 3}):       # 2^17 + 3 float64: chunked
@@ -61,7 +61,7 @@ def every_shape(comm):
     coll.close()
 
 
-def every_op_dtype(comm):
+def test_every_op_dtype(comm):
     """Every op x dtype, one tree and chunked trees (two levels, uneven)."""
     groups = shapes(comm.size)["levels"]
     saved = tree.CHUNK_BYTES
@@ -85,7 +85,7 @@ def sent_by_dry_build(coll, data_only, round=0):
     return out
 
 
-def traffic(comm):
+def test_traffic(comm):
     """traffic() counts what the schedules send; tree: one vector per aggregator each way."""
     p, count, rounds = comm.size, 1000, 3
     half = [0 if r < p // 2 else 1 for r in range(p)]
@@ -107,7 +107,7 @@ def traffic(comm):
             assert data[np.ix_(lo, hi)].sum() == count * 8 == data[np.ix_(hi, lo)].sum(), data
 
 
-def rotation(comm):
+def test_rotation(comm):
     """Aggregators rotate with the round (a vector of one chunk): in each round a member
     sends its N bytes to one peer only (its aggregator), an aggregator sends N to each of
     its members and to at least one peer above (the next level's aggregator, or its
@@ -155,7 +155,7 @@ def rotation(comm):
             assert aggregated == several, (name, sorted(aggregated), sorted(several))
 
 
-def auto_with_groups(comm):
+def test_auto_with_groups(comm):
     """algorithm="auto" with groups=: the tree where the regions are non-trivial and the
     vector has more than AUTO_TREE_BYTES (equal to MPI_Allreduce, the same bits on every
     rank); otherwise as without groups. Without groups= on one node: never the tree."""
@@ -187,7 +187,7 @@ def auto_with_groups(comm):
     node.Free()
 
 
-def bad_groups(comm):
+def test_bad_groups(comm):
     p, r = comm.size, comm.rank
     expect_raises(pc.ArgumentError, pc.allreduce_init, 4, comm=comm, algorithm="tree", groups=[0] * (p + 1),
                   match="one entry per rank")
@@ -201,14 +201,5 @@ def bad_groups(comm):
         assert ("rank 1 rejected" in str(exc)) if r != 1 else ("level" in str(exc)), exc
 
 
-def body(comm):
-    every_shape(comm)
-    every_op_dtype(comm)
-    traffic(comm)
-    rotation(comm)
-    auto_with_groups(comm)
-    bad_groups(comm)
-
-
 if __name__ == "__main__":
-    main(body)
+    run_module(__file__)

@@ -1,5 +1,6 @@
 """partial_checks.py's semantics checks with algorithm="tree":
 python tree_partial_checks.py MODE [ROUNDS] [SHAPE]
+(partial_checks.py's checks, collected from this module)
 
 A launcher, not a copy: every PartialAllreduce that partial_checks.py creates gets
 algorithm="tree" and the regions of SHAPE over the communicator's ranks:
@@ -9,16 +10,13 @@ algorithm="tree" and the regions of SHAPE over the communicator's ranks:
 """
 from __future__ import annotations
 
-import os
-import sys
-
 from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll.algorithms import tree
+from _util import ARGS, run_module
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SHAPE = sys.argv[3] if len(sys.argv) > 3 else "uneven"
+SHAPE = ARGS[2] if len(ARGS) > 2 else "uneven"
 
 
 def regions(size: int):
@@ -44,14 +42,13 @@ class TreeAllreduce(pc.PartialAllreduce):
 if SHAPE == "chunked":
     tree.CHUNK_BYTES = 8
 pc.PartialAllreduce = TreeAllreduce
-sys.path.insert(0, HERE)
-import partial_checks  # noqa: E402  (reads MODE and ROUNDS from sys.argv)
+import partial_checks  # noqa: E402  (reads MODE and ROUNDS from ARGS)
+from partial_checks import *  # noqa: E402,F401,F403  (its checks, collected here too)
 
 
-def body(comm):
-    partial_checks.body(comm)
+def test_every_allreduce_was_a_tree(comm):
     assert TreeAllreduce.made >= 8, f"only {TreeAllreduce.made} tree allreduces were made"
 
 
 if __name__ == "__main__":
-    partial_checks.main(body)
+    run_module(__file__)

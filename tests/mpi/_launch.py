@@ -1,0 +1,35 @@
+"""How every rank starts pytest on a check module (no MPI here: the test process imports it too)."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+# plain and fast, its output not captured (-s): no cache, no hypothesis plugin, no terminal output (conftest.py reports
+# each check with its rank); -P: the working directory (maybe a source tree whose
+# extension was built for another MPI) does not shadow the installed partialcoll
+PYTEST_FLAGS = ["--with-mpi", "-s", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                "-p", "no:terminal", "-o", "addopts="]
+
+
+def is_check_module(path: str) -> bool:
+    """X_checks.py files are pytest modules; other scripts under tests/mpi run plainly."""
+    return os.path.basename(path).endswith("_checks.py")
+
+
+def checks_args(path: str, args) -> list:
+    """pytest's arguments on every rank: the check module at path with args."""
+    return [*PYTEST_FLAGS, os.path.abspath(path), f"--check-args={shlex.join(args)}"]
+
+
+def failed_checks(out: str) -> str:
+    """'name on ranks [..]; ...' for every check that failed in the ranks' output (conftest.py)."""
+    ranks: dict = {}
+    for name, rank in re.findall(r"CHECK (\S+) FAILED rank=(\d+)", out):
+        ranks.setdefault(name, set()).add(int(rank))
+    return "; ".join(f"{name} on ranks {sorted(r)}" for name, r in ranks.items())
+
+
+def checks_argv(path: str, args) -> list:
+    """The argv after python, for every rank."""
+    return ["-P", "-m", "pytest", *checks_args(path, args)]
