@@ -52,7 +52,7 @@ def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
 @needs_hosts
 @pytest.mark.mpi
 @pytest.mark.parametrize("script,nprocs,args", [
-    ("allreduce_checks.py", 4, ()),
+    ("allreduce_checks.py", 4, ("recursive_doubling,ring",)),     # "auto" picks one of them
     ("partial_checks.py", 4, ("probe", "60")),
     ("close_checks.py", 3, ("solo", "fold,latest", "1")),
 ])

@@ -1,4 +1,9 @@
-"""Allreduce schedules against MPI_Allreduce (issue 3): python allreduce_checks.py [--large]"""
+"""Allreduce schedules against MPI_Allreduce (issue 3):
+python allreduce_checks.py [--large] [ALGORITHMS]
+
+--large: count 2^20 + 3 only, every op x dtype, with recursive doubling and ring ("auto"
+picks one of them there, by size alone: partialcoll.algorithms.choose; the small counts
+check it). ALGORITHMS: a comma-separated subset of recursive_doubling,ring,auto."""
 from __future__ import annotations
 
 import zlib
@@ -11,7 +16,9 @@ import partialcoll as pc
 from _data import assert_matches, combos, values
 from _util import ARGS, run_module
 
-ALGORITHMS = ["recursive_doubling", "ring", "auto"]
+LARGE = "--large" in ARGS
+NAMED = [a for a in ARGS if not a.startswith("--")]
+ALGORITHMS = NAMED[0].split(",") if NAMED else ["recursive_doubling", "ring"] + ([] if LARGE else ["auto"])
 
 
 def check_one(comm, algorithm, count, dtype, op, salt=0, in_place=False):
@@ -33,7 +40,6 @@ def check_one(comm, algorithm, count, dtype, op, salt=0, in_place=False):
     coll.close()
 
 
-LARGE = "--large" in ARGS          # count 2^20 + 3 only, every op x dtype
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -49,7 +55,7 @@ def test_every_count_op_dtype(comm, algorithm):
     check_one(comm, algorithm, 1000, np.float64, MPI.SUM, in_place=True)
 
 
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "auto"])
 def test_persistent_500_executions(comm, algorithm):
     """One persistent allreduce, 500 executions with fresh data each time."""
     if LARGE:

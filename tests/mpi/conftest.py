@@ -27,7 +27,8 @@ import time
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GRACE_S = 10.0          # a failed rank waits this long for the others to end the check
+# a failed rank waits this long for the others to end the check (PC_CHECKS_GRACE seconds)
+GRACE_S = float(os.environ.get("PC_CHECKS_GRACE", "10"))
 
 
 def pytest_addoption(parser):
