@@ -21,6 +21,10 @@ from mpi._launch import checks_argv, failed_checks, is_check_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# how tests start Python: -P keeps the working directory (the source tree, whose extension
+# may be built for the other MPI) off sys.path, so children import the installed partialcoll
+PYTHON = [sys.executable, "-P"]
+
 # TCP between emulated hosts (and delay on their links) is slower than shared memory
 HOSTS_TIMEOUT_FACTOR = 2.0
 

@@ -3,14 +3,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import launch, launch_env
+from conftest import PYTHON, launch, launch_env
 
-BENCH = [sys.executable, "-m", "partialcoll.bench"]
+BENCH = [*PYTHON, "-m", "partialcoll.bench"]
 ALL_MODES = ("mpi", "impi", "solo", "majority", "probe", "quorum", "full")
 
 # Runs main() and prints how each rank exited, so a test can see every rank's status.
@@ -30,7 +29,7 @@ sys.exit(code)
 
 
 def run(nprocs, *args, timeout=240, patch=""):
-    cmd = launch(nprocs, [sys.executable, "-c", EVERY_RANK.format(patch=patch), *args])
+    cmd = launch(nprocs, [*PYTHON, "-c", EVERY_RANK.format(patch=patch), *args])
     return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PARTIALCOLL_TIMEOUT="120", **launch_env()))
 

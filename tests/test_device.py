@@ -10,9 +10,10 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from conftest import PYTHON
 
 MODES = ["solo", "majority", "probe", "quorum", "full"]
 
@@ -66,7 +67,7 @@ def test_torch_cuda_tensors(mpirun, nprocs):
 
 
 def test_info_names_the_gpu_path():
-    out = subprocess.run([sys.executable, "-c", "import json, partialcoll as pc; print(json.dumps(pc.info()))"],
+    out = subprocess.run([*PYTHON, "-c", "import json, partialcoll as pc; print(json.dumps(pc.info()))"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)

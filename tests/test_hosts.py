@@ -6,12 +6,13 @@ suite this way."""
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
 import hosts
+
+from conftest import PYTHON
 
 WHY = hosts.unavailable()
 needs_hosts = pytest.mark.skipif(WHY is not None, reason=f"{WHY}")
@@ -24,7 +25,7 @@ def test_without_root_the_tests_skip_and_say_why():
             "sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', '--hosts', '2', "
             "'tests/test_engine.py::test_failed_execution[thread]']))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+    p = subprocess.run([*PYTHON, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 0 and "1 skipped" in p.stdout and "--hosts needs root" in p.stdout, p.stdout + p.stderr
 

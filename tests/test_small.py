@@ -2,12 +2,13 @@
 rc validation, info(), and post().wait() against MPI_Allreduce under every policy."""
 import os
 import subprocess
-import sys
 
 import pytest
 
 import partialcoll as pc
 from partialcoll._engine import idle_policy
+
+from conftest import PYTHON
 
 
 @pytest.mark.parametrize("ranks, cores, expect", [
@@ -55,10 +56,10 @@ def test_rc_idle_validation():
 def test_rc_idle_from_environment():
     code = "import partialcoll as pc; print(pc.rc.idle)"
     env = dict(os.environ, PARTIALCOLL_IDLE="spin")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "spin", out
     env["PARTIALCOLL_IDLE"] = "never"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "idle must be one of" in out.stderr, out
 
 
@@ -73,7 +74,7 @@ def test_info_reports_the_policy():
     for want in ("spin", "sleep", "auto"):
         env = dict(os.environ, WANT=want)
         env.pop("PARTIALCOLL_IDLE", None)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run([*PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         active, setting, ranks, ncores = out.stdout.split()
         expect = idle_policy(want, 1, cores)            # a singleton: one rank on the node
