@@ -158,4 +158,8 @@ def check_round(rc: int, peers: Optional[Peers], what: str) -> None:
     MPICH leaves it pending and the slices above find the dead rank."""
     if rc and peers is not None and _BY_CODE.get(rc) is MPIError:
         peers.check_failed(what)
+        try:
+            check(rc)
+        except MPIError as exc:         # say what cannot complete, as the other waits' errors do
+            raise MPIError(f"{exc}; {what} cannot complete (this is rank {peers.rank})", exc.ranks) from None
     check(rc)

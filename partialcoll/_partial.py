@@ -111,7 +111,8 @@ class PartialRequest:
         if self._result is not None:
             return True
         done = _engine.ffi.new("int *")
-        check(_engine.lib.pc_coll_test(self._coll._native_coll(), self.index, done))
+        check_round(_engine.lib.pc_coll_test(self._coll._native_coll(), self.index, done), self._coll._peers,
+                    f"round {self.index}")
         return bool(done[0])
 
     def wait(self, timeout: Optional[float] = None) -> Result:
@@ -388,8 +389,10 @@ class PartialAllreduce:
     def _post_host(self, x: np.ndarray, out: Optional[np.ndarray], c=None) -> Tuple[int, bool]:
         ffi = _engine.ffi
         index, late = ffi.new("int64_t *"), ffi.new("int *")
-        check(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
-                                       ffi.from_buffer(out) if out is not None else ffi.NULL, index, late))
+        # an error the progress thread met since the last wait surfaces here
+        check_round(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
+                                             ffi.from_buffer(out) if out is not None else ffi.NULL, index, late),
+                    self._peers, "the next round")
         return int(index[0]), bool(late[0])
 
     def _keep_out(self, index: int, out: np.ndarray) -> None:
@@ -511,8 +514,8 @@ class PartialAllreduce:
         c = self._native_coll()
         lib = _engine.lib
         timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
-        check(lib.pc_coll_close(c))
         try:
+            check_round(lib.pc_coll_close(c), self._peers, "close()")     # an error met since the last wait
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
         except PartialcollError:
             self._abandon()              # the final round cannot complete here
