@@ -355,7 +355,7 @@ class PartialAllreduce:
                 self._staging.pending_valid = False
             r = _engine.lib.pc_coll_post1(c, fx, _NULL if fout is None else fout)
             if r < 0:
-                check(-r)
+                self._check_post(-r)
             if out is not None:
                 self._keep_out(r >> 1, out)               # see below
             return PartialRequest(self, r >> 1, (r & 1) == 1, out, False, fout)
@@ -386,13 +386,16 @@ class PartialAllreduce:
         on_device = odev is not None or out is None
         return PartialRequest(self, index, late, out, on_device)
 
+    def _check_post(self, rc: int) -> None:
+        """A post's return code: an error the progress thread met since the last wait
+        surfaces here, named as a wait's would be."""
+        check_round(rc, self._peers, "the next round")
+
     def _post_host(self, x: np.ndarray, out: Optional[np.ndarray], c=None) -> Tuple[int, bool]:
         ffi = _engine.ffi
         index, late = ffi.new("int64_t *"), ffi.new("int *")
-        # an error the progress thread met since the last wait surfaces here
-        check_round(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
-                                             ffi.from_buffer(out) if out is not None else ffi.NULL, index, late),
-                    self._peers, "the next round")
+        self._check_post(_engine.lib.pc_coll_post(c or self._native_coll(), ffi.from_buffer(x),
+                                                  ffi.from_buffer(out) if out is not None else ffi.NULL, index, late))
         return int(index[0]), bool(late[0])
 
     def _keep_out(self, index: int, out: np.ndarray) -> None:
@@ -423,7 +426,8 @@ class PartialAllreduce:
     def _post_replace(self, x: np.ndarray) -> Tuple[int, bool, bool]:
         ffi = _engine.ffi
         index, late, replaced = ffi.new("int64_t *"), ffi.new("int *"), ffi.new("int *")
-        check(_engine.lib.pc_coll_post_replace(self._native_coll(), ffi.from_buffer(x), index, late, replaced))
+        self._check_post(_engine.lib.pc_coll_post_replace(self._native_coll(), ffi.from_buffer(x), index, late,
+                                                          replaced))
         return int(index[0]), bool(late[0]), bool(replaced[0])
 
     def _take(self, out, index: int, timeout: Optional[float],

@@ -122,10 +122,11 @@ def body():
     pc.finalize()
     print(f"PASSED {comm.rank}", flush=True)
     time.sleep(0.5)                     # let mpiexec's proxy forward the line (once lost under load)
-    if EXPECT == "Timeout" and "Open MPI" in MPI.Get_library_version():
-        # ULFM reports a rank that leaves as failed: stay until every survivor has had its
-        # timeout, so that none of them names this rank instead of the dead one
-        time.sleep(TIMEOUT + 1.0)
+    if "Open MPI" in MPI.Get_library_version():
+        # ULFM reports a rank that leaves as failed: stay until every survivor has raised
+        # and closed (Timeout: after its wait's and close()'s timeouts; MPIError: within
+        # 0.5 s), so that none of them names this rank instead of the dead one
+        time.sleep(2 * TIMEOUT + 1.0 if EXPECT == "Timeout" else 3.0)
     os._exit(0)
 
 
