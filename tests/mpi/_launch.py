@@ -5,9 +5,8 @@ import os
 import re
 import shlex
 
-# plain and fast, its output not captured (-s): no cache, no hypothesis plugin, no terminal output (conftest.py reports
-# each check with its rank); -P: the working directory (maybe a source tree whose
-# extension was built for another MPI) does not shadow the installed partialcoll
+# plain and fast: output not captured (-s), no cache, no hypothesis plugin, no terminal
+# output (conftest.py reports each check with its rank)
 PYTEST_FLAGS = ["--with-mpi", "-s", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
                 "-p", "no:terminal", "-o", "addopts="]
 
@@ -31,5 +30,6 @@ def failed_checks(out: str) -> str:
 
 
 def checks_argv(path: str, args) -> list:
-    """The argv after python, for every rank."""
+    """The argv after python, for every rank; -P: the working directory (maybe a source tree
+    whose extension was built for another MPI) does not shadow the installed partialcoll."""
     return ["-P", "-m", "pytest", *checks_args(path, args)]

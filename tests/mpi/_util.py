@@ -1,17 +1,16 @@
 """Shared by the modules under tests/mpi (each runs on every rank under mpiexec)."""
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
 from mpi4py import MPI
 
-from _launch import checks_args
+from _launch import checks_args, is_check_module
 
 # the check module's arguments (MODE, ROUNDS...): pytest's --check-args (conftest.py), or
 # the command line of ``python X_checks.py ARGS``
-ARGS: list = sys.argv[1:] if os.path.basename(sys.argv[0]).endswith("_checks.py") else []
+ARGS: list = sys.argv[1:] if is_check_module(sys.argv[0]) else []
 
 
 def run_module(path: str) -> None:

@@ -54,6 +54,10 @@ class _Ranks:
         sys.stdout.write(line + "\n")          # one write: ranks' lines interleave whole
         sys.stdout.flush()
 
+    def say_failed(self, name: str, when: str, text: str) -> None:
+        self.say(f"CHECK {name} FAILED rank={self.rank} ({when})\n"
+                 + "\n".join(f"[rank {self.rank}] {line}" for line in text.splitlines()))
+
     def abort(self) -> None:
         self.world.Abort(1)
         os._exit(1)                         # MPICH's MPI_Abort can return before the job ends
@@ -67,15 +71,13 @@ class _Ranks:
     def pytest_runtest_logreport(self, report):
         name = report.nodeid.split("::", 1)[-1]
         if report.failed:
-            self.say(f"CHECK {name} FAILED rank={self.rank} ({report.when})\n"
-                     + "\n".join(f"[rank {self.rank}] {line}" for line in report.longreprtext.splitlines()))
+            self.say_failed(name, report.when, report.longreprtext)
         elif report.when == "call" or (report.skipped and report.when == "setup"):
             self.say(f"CHECK {name} {report.outcome} rank={self.rank} {report.duration:.2f}s")
 
     def pytest_collectreport(self, report):
         if report.failed:                   # e.g. the module does not import
-            self.say(f"CHECK {report.nodeid} FAILED rank={self.rank} (collect)\n"
-                     + "\n".join(f"[rank {self.rank}] {line}" for line in report.longreprtext.splitlines()))
+            self.say_failed(report.nodeid, "collect", report.longreprtext)
 
     def pytest_runtest_makereport(self, item, call):
         if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception):
