@@ -143,18 +143,25 @@ int mpi_test(pc_sched *s, int *ndone)
     int rc = MPI_SUCCESS;
     for (int pass = 0; pass < 2 && rc == MPI_SUCCESS && outcount == 0; pass++)
         rc = MPI_Testsome(s->nreq, s->reqs, &outcount, s->done_idx, s->statuses);
-    if (rc != MPI_SUCCESS) {
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {     /* no request to blame: the first */
         mpi_message(rc, msg);
         sched_fail(s, s->req_op[0], PC_ERR_MPI, msg);
         return PC_ERR_MPI;
     }
     if (outcount == MPI_UNDEFINED || outcount == 0) return PC_OK;
+    /* MPI_ERR_IN_STATUS: the requests that completed with an error say so in their status;
+     * the error is that request's (its op's peer is named), not the first one listed */
+    int failed = -1, err = MPI_SUCCESS;
     for (int k = 0; k < outcount; k++) {
         int op = s->req_op[s->done_idx[k]];
-        if (s->ops[op].kind == PC_RECV && bad < 0) {
+        if (rc == MPI_ERR_IN_STATUS && failed < 0 && s->statuses[k].MPI_ERROR != MPI_SUCCESS
+            && s->statuses[k].MPI_ERROR != MPI_ERR_PENDING) {
+            failed = op;
+            err = s->statuses[k].MPI_ERROR;
+        }
+        if (s->ops[op].kind == PC_RECV && bad < 0 && failed < 0) {
             int got = 0;
-            rc = MPI_Get_count(&s->statuses[k], MPI_BYTE, &got);
-            if (rc != MPI_SUCCESS || got != s->ops[op].nbytes) {
+            if (MPI_Get_count(&s->statuses[k], MPI_BYTE, &got) != MPI_SUCCESS || got != s->ops[op].nbytes) {
                 snprintf(msg, sizeof msg, "expected %lld bytes from rank %d, received %d",
                          (long long)s->ops[op].nbytes, s->ops[op].peer, got);
                 bad = op;
@@ -164,6 +171,11 @@ int mpi_test(pc_sched *s, int *ndone)
         s->done_idx[k] = op;   /* reuse as the list of completed ops */
     }
     compact(s);
+    if (rc == MPI_ERR_IN_STATUS) {
+        mpi_message(failed >= 0 ? err : rc, msg);
+        sched_fail(s, failed >= 0 ? failed : (s->nreq > 0 ? s->req_op[0] : s->done_idx[0]), PC_ERR_MPI, msg);
+        return PC_ERR_MPI;
+    }
     if (bad >= 0) {
         sched_fail(s, bad, PC_ERR_TRUNCATE, msg);
         return PC_ERR_TRUNCATE;

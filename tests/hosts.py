@@ -269,9 +269,16 @@ class Hosts:
             # rank r on host (r // ppn) mod used, as Hydra's -ppn places them: a sequential
             # map; PRRTE's daemons started through our "ssh"; their control traffic and every
             # rank's TCP on eth0, shared memory only between ranks of one host
-            seq = os.path.join(tempfile.gettempdir(), f"{self.tag}-seq-{nprocs}-{ppn}-{used}")
+            place = [(r // ppn) % used for r in range(nprocs)]
+            if keep_going and nprocs > 1:
+                # PRRTE 3.0 dismantles the whole job as soon as every rank of one of its
+                # daemons has ended (openpmix/prrte#1698; its odls then logs "Not found" at
+                # odls_base_default_fns.c:1751 and the other hosts' ranks are killed): the
+                # rank that the fault tests kill, the last, shares the host of the one before
+                place[-1] = place[-2]
+            seq = os.path.join(tempfile.gettempdir(), f"{self.tag}-seq-{nprocs}-{ppn}-{used}{'-k' if keep_going else ''}")
             with open(seq, "w") as f:
-                f.writelines(f"{self.addr((r // ppn) % used)}\n" for r in range(nprocs))
+                f.writelines(f"{self.addr(h)}\n" for h in place)
             return ["ip", "netns", "exec", self.names[0], exe, "--hostfile", seq, "--map-by", "seq:OVERSUBSCRIBE",
                     "--bind-to", "none", "--prtemca", "plm_ssh_agent", LAUNCHER,
                     "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "btl", "tcp,sm,self",

@@ -77,3 +77,21 @@ def test_dead_neighbor_is_named(mpirun):
             assert exc == "MPIError" and 3 in ranks and rank not in ranks and took < 8, (rank, exc, took, ranks)
         else:
             assert exc == "MPIError" and ranks == (3,) and 2.9 <= took < 8, (rank, exc, took, ranks)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_failed_receive_names_its_peer(mpirun, nprocs):
+    """The MPIError names the peer of the request that failed, not the first request
+    listed (MODE schedule: a receive from a live rank that never sends is listed first).
+    Only where the MPI fails the receive itself (ULFM, a killed rank); the failure query is
+    hidden, so the name comes from the failed operation. Open MPI across emulated hosts
+    once blamed a send to a live rank this way (mpi_test took req_op[0])."""
+    if mpi_flavour() != "openmpi":
+        pytest.skip("MPICH leaves a receive from a dead rank pending (the failure query names it): "
+                    "this needs an MPI that fails the request (Open MPI's ULFM; tests/test_openmpi.py)")
+    out = mpirun("peer_dies.py", nprocs, "schedule", "MPIError", "10", "kill", keep_going=True,
+                 env={"PARTIALCOLL_NO_FAILED_QUERY": "1"}, expect_passed=nprocs - 1, timeout=60)
+    got = faults(out)
+    assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
+    for rank, (exc, took, ranks) in got.items():
+        assert exc == "MPIError" and ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # a dead peer named through ULFM; every mode's semantics and MPI_Allreduce at odd and even P
 SUBSET = ["tests/test_faults.py::test_dead_peer_is_named",
           "tests/test_faults.py::test_dead_peer_times_out[solo-3]",
+          "tests/test_faults.py::test_failed_receive_names_its_peer",
           "tests/test_partial.py::test_partial_allreduce[solo-3]",
           "tests/test_partial.py::test_partial_allreduce[majority-4]",
           "tests/test_partial.py::test_partial_allreduce[full-5]",

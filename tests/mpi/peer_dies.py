@@ -13,7 +13,10 @@ first). The last rank dies before its post #5 (HOW: ``exit``, os._exit(3), defau
 Then close() raises the same way, at once (MPIError) or after its timeout. MODE
 ``neighbor``: a NeighborAllreduce on a ring (Hop), whose waits ask the MPI at their
 deadline (backup workers may carry on without a dead neighbour), so MPIError comes after
-TIMEOUT; close() is not checked there. A survivor
+TIMEOUT; close() is not checked there. MODE ``schedule``: no collective; after a barrier
+the victim dies while each survivor waits for one Schedule execution that receives from
+a live rank first (never sent) and from the victim second: the MPIError names the victim
+(schedule_survive). A survivor
 prints ``FAULT rank=... raised=... after=...s ranks=...`` and PASSED, then leaves with
 os._exit(0): MPI_Finalize would wait for the dead rank forever (MPICH).
 """
@@ -36,6 +39,16 @@ MODE, EXPECT = sys.argv[1], sys.argv[2]
 TIMEOUT = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
 HOW = sys.argv[4] if len(sys.argv) > 4 else "exit"
 DIE_AT = 5
+
+
+def say(line):
+    """Print a report line; also append it to $PC_REPORT_DIR/rank-R where that is set (the
+    harness reads those too: a launcher may lose a survivor's output when a rank dies)."""
+    print(line, flush=True)
+    where = os.environ.get("PC_REPORT_DIR")
+    if where:
+        with open(os.path.join(where, f"rank-{MPI.COMM_WORLD.rank}"), "a") as f:
+            f.write(f"{time.time():.3f} {line}\n")
 
 
 def survive(comm, coll, victim):
@@ -66,8 +79,8 @@ def survive(comm, coll, victim):
                 # Open MPI (ULFM) also reports survivors that already left without MPI_Finalize
                 assert (victim in exc.ranks) if ulfm else exc.ranks == (victim,), (exc.ranks, str(exc))
             assert f"this is rank {comm.rank}" in str(exc), str(exc)
-            print(f"FAULT rank={comm.rank} mode={MODE} raised={type(exc).__name__} at_round={i} "
-                  f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}", flush=True)
+            say(f"FAULT rank={comm.rank} mode={MODE} raised={type(exc).__name__} at_round={i} "
+                f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}")
             break
     if MODE == "neighbor":
         return
@@ -78,13 +91,35 @@ def survive(comm, coll, victim):
     except expected as exc:
         took = time.monotonic() - t0
         assert took <= TIMEOUT + 5.0, took
-        print(f"FAULT rank={comm.rank} mode={MODE} close_raised={type(exc).__name__} after={took:.2f}s "
-              f"ranks={exc.ranks}", flush=True)
+        say(f"FAULT rank={comm.rank} mode={MODE} close_raised={type(exc).__name__} after={took:.2f}s "
+            f"ranks={exc.ranks}")
     try:
         coll.post(np.zeros(4))
         raise AssertionError("post after a failed close() was accepted")
     except pc.StateError:
         pass
+
+
+def schedule_survive(comm, victim):
+    """MODE schedule: one execution whose first request stays pending (a receive from a
+    live rank that never sends it) and whose second receives from the victim. Under ULFM
+    the second fails at once (MPI_ERR_IN_STATUS): the MPIError must name the victim, the
+    peer of the request that failed, not the first request's peer."""
+    s = pc.Schedule(comm)
+    s.recv(np.zeros(1), (comm.rank + 1) % victim)       # a survivor (or this rank): never sent
+    s.recv(np.zeros(1), victim)                          # the victim dies instead of sending
+    s.commit()                                           # collective (the victim commits one too)
+    comm.Barrier()                                       # the victim dies after this
+    t0 = time.monotonic()
+    try:
+        s.start().wait(timeout=TIMEOUT)
+        raise AssertionError("the execution completed although the victim died")
+    except pc.PartialcollError as exc:
+        took = time.monotonic() - t0
+        assert isinstance(exc, pc.MPIError), f"{type(exc).__name__}: {exc}"
+        assert exc.ranks == (victim,) and f"(recv from rank {victim})" in str(exc), (exc.ranks, str(exc))
+        say(f"FAULT rank={comm.rank} mode={MODE} raised={type(exc).__name__} at_round=0 "
+            f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}")
 
 
 def body():
@@ -98,13 +133,20 @@ def body():
         threading.Timer(3 * TIMEOUT + 10, native_stacks).start()
     comm = MPI.COMM_WORLD
     victim = comm.size - 1
-    if MODE == "neighbor":
+    if MODE == "schedule":
+        coll = None
+    elif MODE == "neighbor":
         src, dst = topology.neighbors("ring", comm.size)[comm.rank]
         coll = pc.NeighborAllreduce(4, np.float64, comm=comm.Create_dist_graph_adjacent(src, dst))
     else:
         coll = pc.PartialAllreduce(4, np.float64, MPI.SUM, comm, mode=MODE)
     if comm.rank == victim:
-        for i in range(DIE_AT):
+        if MODE == "schedule":
+            keep = pc.Schedule(comm)
+            keep.nop()
+            keep.commit()
+            comm.Barrier()
+        for i in range(DIE_AT if coll is not None else 0):
             coll.post(np.full(4, float(comm.rank + i))).wait(timeout=TIMEOUT)
         # linger as a descheduled process would (CI once saw solo survivors finish all
         # their rounds before the victim was gone): its progress thread still serves rounds
@@ -113,14 +155,17 @@ def body():
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(3)                     # dies: no close, no MPI_Finalize
     try:
-        survive(comm, coll, victim)
+        if MODE == "schedule":
+            schedule_survive(comm, victim)
+        else:
+            survive(comm, coll, victim)
     except BaseException:
         import traceback
         traceback.print_exc()
         sys.stdout.flush()
         os._exit(1)
     pc.finalize()
-    print(f"PASSED {comm.rank}", flush=True)
+    say(f"PASSED {comm.rank}")
     time.sleep(0.5)                     # let mpiexec's proxy forward the line (once lost under load)
     if "Open MPI" in MPI.Get_library_version():
         # ULFM reports a rank that leaves as failed: stay until every survivor has raised
