@@ -330,6 +330,7 @@ static void *progress_main(void *arg)
 {
     (void)arg;
     on_progress_thread = 1;
+    pthread_setname_np(pthread_self(), "pc-progress");    /* top -H, perf, /proc/PID/task */
     idle_state st;
     idle_reset(&st);
     for (;;) {
