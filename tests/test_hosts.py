@@ -62,6 +62,16 @@ def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
 
 
 @needs_hosts
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_torch_store_across_hosts(mpirun_on, four, nprocs):
+    """torch.distributed (gloo) under mpiexec with no MASTER_ADDR: rank 0's store is reached
+    at an address of its host that the other hosts can reach (not its name's loopback)."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    mpirun_on(four, "torch_store_checks.py", nprocs, timeout=120)
+
+
+@needs_hosts
 @pytest.mark.skipif(shutil.which("iptables") is None,
                     reason="--link-delay needs iptables (NFQUEUE rules on the emulated switch; .ci/run installs it as root)")
 @pytest.mark.mpi

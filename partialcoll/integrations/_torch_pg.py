@@ -332,16 +332,80 @@ def init_process_group(comm: MPI.Comm = MPI.COMM_WORLD, backend: str = NAME,
 
 # -- env:// without MASTER_ADDR under mpiexec ---------------------------------------------------
 def _mpi_store(comm: MPI.Comm, timeout: timedelta) -> "dist.Store":
-    """A TCPStore at rank 0 of comm on a free port, found by every rank over MPI."""
-    names = comm.allgather(MPI.Get_processor_name())
+    """A TCPStore at rank 0 of comm on a free port, found by every rank over MPI.
+
+    The store listens on every interface of rank 0's host; rank 0 sends its addresses
+    (loopback last) and every other rank takes the first one it can connect to. The
+    address its host name resolves to is not enough: Debian-style /etc/hosts map it to
+    127.0.1.1, and ranks in separate network namespaces share a host name (tests/hosts.py)
+    -- the other ranks then waited for the store's timeout. If some rank reaches none,
+    every rank raises."""
+    interfaces = _interfaces()
     if comm.Get_rank() == 0:
-        host = "127.0.0.1" if len(set(names)) == 1 else socket.gethostbyname(socket.gethostname())
-        store = dist.TCPStore(host, 0, comm.Get_size(), is_master=True, timeout=timeout,
+        candidates = _local_addresses(interfaces)
+        store = dist.TCPStore(candidates[0], 0, comm.Get_size(), is_master=True, timeout=timeout,
                               wait_for_workers=False)
-        comm.bcast((host, store.port), root=0)
+        comm.bcast((candidates, store.port), root=0)
+        host: Optional[str] = candidates[0]
+        mine = host
+    else:
+        candidates, port = comm.bcast(None, root=0)
+        host, mine = _first_reachable(candidates, port)
+    unreached = [r for r, h in enumerate(comm.allgather(host)) if h is None]
+    if unreached:
+        raise RuntimeError(f"ranks {unreached} reach none of rank 0's addresses {', '.join(candidates)} "
+                           f"(the TCPStore of torch.distributed over MPI); set MASTER_ADDR and MASTER_PORT")
+    # gloo's own connections: from the interface this rank reached rank 0 through, unless
+    # the user chose one (gloo otherwise takes the host name's address, maybe loopback)
+    if "GLOO_SOCKET_IFNAME" not in os.environ and mine is not None and not mine.startswith("127."):
+        name = next((n for n, a in interfaces if a == mine), None)
+        if name is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+    if comm.Get_rank() == 0:
         return store
-    host, port = comm.bcast(None, root=0)
     return dist.TCPStore(host, port, comm.Get_size(), is_master=False, timeout=timeout)
+
+
+def _interfaces() -> List[tuple]:
+    """(name, IPv4 address) of this host's interfaces that have one (Linux; else none)."""
+    out = []
+    try:
+        import fcntl
+        import struct
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:               # SIOCGIFADDR: the interface's IPv4 address
+                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                    out.append((name, socket.inet_ntoa(packed[20:24])))
+                except OSError:    # no IPv4 address
+                    pass
+    except (ImportError, OSError, AttributeError):
+        pass
+    return out
+
+
+def _local_addresses(interfaces: List[tuple]) -> List[str]:
+    """This host's IPv4 addresses: its interfaces', then its name's; loopback last."""
+    found = [a for _, a in interfaces]
+    try:
+        found += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    found = list(dict.fromkeys(found))
+    ordered = [a for a in found if not a.startswith("127.")] + [a for a in found if a.startswith("127.")]
+    return ordered or ["127.0.0.1"]
+
+
+def _first_reachable(candidates: List[str], port: int) -> tuple:
+    """(the first address of candidates that accepts a connection on port, this rank's own
+    address on that connection); (None, None) where none does."""
+    for addr in candidates:
+        try:
+            with socket.create_connection((addr, port), timeout=2.0) as conn:
+                return addr, conn.getsockname()[0]
+        except OSError:
+            continue
+    return None, None
 
 
 def _install_mpi_rendezvous() -> None:
