@@ -81,9 +81,7 @@ typedef struct pc_idle_policy {
                           * time (a tenth of it: a wake-up costs at most 10 % extra latency) ... */
     double deep_sleep_us;/* ... up to this (an idle rank costs almost no CPU) */
     int64_t busy_bytes;  /* while a message this large moves (its round has begun), poll ... */
-    double busy_cap_us;  /* ... as long as the last event is younger than this and the node's
-                          * CPU is not contended, asked again every contended_recheck_us */
-    double contended_recheck_us;
+    double busy_cap_us;  /* ... as long as the last event is younger than this */
     int poll_armed;      /* 1 (idle "spin": a node with cores to spare): the progress thread
                           * polls while a round is armed, and wait() polls until done */
 } pc_idle_policy;

@@ -253,17 +253,14 @@ int engine_pollable(void)
  * grows to a tenth of the idle time (at most deep_sleep_us), so that a long-idle rank
  * costs almost no CPU while a wake-up adds at most ~10 % to how long it was idle.
  * A kick (a local post) ends a sleep at once. Called without E.lock. */
-typedef struct { double idle_since, sleep_us, contended_at; unsigned spins; int contended; } idle_state;
+typedef struct { double idle_since, sleep_us; unsigned spins; int contended; } idle_state;
 
 /* Is the node's CPU contended: more runnable threads than cores (the 4th field of
  * /proc/loadavg, this thread included)? Then the ranks are computing while their rounds
  * move, and polling a large message slows the computation more than it speeds the
  * transfer: the busy phase is skipped and the thread sleeps (backing off as usual) until
  * the next event. Without contention (the application threads wait, as in a benchmark
- * loop) the busy phase polls as before. Asked again every contended_recheck_us of an idle
- * period (a few us a read): the answer changes within one, when the application threads
- * finish computing and block on the rounds (the last bucket of a training step), and a
- * stale "contended" then slept through the transfer they wait for. 0 where unknown. */
+ * loop) the busy phase polls as before. Asked once per idle period; 0 where unknown. */
 static int node_contended(void)
 {
     static long cores = 0;
@@ -290,7 +287,6 @@ static void idle_reset(idle_state *st)
     st->sleep_us = E.policy.sleep_min_us;
     st->spins = 0;
     st->contended = -1;                   /* not asked yet */
-    st->contended_at = 0;
 }
 
 static void idle_step(idle_state *st, int busy)
@@ -308,12 +304,8 @@ static void idle_step(idle_state *st, int busy)
         sched_yield();
         return;
     }
-    if (busy && idle < E.policy.busy_cap_us) {
-        double now = st->idle_since + idle;
-        if (st->contended < 0 || now - st->contended_at > E.policy.contended_recheck_us) {
-            st->contended = node_contended();
-            st->contended_at = now;
-        }
+    if (busy && idle < E.policy.busy_cap_us && !st->contended) {
+        if (st->contended < 0) st->contended = node_contended();
         if (!st->contended) {
             sched_yield();
             return;

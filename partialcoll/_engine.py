@@ -107,8 +107,7 @@ def ensure_started(comm: Optional[MPI.Comm] = None) -> None:
             "spin_us": float(rc.spin_us), "yield_us": float(rc.yield_us),
             "sleep_min_us": float(rc.sleep_min_us), "sleep_max_us": float(rc.sleep_max_us),
             "deep_after_us": float(rc.deep_after_us), "deep_sleep_us": float(rc.deep_sleep_us),
-            "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us),
-            "contended_recheck_us": float("inf") if rc.contended_recheck_us is None else float(rc.contended_recheck_us)})
+            "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us)})
         ranks = _node_ranks if _node_ranks is not None else _launcher_ranks()
         active = idle_policy(rc.idle, ranks, _cores())
         policy.poll_armed = 1 if active == "spin" else 0

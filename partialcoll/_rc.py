@@ -24,11 +24,7 @@ class RC:
     busy_bytes    while a message at least this large moves (its round has read this rank's
                   input, or a plain schedule has started), keep polling (default 65536) ...
     busy_cap_us   ... until this long after the last event (default 10000): a peer that is
-                  later than that is waited for asleep. Nor while the node's CPU is
-                  contended (more runnable threads than cores: the application computes
-                  while its rounds move) ...
-    contended_recheck_us ... asked again this often in an idle period (default 500; None:
-                  once per idle period, as before).
+                  later than that is waited for asleep.
     timeout       default timeout in seconds of wait() (None: wait forever); environment
                   PARTIALCOLL_TIMEOUT.
     idle          what the progress thread does while a round is armed and nothing moves:
@@ -48,7 +44,6 @@ class RC:
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
-                 "contended_recheck_us": 500.0,
                  "timeout": None, "idle": "auto", "close_timeout": 300.0}
 
     def __init__(self) -> None:
