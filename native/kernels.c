@@ -146,3 +146,38 @@ int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *ou
     }
     return fail(PC_ERR_DTYPE_OP, "reduction op %d is not defined for dtype %d", redop, dtype);
 }
+
+/* The ops a divisor may follow: SUM (an average) and COPY, on a real floating dtype. */
+int pc_div_valid(int redop, int dtype)
+{
+    return (redop == PC_OP_SUM || redop == PC_OP_COPY) && dt_class[dtype < 0 || dtype >= PC_DT_COUNT ? 0 : dtype] == 2;
+}
+
+#define DIV_LOOP(T, EXPR) do { const T *x = (const T *)a, *y = (const T *)b; T *z = (T *)out; \
+        for (int64_t i = 0; i < n; i++) { T u = x[i], v = y[i]; (void)v; z[i] = (T)(EXPR); } } while (0)
+#define HALF_DIV(TO_F, FROM_F) do { const uint16_t *x = a, *y = b; uint16_t *z = out; float q = (float)d; \
+        if (sum) for (int64_t i = 0; i < n; i++) z[i] = FROM_F((TO_F(x[i]) + TO_F(y[i])) / q); \
+        else for (int64_t i = 0; i < n; i++) z[i] = FROM_F(TO_F(x[i]) / q); } while (0)
+
+/* out = (a + b) / d (SUM) or a / d (COPY), in one pass: the sum rounded to the dtype, then
+ * divided, as a sum followed by a division of the result would give it (float16 and
+ * bfloat16: computed in float and rounded once). out may alias a or b. */
+int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out, int64_t n, double d)
+{
+    if (!pc_div_valid(redop, dtype))
+        return fail(PC_ERR_DTYPE_OP, "a divisor needs SUM or COPY of a real floating dtype, not op %d on dtype %d",
+                    redop, dtype);
+    if (n <= 0) return PC_OK;
+    int sum = redop == PC_OP_SUM;
+    switch (dtype) {
+    case PC_DT_FLOAT32: { float q = (float)d;
+        if (sum) DIV_LOOP(float, (float)(u + v) / q); else DIV_LOOP(float, u / q);
+        return PC_OK; }
+    case PC_DT_FLOAT64:
+        if (sum) DIV_LOOP(double, (u + v) / d); else DIV_LOOP(double, u / d);
+        return PC_OK;
+    case PC_DT_FLOAT16: HALF_DIV(f16_float, float_f16); return PC_OK;
+    case PC_DT_BFLOAT16: HALF_DIV(bf16_float, float_bf16); return PC_OK;
+    }
+    return fail(PC_ERR_DTYPE_OP, "a divisor needs a real floating dtype, not dtype %d", dtype);
+}

@@ -8,6 +8,8 @@
  *   buf[3]    SEND/RECV: buf[0]; COMPUTE: out = a (op) b with a=buf[0], b=buf[1], out=buf[2]
  *   dtype     COMPUTE: element type (PC_DT_*); redop: PC_OP_* (PC_OP_COPY: out = a)
  *   count     COMPUTE: number of elements
+ *   divisor   COMPUTE: 0 (or 1), or out = (a (op) b) / divisor, for SUM and COPY of a real
+ *             floating dtype: an average fused into the pass that makes the sum
  *   need      how many predecessor completions fire the op (all = npred, any = 1, k of n)
  *
  * A buffer is (base, off): the address is *base + off, so a partial collective can
@@ -70,6 +72,7 @@ typedef struct pc_opspec {
     void *ptr[3];        /* plain buffers; used when slot[i] == PC_SLOT_NONE */
     int slot[3];         /* PC_SLOT_*: buffer owned by the collective or the schedule */
     int64_t off[3];      /* byte offsets into the slot buffer */
+    double divisor;      /* COMPUTE: 0 or 1 (none), else out = (a (op) b) / divisor */
 } pc_opspec;
 
 typedef struct pc_idle_policy {
@@ -122,6 +125,7 @@ int pc_engine_threaded(void);
 int pc_engine_set_poll(int poll_armed);  /* switch the idle policy's poll_armed (auto) */
 
 int pc_op_valid(int redop, int dtype);
+int pc_div_valid(int redop, int dtype);    /* may a COMPUTE of redop on dtype have a divisor */
 int pc_mpi_cuda_support(void);
 int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
 

@@ -2,7 +2,7 @@
  * handles of pc_engine.h, the engine state E, and each unit's internal functions.
  *
  *   errors.c    fail(): record a message, return a code
- *   kernels.c   pc_reduce_local(): out = a (op) b for every dtype x op
+ *   kernels.c   pc_reduce_local(): out = a (op) b for every dtype x op; pc_reduce_div()
  *   mpi.c       the one place that calls MPI (post/test/cancel messages, tag bits)
  *   progress.c  E, its lock, the progress thread, the idle policy, waits
  *   sched.c     schedules: op table, executions, firing and completing ops
@@ -23,6 +23,7 @@ enum { ST_IDLE = 0, ST_FIRED = 1, ST_DONE = 2 };
 typedef struct pc_op {
     int kind, peer, dtype, redop, need, tag_seq;
     int64_t count, nbytes;
+    double divisor;          /* COMPUTE: 0, or divide the result by it (pc_reduce_div) */
     void **base[3];          /* address = *base[i] + off[i] */
     int64_t off[3];
     void *own[3];            /* storage for plain buffers */
@@ -128,6 +129,7 @@ int fail_at(int code, int peer, const char *msg);
 /* kernels.c */
 extern const size_t pc_dt_size[PC_DT_COUNT];
 int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n);
+int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out, int64_t n, double d);
 
 /* mpi.c */
 int mpi_post(pc_sched *s, int i);

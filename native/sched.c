@@ -4,6 +4,7 @@
 #include "pc_internal.h"
 #include <mpi.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,9 @@ static int op_fire(pc_sched *s, int i)
     case PC_SEND: case PC_RECV:
         return mpi_post(s, i);
     case PC_COMPUTE:
-        rc = pc_reduce_local(op->redop, op->dtype, op_addr(op, 0), op_addr(op, 1), op_addr(op, 2), op->count);
+        rc = op->divisor != 0
+             ? pc_reduce_div(op->redop, op->dtype, op_addr(op, 0), op_addr(op, 1), op_addr(op, 2), op->count, op->divisor)
+             : pc_reduce_local(op->redop, op->dtype, op_addr(op, 0), op_addr(op, 1), op_addr(op, 2), op->count);
         if (rc) { sched_fail(s, i, rc, pc_last_error()); return rc; }
         return -1;
     case PC_TAKE:
@@ -189,6 +192,7 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
         pc_op *op = &s->ops[i];
         op->kind = p->kind; op->peer = p->peer; op->dtype = p->dtype; op->redop = p->redop;
         op->need = p->need; op->count = p->count; op->nbytes = p->nbytes;
+        op->divisor = p->kind == PC_COMPUTE && p->divisor != 1 ? p->divisor : 0;
         for (int b = 0; b < 3; b++) {
             op->own[b] = p->ptr[b];
             op->off[b] = p->off[b];
@@ -210,6 +214,9 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
             rc = fail(PC_ERR_ARG, "op %d: message of %lld bytes (at most %d)", i, (long long)p->nbytes, INT_MAX);
         else if (p->kind == PC_COMPUTE && !pc_op_valid(p->redop, p->dtype))
             rc = fail(PC_ERR_DTYPE_OP, "op %d: reduction op %d is not defined for dtype %d", i, p->redop, p->dtype);
+        else if (op->divisor != 0 && (!pc_div_valid(p->redop, p->dtype) || !isfinite(op->divisor)))
+            rc = fail(PC_ERR_DTYPE_OP, "op %d: a divisor (%g) needs SUM or COPY of a real floating dtype, not op %d "
+                      "on dtype %d", i, op->divisor, p->redop, p->dtype);
         else if ((p->kind == PC_TRIGGER || p->kind == PC_TAKE || p->kind == PC_DELIVER) && !coll)
             rc = fail(PC_ERR_ARG, "op %d: trigger/take/deliver ops need a partial collective", i);
         else if (p->kind == PC_TRIGGER && s->trigger_op >= 0)

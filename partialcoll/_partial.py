@@ -25,7 +25,7 @@ from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, O
                       StateError, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
-from ._types import as_dtype, check_comm, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
+from ._types import as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
 from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, tree
@@ -68,7 +68,8 @@ def _silent_of(c):
 class Result:
     """What a round gives back (the same data, round and active set on every rank).
 
-    data         the reduction (a device array where the post's buffers were on the device)
+    data         the reduction, divided by the collective's divisor (a device array where
+                 the post's buffers were on the device)
     round        round number n (the last one, if several are folded)
     active       ranks whose post #round was included in round `round` (eager-SGD's s_t)
     nap          number of active processes, summed over every round data covers (what
@@ -135,20 +136,24 @@ class PartialRequest:
 
 
 class PartialAllreduce:
-    """A persistent partial allreduce over comm (created collectively)."""
+    """A persistent partial allreduce over comm (created collectively).
+
+    divisor: every round's result is its reduction divided by this (op SUM of a real
+    floating dtype; eager-SGD's average is divisor=P), in the pass that makes the sum, so
+    an average costs no pass of its own."""
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
                  comm: MPI.Comm = MPI.COMM_WORLD, *,
                  mode: str = "solo", candidates: Optional[int] = None, quorum: Optional[int] = None, seed: int = 0,
                  max_staleness: Optional[int] = None, late: str = "latest",
-                 algorithm: str = "auto", groups=None) -> None:
+                 algorithm: str = "auto", groups=None, divisor: float = 1.0) -> None:
         check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
         problem = None
         try:
             params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
-                                    late, algorithm, size, groups)
+                                    late, algorithm, size, groups, divisor)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = exc, None
             if not isinstance(exc, PartialcollError):
@@ -171,6 +176,7 @@ class PartialAllreduce:
         self.count, self.dtype, self.mode = params["count"], as_dtype(dtype), mode
         self.op, self.late, self.seed = op, late, params["seed"]
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
+        self.divisor = params["divisor"]
         nbytes = self.count * self.dtype.itemsize
         # the regions: those given, or one per shared-memory node (collective, agreed), found
         # where the tree is named or "auto" may pick it (every rank decides alike)
@@ -191,7 +197,8 @@ class PartialAllreduce:
         self._closed = False
 
     @staticmethod
-    def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None) -> dict:
+    def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None,
+                  divisor=1.0) -> dict:
         count = integer(count, "count", 0)
         dt = as_dtype(dtype)
         dtype_code(dt)
@@ -199,6 +206,7 @@ class PartialAllreduce:
             raise OutOfMemory(f"count {count} of {dt} is {count * dt.itemsize} bytes: no machine holds that")
         code = op_code(op)
         check_op_dtype(code, dt)
+        divisor = check_divisor(divisor, code, dt)
         if mode not in MODES:
             raise ArgumentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if late not in _LATE:
@@ -223,7 +231,7 @@ class PartialAllreduce:
             groups = tree.normalize_groups(groups, size)
         return {"count": count, "dtype": dtype_name(dt), "op": code, "mode": mode, "candidates": q, "quorum": k,
                 "seed": seed, "max_staleness": max_staleness, "late": late, "algorithm": algorithm,
-                "groups": groups}
+                "groups": groups, "divisor": divisor}
 
     # -- construction ---------------------------------------------------------------
     def _round_schedule(self, activation: str, rotation: int = 0) -> Schedule:
@@ -240,10 +248,10 @@ class PartialAllreduce:
         mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
         if self.algorithm == "recursive_doubling" and work.nbytes <= _PACK_BYTES:
             # small: data and bitmasks travel in the same messages (half the messages)
-            done = [allreduce_packed(s, [(work, op_code(self.op)), (mask, _BOR)], after=take)]
+            done = [allreduce_packed(s, [(work, op_code(self.op), self.divisor), (mask, _BOR, 1.0)], after=take)]
         else:
             extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
-            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, **extra),
+            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, divisor=self.divisor, **extra),
                     ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
         return s

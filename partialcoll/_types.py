@@ -109,6 +109,23 @@ def check_op_dtype(op: int, dtype) -> None:
         raise OpError(f"MPI.{OP_NAMES[op]} is not defined for dtype {as_dtype(dtype)}")
 
 
+def check_divisor(divisor, op: int, dtype) -> float:
+    """A result divisor as a float (1.0: none): finite, non-zero, and only after SUM (or a
+    copy) of a real floating dtype, where an average means something."""
+    if isinstance(divisor, (bool, np.bool_)) or not isinstance(divisor, (int, float, np.integer, np.floating)):
+        raise ArgumentError(f"divisor must be a number, not {divisor!r}")
+    d = float(divisor)
+    if d == 1.0:
+        return d
+    if not np.isfinite(d) or d == 0.0:
+        raise ArgumentError(f"divisor must be finite and non-zero, not {divisor!r}")
+    from ._engine import lib
+    if not lib.pc_div_valid(op, dtype_code(dtype)):
+        raise OpError(f"divisor= needs MPI.SUM of a real floating dtype, not MPI.{OP_NAMES[op]} on "
+                      f"{as_dtype(dtype)}")
+    return d
+
+
 def identity(op: int, dtype) -> np.ndarray:
     """One element holding op's identity: x (op) identity == x."""
     dt = as_dtype(dtype)

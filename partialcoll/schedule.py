@@ -23,7 +23,7 @@ from ._buffers import SLOT_SCRATCH, BufRef
 from ._errors import ArgumentError, InvalidBufferError, Peers, StateError, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, ComputeOp, DTypeLike
-from ._types import COPY, OP_NAMES, check_comm, check_op_dtype, integer, op_code
+from ._types import COPY, OP_NAMES, check_comm, check_divisor, check_op_dtype, integer, op_code
 
 SEND, RECV, COMPUTE, NOP, TRIGGER, TAKE, DELIVER = range(7)
 _KIND_NAMES = ("send", "recv", "compute", "nop", "trigger", "take", "deliver")
@@ -35,10 +35,11 @@ After = Union["ScheduleOp", Iterable["ScheduleOp"], None]
 class ScheduleOp:
     """A handle to one op of a schedule (what ``after=`` takes)."""
 
-    __slots__ = ("schedule", "index", "kind", "peer", "redop", "bufs", "deps", "need", "label")
+    __slots__ = ("schedule", "index", "kind", "peer", "redop", "bufs", "deps", "need", "label", "divisor")
 
     def __init__(self, schedule: "Schedule", index: int, kind: int, *, peer: int = -1, redop: int = COPY,
-                 bufs: Sequence[BufRef] = (), deps: Sequence[int] = (), need: int = 0, label: str = "") -> None:
+                 bufs: Sequence[BufRef] = (), deps: Sequence[int] = (), need: int = 0, label: str = "",
+                 divisor: float = 1.0) -> None:
         self.schedule = schedule
         self.index = index
         self.kind = kind
@@ -48,6 +49,7 @@ class ScheduleOp:
         self.deps = tuple(deps)
         self.need = need
         self.label = label
+        self.divisor = divisor
 
     def __repr__(self) -> str:
         return f"<ScheduleOp {self.index}: {self.describe()}>"
@@ -62,6 +64,8 @@ class ScheduleOp:
             a, b, out = self.bufs
             text = (f"{out.describe()} = {a.describe()}" if self.redop == COPY else
                     f"{out.describe()} = {a.describe()} ({OP_NAMES[self.redop]}) {b.describe()}")
+            if self.divisor != 1:
+                text += f" / {self.divisor:g}"
         else:
             text = kind
         if self.deps:
@@ -198,22 +202,29 @@ class Schedule:
         ref = self._ref(buf, writable=True, what="receive buffer")
         return self._add(RECV, peer=self._peer(source, "source"), bufs=(ref,), after=after, need=need, label=label)
 
-    def compute(self, op: ComputeOp, a: Buffer, b: Buffer, out: Optional[Buffer] = None, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
-        """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf)."""
+    def compute(self, op: ComputeOp, a: Buffer, b: Buffer, out: Optional[Buffer] = None, *, after: After = None,
+                need: Need = "all", label: str = "", divisor: float = 1.0) -> ScheduleOp:
+        """out = a (op) b elementwise; out defaults to b (MPI_Reduce_local's inoutbuf).
+
+        divisor: out = (a + b) / divisor in the same pass (op SUM, a real floating dtype):
+        an average with no pass of its own."""
         code = op_code(op)
         ra = self._ref(a, writable=False, what="compute input a")
         rb = self._ref(b, writable=out is None, what="compute output (b)" if out is None else "compute input b")
         ro = rb if out is None else self._ref(out, writable=True, what="compute output")
         self._check_same(ra, rb, ro)
         check_op_dtype(code, ra.dtype)
-        return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label)
+        return self._add(COMPUTE, redop=code, bufs=(ra, rb, ro), after=after, need=need, label=label,
+                         divisor=check_divisor(divisor, code, ra.dtype))
 
-    def copy(self, src: Buffer, dst: Buffer, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
-        """dst = src."""
+    def copy(self, src: Buffer, dst: Buffer, *, after: After = None, need: Need = "all", label: str = "",
+             divisor: float = 1.0) -> ScheduleOp:
+        """dst = src (dst = src / divisor with a divisor: a real floating dtype)."""
         rs = self._ref(src, writable=False, what="copy source")
         rd = self._ref(dst, writable=True, what="copy destination")
         self._check_same(rs, rd, rd)
-        return self._add(COMPUTE, redop=COPY, bufs=(rs, rs, rd), after=after, need=need, label=label)
+        return self._add(COMPUTE, redop=COPY, bufs=(rs, rs, rd), after=after, need=need, label=label,
+                         divisor=check_divisor(divisor, COPY, rs.dtype))
 
     def nop(self, *, after: After = None, need: Need = "all", label: str = "") -> ScheduleOp:
         """An op that completes as soon as it fires: joins and fans out dependencies."""
@@ -351,6 +362,7 @@ def _create_native(sched: Schedule, comm: MPI.Comm, coll):
     for op in sched.ops:
         s = specs[op.index]
         s.kind, s.peer, s.redop, s.need = op.kind, op.peer, op.redop, op.need
+        s.divisor = op.divisor
         for i, ref in enumerate(op.bufs):
             if ref.slot:
                 s.slot[i], s.off[i] = ref.slot, ref.offset

@@ -79,7 +79,8 @@ def run(scheds: List[Schedule]) -> None:
             match((op.peer, r, seq[r][i]))
         elif op.kind == COMPUTE:
             a, b, out = (view(x, scheds[r]) for x in op.bufs)
-            out[...] = a if op.redop == 10 else _NUMPY[op.redop](a, b)
+            res = a if op.redop == 10 else _NUMPY[op.redop](a, b)
+            out[...] = res / op.divisor if op.divisor != 1 else res
             complete(r, i)
         else:
             complete(r, i)

@@ -31,6 +31,38 @@ def test_simulated_allreduce(algorithm, p, count):
         assert np.array_equal(bufs[r], expect), (algorithm, p, count, r)
 
 
+@pytest.mark.parametrize("algorithm,groups", [("recursive_doubling", None), ("ring", None), ("tree", None),
+                                              ("tree", "pairs"), ("packed", None)])
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 100])
+def test_simulated_divisor(algorithm, groups, p, count):
+    """divisor=d: every rank ends with sum / d, and each element is divided exactly once,
+    on the path that makes its sum (no division pass of its own where ranks exchange)."""
+    from partialcoll.algorithms.recursive_doubling import allreduce_packed
+    data = [np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(p)]
+    bufs, scheds, d = [x.copy() for x in data], [], 3.0
+    for r in range(p):
+        s = Schedule(rank=r, size=p)
+        ref = BufRef.of(bufs[r], writable=True)
+        if algorithm == "packed":
+            allreduce_packed(s, [(ref, 0, d)])
+        elif groups:
+            ALGORITHMS[algorithm](s, ref, 0, divisor=d, groups=[[i // 2 for i in range(p)]])
+        else:
+            ALGORITHMS[algorithm](s, ref, 0, divisor=d)
+        scheds.append(s)
+    run(scheds)
+    expect = np.sum(data, axis=0) / d if count else np.zeros(0)
+    for r in range(p):
+        assert np.array_equal(bufs[r], expect), (algorithm, p, count, r, bufs[r], expect)
+    divided = sum(op.bufs[2].count for s in scheds for op in s.ops if op.kind == 2 and op.divisor != 1)
+    # (a second division on a path would show in the results above; here: no extra pass)
+    if p > 1 and algorithm == "ring":
+        assert divided == count, (p, count, divided)                  # by the segment's owner
+    elif p > 1 and algorithm != "tree":
+        assert divided == count * (1 << (p.bit_length() - 1)), (p, count, divided)   # by every pof2 rank
+
+
 @pytest.mark.parametrize("p", SIZES)
 @pytest.mark.parametrize("count", [0, 1, 2, 7])
 def test_simulated_packed_allreduce(p, count):
@@ -43,7 +75,7 @@ def test_simulated_packed_allreduce(p, count):
     bufs, mbufs, scheds = [d.copy() for d in data], [m.copy() for m in masks], []
     for r in range(p):
         s = Schedule(rank=r, size=p)
-        allreduce_packed(s, [(BufRef.of(bufs[r], writable=True), 0), (BufRef.of(mbufs[r], writable=True), 8)])
+        allreduce_packed(s, [(BufRef.of(bufs[r], writable=True), 0, 1.0), (BufRef.of(mbufs[r], writable=True), 8, 1.0)])
         scheds.append(s)
     run(scheds)
     expect_mask = np.bitwise_or.reduce(np.array(masks), axis=0)
@@ -153,3 +185,18 @@ def test_dry_schedule_cannot_commit():
     s.nop()
     with pytest.raises(RuntimeError, match="dry-built"):
         s.commit()
+
+
+def test_divisor_is_checked_and_printed():
+    import partialcoll as pc
+    s = Schedule(rank=0, size=1)
+    a, b = np.ones(4, np.float32), np.ones(4, np.float32)
+    op = s.compute(0, a, b, divisor=4)
+    assert op.divisor == 4.0 and op.describe().endswith("/ 4")
+    with pytest.raises(pc.OpError):
+        s.compute(0, np.ones(4, np.int32), np.ones(4, np.int32), divisor=2)     # an integer average
+    with pytest.raises(pc.OpError):
+        s.compute(3, a, b, divisor=2)                                            # MAX, not SUM
+    for bad in (0, float("inf"), "2", True):
+        with pytest.raises(pc.ArgumentError):
+            s.copy(a, b, divisor=bad)

@@ -30,13 +30,16 @@ import numpy as np
 
 from .._buffers import BufRef
 from ..schedule import ScheduleOp, Schedule
+from ._alone import alone
 
 
-def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None) -> ScheduleOp:
-    """Add a recursive-doubling allreduce of buf (in place) to s; returns its last op."""
+def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None,
+              divisor: float = 1.0) -> ScheduleOp:
+    """Add a recursive-doubling allreduce of buf (in place) to s; returns its last op.
+    divisor: the result divided by it, in the last exchange's reduction (no pass of its own)."""
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:
-        return s.nop(after=after, label="allreduce: nothing to exchange")
+        return alone(s, buf, after, divisor)
     tmp = s.scratch(buf.count, buf.dtype)
     pof2 = 1 << (p.bit_length() - 1)
     rem = p - pof2
@@ -62,10 +65,10 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
         peer = newpeer * 2 + 1 if newpeer < rem else newpeer + rem
         sent = s.send(buf, peer, after=last, label=f"round {mask.bit_length() - 1}: my vector")
         got = s.recv(tmp, peer, after=pending_tmp, label=f"round {mask.bit_length() - 1}: peer's vector")
-        last = s.compute(op, tmp, buf, out=buf, after=[sent, got],    # sent follows the previous compute
-                         label="buf = tmp (op) buf")
-        pending_tmp = last
         mask <<= 1
+        last = s.compute(op, tmp, buf, out=buf, after=[sent, got],    # sent follows the previous compute
+                         label="buf = tmp (op) buf", divisor=divisor if mask == pof2 else 1.0)
+        pending_tmp = last
 
     # Fold out: give the extra rank its result.
     if rank < 2 * rem:
@@ -73,10 +76,11 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     return last
 
 
-def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int]], *,
+def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int, float]], *,
                      after: Optional[ScheduleOp] = None) -> ScheduleOp:
-    """Recursive doubling of several buffers at once, each with its own op, with one message
-    per step: every message carries all the parts, packed into scratch.
+    """Recursive doubling of several buffers at once, each with its own op and divisor (as
+    allreduce's; 1.0: none), with one message per step: every message carries all the
+    parts, packed into scratch.
 
     For small vectors a message costs its latency, not its bytes, so a partial
     collective's round (its data with the op, its rank bitmasks with BOR) sends as many
@@ -86,11 +90,11 @@ def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int]], *,
     packs of the parts' total size (each part 8-byte aligned).
     """
     p, rank = s.size, s.rank
-    parts = [(b, op) for b, op in parts if b.count > 0]
+    parts = [part for part in parts if part[0].count > 0]
     if p == 1 or not parts:
-        return s.nop(after=after, label="allreduce: nothing to exchange")
+        return s.nop(after=[alone(s, b, after, d) for b, _, d in parts] or after, label="allreduce done")
     offsets, total = [], 0
-    for b, _ in parts:
+    for b, _, _ in parts:
         total = -(-total // 8) * 8
         offsets.append(total)
         total += b.nbytes
@@ -101,11 +105,12 @@ def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int]], *,
         return BufRef(None, pack.slot, pack.offset + offsets[i], b.count, b.dtype)
 
     def pack(deps) -> List[ScheduleOp]:
-        return [s.copy(b, view(out_pack, i), after=deps, label="pack = part") for i, (b, _) in enumerate(parts)]
+        return [s.copy(b, view(out_pack, i), after=deps, label="pack = part") for i, (b, _, _) in enumerate(parts)]
 
-    def reduce(deps) -> List[ScheduleOp]:
-        return [s.compute(op, view(in_pack, i), b, out=b, after=deps, label="part = unpack (op) part")
-                for i, (b, op) in enumerate(parts)]
+    def reduce(deps, final: bool) -> List[ScheduleOp]:
+        return [s.compute(op, view(in_pack, i), b, out=b, after=deps, label="part = unpack (op) part",
+                          divisor=d if final else 1.0)
+                for i, (b, op, d) in enumerate(parts)]
 
     pof2 = 1 << (p.bit_length() - 1)
     rem = p - pof2
@@ -117,10 +122,10 @@ def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int]], *,
             sent = s.send(out_pack, rank + 1, after=pack(last), label="fold in: hand my parts to my partner")
             got = s.recv(in_pack, rank + 1, label="fold out: the result comes back")
             back = [s.copy(view(in_pack, i), b, after=[got, sent], label="part = unpack")
-                    for i, (b, _) in enumerate(parts)]
+                    for i, (b, _, _) in enumerate(parts)]
             return s.nop(after=back, label="allreduce done")
         got = s.recv(in_pack, rank - 1, label="fold in: the extra rank's parts")
-        last = reduce([got] + (last or []))
+        last = reduce([got] + (last or []), False)
         newrank = rank // 2
     else:
         newrank = rank - rem
@@ -134,9 +139,9 @@ def allreduce_packed(s: Schedule, parts: Sequence[Tuple[BufRef, int]], *,
         step = mask.bit_length() - 1
         sent = s.send(out_pack, peer, after=pack(last), label=f"round {step}: my parts")
         got = s.recv(in_pack, peer, after=in_free, label=f"round {step}: peer's parts")
-        last = reduce([sent, got])                   # sent: out_pack is free for the next pack
-        in_free = last
         mask <<= 1
+        last = reduce([sent, got], mask == pof2)     # sent: out_pack is free for the next pack
+        in_free = last
 
     # Fold out: give the extra rank its result.
     if rank < 2 * rem:

@@ -29,6 +29,7 @@ from typing import List, Optional
 
 from .._buffers import BufRef
 from ..schedule import ScheduleOp, Schedule
+from ._alone import alone
 
 
 def segments(count: int, p: int) -> List[int]:
@@ -37,11 +38,14 @@ def segments(count: int, p: int) -> List[int]:
     return [i * base + min(i, extra) for i in range(p + 1)]
 
 
-def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None) -> ScheduleOp:
-    """Add a ring allreduce of buf (in place) to s; returns its last op."""
+def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None,
+              divisor: float = 1.0) -> ScheduleOp:
+    """Add a ring allreduce of buf (in place) to s; returns its last op.
+    divisor: the result divided by it, in the last reduce-scatter step (each rank divides
+    the segment it owns, which the allgather then copies: no pass of its own)."""
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:
-        return s.nop(after=after, label="allreduce: nothing to exchange")
+        return alone(s, buf, after, divisor)
     bounds = segments(buf.count, p)
 
     def seg(i: int) -> BufRef:
@@ -63,7 +67,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
         got = s.recv(tmp, left, after=reduced[t - 2] if t >= 2 else None,
                      label=f"reduce-scatter {t}: recv seg {(rank - t - 1) % p}")
         last = s.compute(op, tmp, into, out=into, after=[got, last] if last else [got],
-                         label="seg = tmp (op) seg")
+                         label="seg = tmp (op) seg", divisor=divisor if t == p - 2 else 1.0)
         reduced.append(last)
 
     # Allgather: rank owns seg(rank + 1).

@@ -198,18 +198,22 @@ class _Among:
 
 
 def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None,
-              groups=None, seed: int = 0, chunks: Optional[int] = None, rotation: int = 0) -> ScheduleOp:
+              groups=None, seed: int = 0, chunks: Optional[int] = None, rotation: int = 0,
+              divisor: float = 1.0) -> ScheduleOp:
     """Add a tree allreduce of buf (in place) to s; returns its last op.
 
     groups: each rank's region (one list per level, innermost first; None: one region).
     seed: moves the aggregators. chunks: trees over pieces of the vector (default: see
     default_chunks). rotation: which rotated variant r (0 <= r < rotations(...)); the
-    partial allreduce runs round n on variant n mod R."""
+    partial allreduce runs round n on variant n mod R. divisor: the result divided by it
+    where a chunk's sum is made (the top aggregators' allreduce, or the one top
+    aggregator's last reduction), before it is broadcast down."""
     from . import choose, ALGORITHMS
+    from ._alone import alone
     from .ring import segments
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:
-        return s.nop(after=after, label="allreduce: nothing to exchange")
+        return alone(s, buf, after, divisor)
     levels = normalize_groups(groups, p)
     nchunks = default_chunks(buf.count, buf.dtype.itemsize, levels) if chunks is None else chunks
     nchunks = max(1, min(int(nchunks), buf.count))
@@ -220,6 +224,10 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
         seg = buf.segment(bounds[c], bounds[c + 1])
         last = after
         sent_at: Optional[Tuple[int, ScheduleOp]] = None     # (level, send) where I handed my chunk up
+        # the one top aggregator makes the chunk's sum in its last reduction: divide there
+        last_level = None
+        if plan.top == [rank] and divisor != 1.0:
+            last_level = max((lv for lv in range(len(levels)) if plan.members[lv].get(rank)), default=None)
 
         # Reduce, level by level, while I am an aggregator.
         for lv in range(len(levels)):
@@ -227,16 +235,18 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
                 agg = plan.parent[lv][rank]
                 sent_at = (lv, s.send(seg, agg, after=last, label=f"chunk {c} level {lv}: my part up to {agg}"))
                 break
-            for m in plan.members[lv][rank]:
+            members = plan.members[lv][rank]
+            for i, m in enumerate(members):
                 tmp = s.scratch(seg.count, seg.dtype)
                 got = s.recv(tmp, m, label=f"chunk {c} level {lv}: member {m}'s part")
+                final = lv == last_level and i == len(members) - 1
                 last = s.compute(op, tmp, seg, out=seg, after=[got, last] if last else [got],
-                                 label="seg = tmp (op) seg")
+                                 label="seg = tmp (op) seg", divisor=divisor if final else 1.0)
 
         # Allreduce among the top aggregators.
         if sent_at is None and len(plan.top) > 1:
             top = choose("auto", seg.nbytes, len(plan.top))
-            last = ALGORITHMS[top](_Among(s, plan.top), seg, op, after=last)
+            last = ALGORITHMS[top](_Among(s, plan.top), seg, op, after=last, divisor=divisor)
 
         # Broadcast back down.
         for lv in reversed(range(len(levels))):

@@ -84,8 +84,18 @@ def buffer_of(t: torch.Tensor) -> Tuple[object, Optional[Callable[[], None]]]:
     return host_view(host), lambda: t.copy_(host)
 
 
-def divisor(res: Result, average: str, size: int) -> int:
-    """What a round's sum is divided by: P (eager-SGD), its NAP (RNA) or 1."""
+def fused_divisor(average: str, size: int, t: torch.Tensor) -> float:
+    """The divisor the collective applies itself, in the reduction that makes the sum
+    (PartialAllreduce(divisor=)): P for average="world" on a real floating tensor, which
+    saves a pass over the bucket; 1.0 (none) where divisor() is applied after the round."""
+    return float(size) if average == "world" and t.is_floating_point() else 1.0
+
+
+def divisor(res: Result, average: str, size: int, fused: float = 1.0) -> int:
+    """What a round's sum is still divided by: P (eager-SGD), its NAP (RNA) or 1; 1 where
+    the collective divided it already (fused: its divisor)."""
+    if fused != 1.0:
+        return 1
     if average == "world":
         return size
     if average == "nap":

@@ -35,7 +35,8 @@ from mpi4py import MPI
 from .._errors import ArgumentError
 from .._partial import PartialAllreduce, Result
 from . import _torch_pg
-from ._torch_common import Completer, buffer_of, check_average, divisor, host_view, np_dtype, tensor_of
+from ._torch_common import (Completer, buffer_of, check_average, divisor, fused_divisor, host_view, np_dtype,
+                            tensor_of)
 from ._torch_pg import ProcessGroupPartialcoll, init_process_group, register_backend
 
 __all__ = ["PartialHookState", "partial_allreduce_hook", "DistributedOptimizer", "GradientSynchronizer",
@@ -102,7 +103,7 @@ class PartialHookState:
             base, item = buf.data_ptr(), buf.element_size()
             offsets = [(g.data_ptr() - base) // item for g in bucket.gradients()]
             coll = PartialAllreduce(buf.numel(), np_dtype(buf), MPI.SUM, self.comm, mode=self.mode,
-                                    **self.options)
+                                    divisor=fused_divisor(self.average, self.size, buf), **self.options)
             entry = _BucketColl(coll, list(params), offsets, self.iter)
             self.colls[key] = entry
         return entry
@@ -115,7 +116,7 @@ class PartialHookState:
             self.flushed.append(res)
             like = entry.params[0] if entry.params else None
             data = tensor_of(res.data, like.dtype if like is not None else None)
-            data = data / divisor(res, self.average, self.size)
+            data = data / divisor(res, self.average, self.size, entry.coll.divisor)
             for p, off in zip(entry.params, entry.offsets):
                 piece = data[off:off + p.numel()]
                 self._carry[id(p)] = self._carry[id(p)] + piece if id(p) in self._carry else piece.clone()
@@ -162,7 +163,7 @@ def partial_allreduce_hook(state: PartialHookState,
         if land is not None:
             land()
         state.last[index] = res
-        d = divisor(res, state.average, state.size)
+        d = divisor(res, state.average, state.size, entry.coll.divisor)
         if d != 1:
             buf.div_(d)
         if state._carry:
@@ -207,7 +208,7 @@ class _Bucket:
     result from it; a gradient that is not such a view (zero_grad(set_to_none=True) gave
     backward a fresh tensor) is copied in once and replaced by the view."""
 
-    def __init__(self, params: List[torch.nn.Parameter], coll_args: dict) -> None:
+    def __init__(self, params: List[torch.nn.Parameter], coll_args: dict, average: str) -> None:
         self.params = params
         p0 = params[0]
         self.flat = torch.zeros(sum(p.numel() for p in params), dtype=p0.dtype, device=p0.device)
@@ -216,7 +217,9 @@ class _Bucket:
         for p in params:
             self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
-        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM, **coll_args)
+        size = coll_args.get("comm", MPI.COMM_WORLD).Get_size()
+        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM,
+                                     divisor=fused_divisor(average, size, self.flat), **coll_args)
         self.pending = 0                  # parameters of this step still to be accumulated
         self.request = None
         self.land = None
@@ -244,7 +247,7 @@ class _Bucket:
         self.request = None
         if self.land is not None:
             self.land()
-        d = divisor(res, average, size)
+        d = divisor(res, average, size, self.coll.divisor)
         if d != 1:
             self.flat.div_(d)
         for p, view in zip(self.params, self.views):
@@ -253,7 +256,7 @@ class _Bucket:
         return res
 
 
-def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args: dict,
+def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args: dict, average: str,
                   first_bucket_mb: Optional[float] = None) -> List[_Bucket]:
     """Buckets in reverse registration order (roughly the order backward produces the
     gradients): the first of at most first_bucket_mb (DDP's 1 MiB, so the first round
@@ -269,7 +272,7 @@ def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args:
             size, limit = 0, bucket_mb * (1 << 20)
         groups[-1].append(p)
         size += nbytes
-    return [_Bucket(g, coll_args) for g in groups if g]
+    return [_Bucket(g, coll_args, average) for g in groups if g]
 
 
 def _unique_params(params: Iterable[torch.nn.Parameter]) -> List[torch.nn.Parameter]:
@@ -298,7 +301,7 @@ class GradientSynchronizer:
         self.size = comm.Get_size()
         self.steps = 0
         self.last: List[Result] = []
-        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, mode=mode, **options),
+        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, mode=mode, **options), self.average,
                                      first_bucket_mb)
 
     @property

@@ -14,6 +14,8 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from _data import assert_matches, combos, values
+from half_checks import f64 as to_f64, to as as_dtype_exact
+from partialcoll._types import BFLOAT16
 from _util import ARGS, run_module
 
 LARGE = "--large" in ARGS
@@ -53,6 +55,49 @@ def test_every_count_op_dtype(comm, algorithm):
         for dtype, op in combos():
             check_one(comm, algorithm, count, dtype, op)
     check_one(comm, algorithm, 1000, np.float64, MPI.SUM, in_place=True)
+
+
+DIVIDED = [np.float32, np.float64, np.float16, BFLOAT16]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS + ([] if LARGE else ["tree"]))
+def test_divisor(comm, algorithm):
+    """divisor=P (DDP's average, fused into the reduction): bitwise the undivided result
+    divided by P, the same bits on every rank; small integers, so that the sums are exact
+    in every dtype (float16, bfloat16 too) and the only rounding is the division's."""
+    p = comm.size
+    counts = [2 ** 20 + 3] if LARGE else sorted({0, 1, max(p - 1, 0), p + 1, 1000, 2 ** 14 + 5})
+    for count in counts:
+        for dtype in DIVIDED:
+            x = as_dtype_exact(((np.arange(count) * 7 + 3 * comm.rank) % 17 - 8).astype(np.float64), dtype)
+            plain = pc.allreduce_init(count, dtype, MPI.SUM, comm, algorithm=algorithm)
+            fused = pc.allreduce_init(count, dtype, MPI.SUM, comm, algorithm=algorithm, divisor=p)
+            for rep in range(2):                     # persistent: the second round divides once too
+                want = to_f64(plain.post(x).wait(timeout=60).data) / p
+                got = fused.post(x).wait(timeout=60).data
+                what = f"{algorithm} count={count} {np.dtype(dtype)} P={p} rep={rep}"
+                assert got.dtype == np.dtype(dtype), what
+                assert np.array_equal(to_f64(got), to_f64(as_dtype_exact(want, dtype))), what
+                crcs = comm.allgather(zlib.crc32(got.tobytes()))
+                assert len(set(crcs)) == 1, f"{what}: ranks disagree bitwise"
+            plain.close()
+            fused.close()
+
+
+def test_divisor_bad_input_raises_everywhere(comm):
+    if LARGE:
+        pytest.skip("--large: only the large counts")
+    for kwargs, exc in [({"op": MPI.MAX}, pc.OpError), ({"dtype": np.int32}, pc.OpError),
+                        ({"dtype": np.complex64}, pc.OpError), ({"divisor": 0}, pc.ArgumentError),
+                        ({"divisor": float("nan")}, pc.ArgumentError), ({"divisor": "2"}, pc.ArgumentError)]:
+        args = {"dtype": np.float32, "op": MPI.SUM, "divisor": 2.0, **kwargs}
+        with pytest.raises(exc):
+            pc.allreduce_init(8, args["dtype"], args["op"], comm, divisor=args["divisor"])
+    if comm.size == 1:
+        return
+    # a divisor that differs across ranks: ArgumentError on every rank, never a hang
+    with pytest.raises(pc.ArgumentError, match="divisor differs"):
+        pc.allreduce_init(8, np.float32, MPI.SUM, comm, divisor=2.0 + (comm.rank == comm.size - 1))
 
 
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "auto"])

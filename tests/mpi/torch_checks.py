@@ -269,26 +269,30 @@ def flushed_by_param(state):
     return out
 
 
-@pytest.mark.parametrize("mode,opts,start_iter", [(m, o, 2) for m, o in MODES] + [("solo", {}, 0)],
-                         ids=[m for m, _ in MODES] + ["solo_from_iteration_0"])
-def test_hook_every_mode(comm, pcg, mode, opts, start_iter):
+@pytest.mark.parametrize("mode,opts,start_iter,average",
+                         [(m, o, 2, "none") for m, o in MODES] + [("solo", {}, 0, "none"), ("solo", {}, 0, "world")],
+                         ids=[m for m, _ in MODES] + ["solo_from_iteration_0", "solo_world_average"])
+def test_hook_every_mode(comm, pcg, mode, opts, start_iter, average):
     """30+ steps of a multi-bucket model in each mode, a different rank late now and then:
     the loss falls, nothing is lost (late="fold", average="none"). start_iter=0 makes the
-    first collectives before DDP's bucket rebuild, so the rebuild must flush them."""
+    first collectives before DDP's bucket rebuild, so the rebuild must flush them.
+    average="world": the collectives divide by P themselves (divisor=P), the flushes too."""
     if mode == "quorum" and comm.size < 2:
         return
     m = model()
     ddp = DDP(m, bucket_cap_mb=CAP)
-    state = PartialHookState(mode=mode, comm=comm, average="none", late="fold", start_iter=start_iter, **opts)
+    state = PartialHookState(mode=mode, comm=comm, average=average, late="fold", start_iter=start_iter, **opts)
     rec = Recorder(m)
     ddp.register_comm_hook(state, rec.hook)
     lr = 0.3 / comm.size
     w0 = [p.detach().clone() for p in m.parameters()]
     losses = train(ddp, comm.rank, 32, lr=lr, slow=lambda s: (s * 7) % (comm.size + 2))
-    flush = flushed_by_param(state)
+    p_ = comm.size if average == "world" else 1
+    assert all(e.coll.divisor == p_ for e in state.colls.values())
+    flush = {k: v * p_ for k, v in flushed_by_param(state).items()}
     for res in state.flushed:                                  # closed at the rebuild: applied later
         assert res.data is not None
-    nothing_lost(comm, m, w0, lr, flush, rec.sum)
+    nothing_lost(comm, m, w0, lr / p_, flush, rec.sum)
     assert np.mean(losses[-6:]) < np.mean(losses[:6]), (mode, losses)
     if start_iter == 0:
         assert state.flushed, "DDP rebuilt its buckets, but the hook's collectives were not flushed"
@@ -371,11 +375,16 @@ def test_optimizer_full_equals_ddp(comm, pcg):
     params_close(ref, ours)
 
 
-def test_optimizer_solo_nothing_lost(comm, pcg):
+@pytest.mark.parametrize("average", ["none", "world"])
+def test_optimizer_solo_nothing_lost(comm, pcg, average):
+    """average="world" divides in the collective (PartialAllreduce(divisor=P)): what was
+    applied and the final flush are then both the sums / P, each divided exactly once."""
     m = model()
     lr = 0.3 / comm.size
     opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr), mode="solo", comm=comm,
-                               average="none", late="fold", bucket_mb=CAP)
+                               average=average, late="fold", bucket_mb=CAP)
+    p_ = comm.size if average == "world" else 1
+    assert all(b.coll.divisor == p_ for b in opt._pc_sync.buckets)
     w0 = [p.detach().clone() for p in m.parameters()]
     local = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in m.parameters()}
     def record(p):
@@ -390,9 +399,9 @@ def test_optimizer_solo_nothing_lost(comm, pcg):
         data = torch.from_numpy(np.asarray(res.data, dtype=np.float64))
         off = 0
         for p in b.params:
-            flushed[id(p)] = data[off:off + p.numel()].reshape(p.shape)
+            flushed[id(p)] = data[off:off + p.numel()].reshape(p.shape) * p_
             off += p.numel()
-    nothing_lost(comm, m, w0, lr, flushed, local)
+    nothing_lost(comm, m, w0, lr / p_, flushed, local)
     assert np.mean(losses[-6:]) < np.mean(losses[:6]), losses
 
 
