@@ -86,7 +86,8 @@ typedef struct pc_idle_policy {
     int64_t busy_bytes;  /* while a message this large moves (its round has begun), poll ... */
     double busy_cap_us;  /* ... as long as the last event is younger than this */
     int poll_armed;      /* 1 (idle "spin": a node with cores to spare): the progress thread
-                          * polls while a round is armed, and wait() polls until done */
+                          * polls while a round is armed, and wait() polls until done;
+                          * 2 (auto's spin): the same while the machine is not contended */
 } pc_idle_policy;
 
 typedef struct pc_sched pc_sched;

@@ -38,8 +38,35 @@ static void note_event(void)
     __atomic_store_n(&E.last_event_us, (int64_t)now_us(), __ATOMIC_RELAXED);
 }
 
-/* The idle policy "spin" (pc_engine_set_poll may switch it while the engine runs). */
-static int poll_armed(void) { return __atomic_load_n(&E.policy.poll_armed, __ATOMIC_RELAXED); }
+static int node_contended(void);
+
+/* The idle policy "auto" chose to poll (poll_armed 2) because MPI sees a core for each of
+ * this node's threads. But a "node" may share its cores with other ranks that MPI cannot
+ * see (emulated hosts, containers, VMs on one machine): polling there takes the cores of
+ * the ranks that must answer. So auto polls only while this machine has no more runnable
+ * threads than cores, sampled every 10 ms; once it has, auto sleeps for a second before
+ * it looks again (the sleepers then make the machine look idle, so no shorter hold). */
+static int auto_poll_ok(void)
+{
+    static int64_t next_us;
+    static int ok = 1;
+    static __thread unsigned calls;        /* the clock on every 64th call only: a spin loop's */
+    if ((++calls & 63) != 0) return __atomic_load_n(&ok, __ATOMIC_RELAXED);
+    int64_t now = (int64_t)now_us();
+    if (now < __atomic_load_n(&next_us, __ATOMIC_RELAXED)) return __atomic_load_n(&ok, __ATOMIC_RELAXED);
+    int fine = !node_contended();
+    __atomic_store_n(&ok, fine, __ATOMIC_RELAXED);
+    __atomic_store_n(&next_us, now + (fine ? 10000 : 1000000), __ATOMIC_RELAXED);
+    return fine;
+}
+
+/* The idle policy "spin" (1), or auto's spin while the machine has cores to spare (2);
+ * pc_engine_set_poll may switch it while the engine runs. */
+static int poll_armed(void)
+{
+    int p = __atomic_load_n(&E.policy.poll_armed, __ATOMIC_RELAXED);
+    return p == 2 ? auto_poll_ok() : p;
+}
 
 /* New work: note the event and wake the poller. */
 void kick(void)
@@ -428,7 +455,8 @@ int pc_engine_stop(void)
  * communicators (partialcoll/_engine.py) and switches between polling and sleeping. */
 int pc_engine_set_poll(int on)
 {
-    __atomic_store_n(&E.policy.poll_armed, on ? 1 : 0, __ATOMIC_RELAXED);
+    if (on < 0 || on > 2) return fail(PC_ERR_ARG, "poll_armed must be 0, 1 or 2, not %d", on);
+    __atomic_store_n(&E.policy.poll_armed, on, __ATOMIC_RELAXED);
     wake();
     return PC_OK;
 }

@@ -41,6 +41,15 @@ def idle_policy(setting: str, ranks_on_node: Optional[int], cores: int) -> str:
     return "spin" if 2 * ranks_on_node <= cores else "sleep"
 
 
+def _poll_code(active: str) -> int:
+    """The engine's poll_armed for an active policy: 0 sleep, 1 spin; auto's spin is 2,
+    which polls only while the machine has no more runnable threads than cores (a node
+    that MPI sees may share its cores with ranks it cannot see: native/progress.c)."""
+    if active != "spin":
+        return 0
+    return 2 if rc.idle == "auto" else 1
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -75,7 +84,7 @@ def note_node(comm: MPI.Comm) -> None:
         if _started:
             active = idle_policy("auto", _node_ranks, _cores())
             if active != _idle_active:
-                check(lib.pc_engine_set_poll(1 if active == "spin" else 0))
+                check(lib.pc_engine_set_poll(_poll_code(active)))
                 _idle_active = active
 
 
@@ -110,7 +119,7 @@ def ensure_started(comm: Optional[MPI.Comm] = None) -> None:
             "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us)})
         ranks = _node_ranks if _node_ranks is not None else _launcher_ranks()
         active = idle_policy(rc.idle, ranks, _cores())
-        policy.poll_armed = 1 if active == "spin" else 0
+        policy.poll_armed = _poll_code(active)
         check(lib.pc_engine_start(1 if rc.progress == "thread" else 0, policy))
         _idle_active = active
         _started = True

@@ -33,7 +33,9 @@ class RC:
                   polls until done: the lowest latency, a core per rank), or "auto"
                   (default): "spin" where the node has a core for each rank's application
                   thread and one for its progress thread, else "sleep" (see
-                  partialcoll._engine.idle_policy); environment PARTIALCOLL_IDLE.
+                  partialcoll._engine.idle_policy), and auto's spin only while the machine
+                  has no more runnable threads than cores (a node may share its cores with
+                  ranks MPI cannot see); environment PARTIALCOLL_IDLE.
                   partialcoll.info()["idle"] says which one runs.
     close_timeout default timeout in seconds of close() (default 300; None: forever), so a
                   peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.

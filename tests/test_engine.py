@@ -32,3 +32,11 @@ def test_small_tag_ub(mpirun, nprocs, tag_ub):
 def test_failed_execution(mpirun, progress):
     """A failed execution uses up its version and drains before the schedule is freed."""
     mpirun("failure_checks.py", 2, timeout=120, env={"PARTIALCOLL_PROGRESS": progress})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_armed_ranks_leave_cores_to_computing_ranks(mpirun, nprocs):
+    """The idle policy "auto" never spins cores that a computing rank needs (issue 14: under
+    --hosts each emulated host looks to MPI like a node with cores to spare)."""
+    mpirun("idle_checks.py", nprocs, timeout=120)

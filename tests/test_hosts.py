@@ -56,6 +56,7 @@ def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
     ("allreduce_checks.py", 4, ("recursive_doubling,ring",)),     # "auto" picks one of them
     ("partial_checks.py", 4, ("probe", "60")),
     ("close_checks.py", 3, ("solo", "fold,latest", "1")),
+    ("idle_checks.py", 4, ()),          # one rank per host: MPI sees cores to spare, auto spun
 ])
 def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
     mpirun_on(four, script, nprocs, *args, timeout=120)

@@ -1,0 +1,59 @@
+"""A rank whose round is armed must not take a core from a rank that computes (issue 14,
+found across emulated hosts): python idle_checks.py
+
+Under `pytest --hosts` each emulated host runs one rank, so MPI sees a node with a core
+for the rank and one for its progress thread, and the idle policy "auto" picked "spin".
+But the hosts share this machine's cores: the spinning progress threads took the cores
+of the ranks that had to compute or answer (Fig. 9 across 4 hosts on 2 cores: MPI/solo
+1.0x with auto, 11x with sleep). Auto now spins only while the machine has no more
+runnable threads than cores (native/progress.c, auto_poll_ok).
+
+The check: rank 0 computes (pure Python) for a second while the others sleep, first with
+no collective, then with every rank's next round armed (its receives posted, nobody
+posting). Rank 0's application thread must get at least 3/4 of the CPU it got the first
+time. Meaningful where the ranks' threads outnumber the cores (as at P >= 2 on 2 cores).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from _util import run_module
+
+WINDOW_S = 1.0
+
+
+def share_of_a_core(comm) -> float:
+    """Rank 0 computes for WINDOW_S while the others sleep; its thread's CPU / wall time."""
+    comm.Barrier()
+    if comm.rank != 0:
+        time.sleep(WINDOW_S)
+        share = 0.0
+    else:
+        c0, t0 = time.thread_time(), time.perf_counter()
+        while time.perf_counter() - t0 < WINDOW_S:
+            sum(range(2000))
+        share = (time.thread_time() - c0) / (time.perf_counter() - t0)
+    comm.Barrier()
+    return comm.bcast(share, root=0)
+
+
+def test_armed_ranks_leave_the_cores_to_a_computing_rank(comm):
+    alone = share_of_a_core(comm)
+    coll = pc.PartialAllreduce(2, np.float32, MPI.SUM, comm, mode="solo", late="fold")
+    coll.post(np.ones(2, np.float32)).wait(timeout=60)        # the next round is armed now
+    armed = [share_of_a_core(comm) for _ in range(2)]
+    policy = comm.allgather((pc.info()["idle"], pc.info()["ranks_on_node"]))
+    coll.close(timeout=60)
+    if 2 * comm.size > (os.cpu_count() or 1):                 # the threads outnumber the cores
+        assert max(armed) >= 0.75 * alone, \
+            f"rank 0 computed on {armed} of a core with the others armed, {alone:.2f} without; " \
+            f"idle policy and ranks seen on the node, per rank: {policy}"
+
+
+if __name__ == "__main__":
+    run_module(__file__)
