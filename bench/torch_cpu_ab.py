@@ -83,7 +83,8 @@ for r in range(reps):
             setattr(partialcoll.rc, k, v)
         if cfg != "default":
             for kv in cfg.split(","):
-                k, v = kv.split("="); setattr(partialcoll.rc, k, float(v))
+                k, v = kv.split("=")
+                setattr(partialcoll.rc, k, v if k in ("progress", "idle") else float(v))
         vs = variants if r % 2 == 0 else variants[::-1]
         for v in vs:
             rate, cpu, late = run(v)
