@@ -59,6 +59,10 @@ class _Ranks:
                  + "\n".join(f"[rank {self.rank}] {line}" for line in text.splitlines()))
 
     def abort(self) -> None:
+        # The launcher forwards each rank's output on its own (across hosts through a proxy
+        # per host), and MPI_Abort tears that down: give the last lines time to get out
+        # (pytest --hosts 4 lost the "aborting the job" line once in a whole-suite run).
+        time.sleep(0.5)
         self.world.Abort(1)
         os._exit(1)                         # MPICH's MPI_Abort can return before the job ends
 
