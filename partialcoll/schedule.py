@@ -257,6 +257,11 @@ class Schedule:
         self._scratch_bytes = offset + max(count, 0) * dt.itemsize
         return BufRef(None, SLOT_SCRATCH, offset, max(count, 0), dt)
 
+    @property
+    def scratch_bytes(self) -> int:
+        """Scratch memory the engine allocates for this schedule at commit (bytes)."""
+        return self._scratch_bytes
+
     # internal ops of partial collectives
     def _trigger(self) -> ScheduleOp:
         return self._add(TRIGGER, label="a local post starts the round")
