@@ -15,7 +15,8 @@ messages, the round's steps: the longest chain of messages on the critical path.
 How P = 4096 stays cheap. Counts come from a sample of ranks (every rank up to
 --all-ranks, else the first node, the middle, the last ranks and a seeded random few;
 the table says which). Steps need the whole graph: up to --max-nodes ops in all ranks
-it is run whole; above that the schedule family is checked to be *rank-symmetric*
+(and a minute of building every rank's schedule) it is run whole; above that the
+schedule family is checked to be *rank-symmetric*
 (rank r's schedule is rank 0's with every peer x renamed g_r(x), for g_r a rotation
 x -> x + r mod P, or x -> x XOR r where P is a power of two; checked op by op on the
 sampled ranks), and then rank 0 alone stands for everyone: the k-th message rank 0
@@ -46,7 +47,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -55,10 +55,11 @@ import numpy as np
 
 from partialcoll._buffers import SLOT_WORK, BufRef
 from partialcoll.activation import BUILDERS
-from partialcoll.algorithms import ALGORITHMS, AUTO_RING_BYTES, choose
-from partialcoll.schedule import COMPUTE, NOP, RECV, SEND, TRIGGER, Schedule
+from partialcoll.algorithms import ALGORITHMS, choose
+from partialcoll.schedule import COMPUTE, RECV, SEND, TRIGGER, Schedule
 
 SIZES = (64, 256, 1024, 4096)
+BUILD_SECONDS = 60.0                 # at most this long building every rank's schedule
 SUM = 0                              # the engine's op code of MPI_SUM
 MODES = ("solo", "majority", "probe", "quorum", "full")
 
@@ -275,11 +276,14 @@ class Family:
     def __init__(self, name: str, p: int, nbytes: int, ppn: int, all_ranks: int, max_nodes: int) -> None:
         self.name, self.p, self.nbytes, self.ppn, self.max_nodes = name, p, nbytes, ppn, max(max_nodes, 1_500_000)
         self.ranks = sample_ranks(p, ppn, all_ranks)
+        t0 = time.perf_counter()
         self.scheds = {r: build(name, r, p, nbytes, ppn) for r in self.ranks}
+        per_build = (time.perf_counter() - t0) / len(self.ranks)
         per_rank = max(len(s.ops) for s in self.scheds.values())
         self.how = ""
         self.graph: Optional[Graph] = None
-        if p * per_rank <= max_nodes:
+        # the whole graph where it is small enough and every rank builds within BUILD_SECONDS
+        if p * per_rank <= max_nodes and (p - len(self.ranks)) * per_build <= BUILD_SECONDS:
             every = [self.scheds.get(r) or build(name, r, p, nbytes, ppn) for r in range(p)]
             self.graph, self.how = Graph.whole(every), "whole"
         else:
@@ -335,14 +339,18 @@ def table(sizes: Sequence[int], nbytes: int, ppn: int, all_ranks: int, max_nodes
     return rows
 
 
-def _mib(x: float) -> str:
-    return f"{x / 2 ** 20:.2f}"
+def _size(x: float) -> str:
+    """Bytes as B, KiB or MiB."""
+    for unit, scale in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if x >= scale:
+            return f"{x / scale:.4g} {unit}"
+    return f"{x:.0f} B"
 
 
 def _table_header(nbytes: int, ppn: int) -> str:
-    return (f"# one allreduce of {nbytes / 2 ** 20:g} MiB float32 per round; tree: regions of {ppn} ranks (nodes)\n"
-            f"# {'algorithm':<18} {'P':>5} {'msgs/rank':>11} {'MiB sent/rank':>15} {'steps':>6} "
-            f"{'ops/rank':>13} {'edges/rank':>13} {'scratch MiB':>13}  how (ranks counted)")
+    return (f"# one allreduce of {_size(nbytes)} of float32 per round; tree: regions of {ppn} ranks (nodes)\n"
+            f"# {'algorithm':<18} {'P':>5} {'msgs/rank':>11} {'sent/rank':>21} {'steps':>6} "
+            f"{'ops/rank':>13} {'edges/rank':>13} {'scratch/rank':>19}  how (ranks counted)")
 
 
 def _table_line(row: dict) -> str:
@@ -352,8 +360,8 @@ def _table_line(row: dict) -> str:
         lo, hi = row[key + "_mean"], row[key + "_max"]
         return fmt(hi) if abs(hi - lo) < 1e-9 else f"{fmt(lo)}/{fmt(hi)}"
     steps_text = "-" if row["steps"] is None else str(row["steps"])
-    return (f"  {row['algorithm']:<18} {row['P']:>5} {mm('messages'):>11} {mm('bytes', _mib):>15} "
-            f"{steps_text:>6} {mm('ops'):>13} {mm('edges'):>13} {mm('scratch', _mib):>13}  "
+    return (f"  {row['algorithm']:<18} {row['P']:>5} {mm('messages'):>11} {mm('bytes', _size):>21} "
+            f"{steps_text:>6} {mm('ops'):>13} {mm('edges'):>13} {mm('scratch', _size):>19}  "
             f"{row['steps_how']} ({row['ranks']}{' sampled' if row['sampled'] else ''})")
 
 
@@ -745,14 +753,17 @@ def print_model(measurements: Sequence[dict], out: Optional[str]) -> dict:
             fig = f"{r['fig9_latency_us']:>9.1f} {r['mpi_over_mode']:>9.3g} {over:>8}"
         print(f"  {r['bytes']:>9} {r['algorithm']:<18} {r['mode']:<9} {r['round_us']:>10.1f} {sim:>10} {fig}")
     net = Params(alpha=NETWORK["alpha"], beta=NETWORK["beta"], gamma=ref.gamma, o=ref.o, round=ref.round)
-    print("# one allreduce at P = 1024 by algorithm (formula, us); tree: 128 nodes of 8 ranks, inside a node "
-          "this machine's shared memory")
+    # the tree: 128 nodes of 8 ranks; inside a node this machine's shared memory; the top
+    # allreduces of a node's 8 chunks run at once through its one link (beta x 8)
+    shared = Params(**dict(vars(net), beta=net.beta * 8))
+    print("# one allreduce at P = 1024 by algorithm (formula, us): one rank per node; tree: 128 nodes of 8 "
+          "ranks (shared memory inside, a node's 8 top allreduces share its link)")
     print(f"# {'bytes':>9} " + " ".join(f"{a:>18}" for a in ("recursive_doubling", "ring", "tree", "mpi (MPICH)")))
     alternatives = []
     for nbytes in (8, 65536, 1 << 20, 25 << 20):
         row = {"bytes": nbytes, "recursive_doubling": formula("recursive_doubling", 1024, nbytes, net) * 1e6,
                "ring": formula("ring", 1024, nbytes, net) * 1e6,
-               "tree": formula("tree", 1024, nbytes, net, ppn=8, local=ref) * 1e6,
+               "tree": formula("tree", 1024, nbytes, shared, ppn=8, local=ref) * 1e6,
                "mpi": formula("mpi", 1024, nbytes, net) * 1e6}
         alternatives.append(row)
         print(f"  {nbytes:>9} " + " ".join(f"{row[a]:>18.1f}" for a in ("recursive_doubling", "ring", "tree", "mpi")))

@@ -4,7 +4,7 @@ Emulated: partialcoll's device path with NumPy standing in for CuPy (tests/mpi/_
 runs everywhere, so CI covers the staging protocol; fakecupy: the real CupyBackend over a
 stand-in CuPy module on host memory (tests/fakecupy), so CI runs its calls too. GPU: the
 same checks with CuPy on a real GPU, skipped (not failed) where CuPy finds none; run them
-on a GPU machine with `pytest -m gpu` (bench/gpu.sh).
+on a GPU machine with `pytest -m gpu` (bench/device.sh).
 """
 import importlib.util
 import json
