@@ -113,6 +113,18 @@ def _load(path: str):
         return None
 
 
+def _at_sizes(r: Runner, tmp: str, name: str, sizes, argv: Callable[[int, str], List[str]], limit: float,
+              env: Optional[dict] = None) -> List[tuple]:
+    """Run mpiexec -n P argv(P, json_path) for each P in sizes, sharing the limit:
+    [(P, its run, the JSON it wrote or None)]."""
+    out = []
+    for n in sizes:
+        path = _json_file(tmp, f"{name}_{n}.json")
+        run = r.run(mpi(n, *argv(n, path)), limit / len(sizes), env)
+        out.append((n, run, _load(path)))
+    return out
+
+
 def _status(runs: List[dict]) -> str:
     if any(r["timed_out"] for r in runs):
         return "timed out"
@@ -197,17 +209,12 @@ def step_gpu_tests(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
 
 
 def step_cuda_torch(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
-    runs, results = [], []
-    sizes = (2,) if dry else (2, 4)
-    for n in sizes:
-        path = _json_file(tmp, f"torch_paths_{n}.json")
-        extra = ["--device", "cpu", "--steps", "3", "--warmup", "3"] if dry else ["--device", "cuda"]
-        run = r.run(mpi(n, PY, "bench/device_torch.py", *extra, "--json", path), limit / len(sizes))
-        runs.append(run)
-        data = _load(path)
-        if data:
-            results += data["results"]
-    out = {"status": _status(runs), "runs": runs, "numbers": {"results": results}}
+    extra = ["--device", "cpu", "--steps", "3", "--warmup", "3"] if dry else ["--device", "cuda"]
+    done = _at_sizes(r, tmp, "torch_paths", (2,) if dry else (2, 4),
+                     lambda n, path: [PY, "bench/device_torch.py", *extra, "--json", path], limit)
+    results = [row for _, _, data in done if data for row in data["results"]]
+    out = {"status": _status([run for _, run, _ in done]), "runs": [run for _, run, _ in done],
+           "numbers": {"results": results}}
     if dry:
         out["reason"] = "dry run: the same paths on a CPU model (no GPU)"
     return out
@@ -268,33 +275,28 @@ def fig9_targets(rows: List[dict], p: int) -> List[dict]:
 
 
 def step_fig9(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
-    sizes = (2,) if dry else (8, 16)
-    runs, tables, targets = [], {}, []
-    for n in sizes:
-        path = _json_file(tmp, f"fig9_{n}.json")
-        extra = ["-i", "8", "-r", "1", "--modes", "mpi,solo,majority,probe"] if dry else ["-i", "64"]
-        run = r.run(mpi(n, PY, "-m", "partialcoll.bench", "skew", "--skew", "linear:1ms", "--sync", "iteration",
-                        "--rc", "idle=auto", *extra, "--json", path), limit / len(sizes))
-        runs.append(run)
-        data = _load(path)
+    extra = ["-i", "8", "-r", "1", "--modes", "mpi,solo,majority,probe"] if dry else ["-i", "64"]
+    done = _at_sizes(r, tmp, "fig9", (2,) if dry else (8, 16),
+                     lambda n, path: [PY, "-m", "partialcoll.bench", "skew", "--skew", "linear:1ms", "--sync",
+                                      "iteration", "--rc", "idle=auto", *extra, "--json", path], limit)
+    tables, targets = {}, []
+    for n, _, data in done:
         if data:
             tables[str(n)] = [{k: row[k] for k in ("mode", "latency_us", "mpi_over", "nap", "ideal_us",
                                                   "late_fraction", "initiator_us")} for row in data["rows"]]
             targets += fig9_targets(data["rows"], n)
+    runs = [run for _, run, _ in done]
     return {"status": _status(runs), "runs": runs, "numbers": {"tables": tables}, "targets": targets,
             **({"reason": "dry run: P = 2, 8 iterations (the targets are for P = 8 and 16 with cores to spare)"}
                if dry else {})}
 
 
 def step_torch(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
-    sizes = (2,) if dry else (4, 8)
-    runs, tables, targets = [], {}, []
-    for n in sizes:
-        path = _json_file(tmp, f"torch_mlp_{n}.json")
-        extra = ["--steps", "4", "--warmup", "2", "--repeat", "1"] if dry else ["--repeat", "3"]
-        run = r.run(mpi(n, PY, "bench/torch_mlp.py", *extra, "--json", path), limit / len(sizes))
-        runs.append(run)
-        data = _load(path)
+    extra = ["--steps", "4", "--warmup", "2", "--repeat", "1"] if dry else ["--repeat", "3"]
+    done = _at_sizes(r, tmp, "torch_mlp", (2,) if dry else (4, 8),
+                     lambda n, path: [PY, "bench/torch_mlp.py", *extra, "--json", path], limit)
+    tables, targets = {}, []
+    for n, _, data in done:
         if not data:
             continue
         rates = data["steps_per_s"]
@@ -305,6 +307,7 @@ def step_torch(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
                 x = rates[v] / best
                 targets.append({"what": f"P={n} {v} / best of DDP+gloo, mpi4py", "value": x,
                                 "target": f">= {TORCH_TARGET}", "met": x >= TORCH_TARGET})
+    runs = [run for _, run, _ in done]
     return {"status": _status(runs), "runs": runs, "numbers": {"tables": tables}, "targets": targets,
             **({"reason": "dry run: P = 2, 4 steps, 1 repetition"} if dry else {})}
 
