@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 STEPS = ("info", "gpu-tests", "cuda-torch", "buffers", "fold", "fig9", "torch")
-BUDGET = {"info": 30, "gpu-tests": 270, "cuda-torch": 110, "buffers": 70, "fold": 40, "fig9": 200, "torch": 300}
+BUDGET = {"info": 60, "gpu-tests": 270, "cuda-torch": 110, "buffers": 70, "fold": 40, "fig9": 200, "torch": 300}
 FIG9_TARGETS = {"solo": 25.0, "majority": 2.5, "probe": 5.8}   # MPI latency / mode latency
 IDEAL_WITHIN = 1.1                                              # majority, probe: latency <= 1.1 x ideal
 TORCH_TARGET = 0.9                                              # x the best of DDP+gloo, mpi4py loop
@@ -133,9 +133,7 @@ def _status(runs: List[dict]) -> str:
 
 # -- the steps --------------------------------------------------------------------------
 def step_info(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
-    code = ("import json, os, platform, partialcoll as pc\n"
-            "print(json.dumps(pc.info()))")
-    run = r.run([PY, "-c", code], limit / 2)
+    run = r.run([PY, "-c", "import json, partialcoll as pc; print(json.dumps(pc.info()))"], limit / 3)
     info = None
     if run["rc"] == 0:
         info = json.loads(run["output"].strip().splitlines()[-1])
@@ -156,6 +154,8 @@ def step_info(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
                       "print(json.dumps(out))"], limit / 2)
     if versions["rc"] == 0:
         gpu.update(json.loads(versions["output"].strip().splitlines()[-1]))
+    else:
+        gpu["versions_error"] = versions["tail"][-300:] or f"timed out after {versions['seconds']} s"
     cpu = {"cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "load_1min": os.getloadavg()[0],
            "model": _cpu_model(), "memory_gib": _mem_gib(), "cgroup_cpu_max": _read("/sys/fs/cgroup/cpu.max"),
            "python": platform.python_version(), "machine": platform.machine()}
@@ -325,7 +325,8 @@ def markdown(report: dict) -> str:
     lines += [f"- mode: {'dry (CPU parts, P = 2)' if report['dry'] else 'full'}; host {report['host']}",
               f"- GPU: {gpu.get('name') or gpu.get('none', '?')}"
               + (f", driver {gpu['driver']}, {gpu.get('memory')}" if gpu.get("driver") else ""),
-              f"- CuPy {gpu.get('cupy', '?')}; torch {gpu.get('torch', '?')} (CUDA {gpu.get('torch_cuda')})",
+              f"- CuPy {gpu.get('cupy', '?')}; torch {gpu.get('torch', '?')} (CUDA {gpu.get('torch_cuda')})"
+              + (f"; versions not read: {_cell(gpu['versions_error'])}" if "versions_error" in gpu else ""),
               f"- CPU: {cpu.get('model')}; {cpu.get('affinity')} of {cpu.get('cpu_count')} cores usable; "
               f"cgroup cpu.max {cpu.get('cgroup_cpu_max')}; {cpu.get('memory_gib')} GiB; Python {cpu.get('python')}",
               f"- partialcoll: " + (", ".join(f"{k} {v}" for k, v in pci.items()) if pci else "not importable"), ""]
