@@ -661,6 +661,9 @@ def check(measurements: Sequence[dict], ref: Params) -> List[dict]:
         for r in m["rounds"]:
             if r["mode"] == "mpi":
                 f, s, fo = (formula("mpi", p, r["bytes"], q) for q in (ref, ref, own))
+            elif r["algorithm"] not in FORMULAS:     # a new algorithm: simulated only
+                f = fo = math.nan
+                s = round_time(p, r["bytes"], r["mode"], ref, r["algorithm"], how="simulated")
             else:
                 f = round_time(p, r["bytes"], r["mode"], ref, r["algorithm"])
                 s = round_time(p, r["bytes"], r["mode"], ref, r["algorithm"], how="simulated")
@@ -674,6 +677,7 @@ def check(measurements: Sequence[dict], ref: Params) -> List[dict]:
 
 
 NETWORK = {"alpha": 5e-6, "beta": 8 / 25e9}          # 25 Gb/s links, 5 us latency
+FORMULAS = ("recursive_doubling", "ring", "tree", "mpi")  # what formula() knows
 
 
 def predict(ref: Params, p: int = 1024, sizes=(8, 1 << 20, 25 << 20), skew: str = "linear:1ms",
