@@ -39,7 +39,7 @@ def exits(p):
     return {int(r): int(c) for r, c in re.findall(r"EXIT (\d+) (-?\d+)", p.stdout)}
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_latency_json_csv(tmp_path, nprocs):
     out, csv = tmp_path / "lat.json", tmp_path / "lat.csv"
@@ -56,7 +56,7 @@ def test_latency_json_csv(tmp_path, nprocs):
     assert csv.read_text().splitlines()[0].startswith("bytes,")
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs,sync", [(2, "none"), (3, "iteration"), (4, "none")])
 def test_skew_checked_every_mode(tmp_path, nprocs, sync):
     """Both sync modes run; -c passes for every mode; the JSON has every figure."""
@@ -84,7 +84,7 @@ def test_skew_checked_every_mode(tmp_path, nprocs, sync):
     assert rows["mpi"]["mpi_over"] == 1.0
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_skew_default_is_paper_method_unchecked(tmp_path):
     """Without -c the message stays 8 B and late='latest'; the alternating order shows."""
     out = tmp_path / "skew.json"
@@ -97,7 +97,7 @@ def test_skew_default_is_paper_method_unchecked(tmp_path):
     assert order == [("1", "mpi"), ("1", "solo"), ("2", "solo"), ("2", "mpi")], p.stderr
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_skew_wrong_reference_fails_on_every_rank():
     """-c with a deliberately wrong reference (one post's weight off by one) fails, exit 1 everywhere."""
     patch = ("import functools, partialcoll.bench._validate as v\n"
@@ -111,7 +111,7 @@ def test_skew_wrong_reference_fails_on_every_rank():
     assert "wrong results" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("args", [["latency", "--sizes", "big"], ["latency", "--modes", "mpi,nope"],
                                   ["skew", "--skew", "sideways"], ["skew", "--sync", "sometimes"],
                                   ["skew", "-c", "--late", "latest"],
@@ -124,7 +124,7 @@ def test_bad_option_is_a_usage_error_on_every_rank(args):
     assert "error" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_help_names_both_sync_modes():
     p = run(2, "skew", "--help", timeout=60)
     assert p.returncode == 0, p.stderr
@@ -132,9 +132,9 @@ def test_help_names_both_sync_modes():
     assert "the paper's method" in text and "free-running" in text and "-z" in text and "-c" in text
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_plot(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[test]')")
     lat, sk = tmp_path / "lat.png", tmp_path / "skew.png"
     p = run(2, "latency", "-m", "8:128", "-i", "10", "-x", "1", "--plot", str(lat))
     assert p.returncode == 0, p.stderr
