@@ -15,7 +15,8 @@ BENCH = [*PYTHON, "-m", "partialcoll.bench"]
 ALL_MODES = ("mpi", "impi", "solo", "majority", "probe", "quorum", "full")
 EVERYONE = ("mpi", "impi", "full")
 
-# Runs main() and prints how each rank exited, so a test can see every rank's status.
+# Runs main() and prints how each rank exited, so a test can see every rank's status: on
+# stderr, so that stdout holds only what rank 0 printed (other ranks' lines could land in it).
 EVERY_RANK = """
 import sys
 from mpi4py import MPI
@@ -26,7 +27,7 @@ try:
     code = 0
 except SystemExit as exc:
     code = exc.code
-print(f"EXIT {{MPI.COMM_WORLD.rank}} {{code}}", flush=True)
+print(f"EXIT {{MPI.COMM_WORLD.rank}} {{code}}", file=sys.stderr, flush=True)
 sys.exit(code)
 """
 
@@ -39,13 +40,13 @@ def run(nprocs, *args, timeout=180, patch=""):
 
 def exits(p):
     """{rank: exit code} as each rank printed it."""
-    return {int(r): int(c) for r, c in re.findall(r"EXIT (\d+) (-?\d+)", p.stdout)}
+    return {int(r): int(c) for r, c in re.findall(r"EXIT (\d+) (-?\d+)", p.stderr)}
 
 
 def table(stdout):
     """(column titles, rows as lists of cells) of the printed table: the header is the '#'
     line that starts with 'size'; rows are the lines that are not '#' lines."""
-    lines = [line for line in stdout.splitlines() if not line.startswith("EXIT")]
+    lines = stdout.splitlines()
     head = next(line for line in lines if re.match(r"#\s+size\s+count", line))
     titles = re.split(r"\s{2,}", head.lstrip("# ").strip())
     rows = [line.split() for line in lines if line.strip() and not line.startswith("#")]
@@ -79,7 +80,7 @@ def test_latency_every_mode_checked(tmp_path, nprocs):
     p = run(nprocs, "latency", "-m", "8:512", "-i", "12", "-x", "2", "--modes", ",".join(ALL_MODES), "-z", "-c",
             "--json", str(out), "--csv", str(csv), timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert exits(p) == {r: 0 for r in range(nprocs)}, p.stdout
+    assert exits(p) == {r: 0 for r in range(nprocs)}, p.stderr
     assert p.stdout.startswith("# partialcoll"), p.stdout
     data = json.loads(out.read_text())
     check_run_info(data, nprocs, "latency")
@@ -157,7 +158,7 @@ def test_skew_checked_every_mode(tmp_path, nprocs, sync):
     p = run(nprocs, "skew", "--sync", sync, "--skew", "linear:0.3ms", "-i", "6", "-x", "2", "-r", "2",
             "-z", "-c", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert exits(p) == {r: 0 for r in range(nprocs)}, p.stdout
+    assert exits(p) == {r: 0 for r in range(nprocs)}, p.stderr
     head = p.stdout.splitlines()[:6]
     assert any(("the paper's method" if sync == "iteration" else "free-running") in h for h in head), head
     titles, lines = table(p.stdout)
@@ -217,7 +218,7 @@ def test_a_wrong_element_fails_on_every_rank(command, mode):
             else ["--skew", "linear:0.2ms", "-i", "6", "-x", "1", "-r", "1"])
     p = run(3, command, *args, "-c", "--modes", f"impi,{mode}", patch=CORRUPT.format(mode=mode), timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert exits(p) == {0: 1, 1: 1, 2: 1}, p.stdout
+    assert exits(p) == {0: 1, 1: 1, 2: 1}, p.stderr
     titles, rows = table(p.stdout)
     wrong = {r[3]: r[titles.index("#wrong")] for r in rows}
     assert wrong == {"impi": "0", mode: "1"}, p.stdout
@@ -234,7 +235,7 @@ def test_skew_wrong_reference_fails_on_every_rank():
     p = run(3, "skew", "--skew", "linear:0.2ms", "-i", "6", "-x", "1", "-r", "1", "-c", "--modes", "mpi,solo",
             patch=patch, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert exits(p) == {0: 1, 1: 1, 2: 1}, p.stdout
+    assert exits(p) == {0: 1, 1: 1, 2: 1}, p.stderr
     assert "# FAIL mpi" in p.stdout and "# FAIL solo" in p.stdout, p.stdout
     assert "wrong results" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
@@ -249,7 +250,7 @@ def test_skew_wrong_reference_fails_on_every_rank():
 def test_bad_option_is_a_usage_error_on_every_rank(args):
     p = run(2, *args, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    assert exits(p) == {0: 2, 1: 2}, p.stdout
+    assert exits(p) == {0: 2, 1: 2}, p.stderr
     assert "error" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 

@@ -121,6 +121,19 @@ def reference_unsupported(dt: np.dtype) -> Optional[str]:
     return None
 
 
+def runnable_modes(mode_list: List[str], dt: np.dtype, column: str) -> Tuple[List[str], List[str], str]:
+    """(modes to run, mpi/impi skipped, the note saying why) for element type dt."""
+    cannot = reference_unsupported(dt)
+    skipped = [m for m in mode_list if m in REFERENCE_MODES] if cannot else []
+    if not skipped:
+        return mode_list, [], ""
+    note = f"{', '.join(skipped)} skipped: {cannot}; no {column} column"
+    left = [m for m in mode_list if m not in skipped]
+    if not left:
+        raise ValueError(f"no mode left to run: {note}")
+    return left, skipped, note
+
+
 def add_common_args(p, *, sizes: str, iterations: int, warmup: int, mode_list: str) -> None:
     """The options every command takes (OSU's and nccl-tests' letters where they have one)."""
     p.add_argument("-m", "--sizes", default=sizes, metavar="[MIN:]MAX",

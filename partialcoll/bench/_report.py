@@ -51,10 +51,12 @@ class Table:
             cols.append(("#wrong", "wrong", 7, "d"))
         # at least two spaces between titles, so that a reader (or a script) can split them
         self.cols = [(title, key, max(width, len(title) + 1), fmt) for title, key, width, fmt in cols]
+        self.failures: List[str] = []       # -c: what was wrong, in words (rank 0's list)
 
-    def head(self) -> str:
+    def head(self, notes: Sequence[str] = ()) -> str:
+        """The notes, one '# ' line each, then the column titles."""
         text = " ".join(f"{title:>{width}}" for title, _, width, _ in self.cols)
-        return "#" + text[1:] if text.startswith(" ") else "# " + text
+        return "".join(f"# {note}\n" for note in notes) + ("#" + text[1:] if text.startswith(" ") else "# " + text)
 
     def line(self, row: dict) -> str:
         cells = []
@@ -74,7 +76,7 @@ class Table:
                          + (f" ({unchecked} rows not checked: '-')" if unchecked else ""))
         return "\n".join(lines)
 
-    def fail_if_wrong(self, comm, rows: Sequence[dict], failures: Sequence[str]) -> None:
+    def fail_if_wrong(self, comm, rows: Sequence[dict]) -> None:
         """-c: every rank raises ValidationFailed if any row had a wrong element (rank 0
         prints the first failures)."""
         if not self.validate:
@@ -82,7 +84,7 @@ class Table:
         bad = comm.bcast(sum(bool(r.get("wrong")) for r in rows) if comm.rank == 0 else None, root=0)
         if bad:
             if comm.rank == 0:
-                for failure in list(failures)[:10]:
+                for failure in self.failures[:10]:
                     print(f"# FAIL {failure}")
                 sys.stdout.flush()
             raise ValidationFailed(f"-c: {bad} row(s) with wrong results")

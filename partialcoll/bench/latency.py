@@ -10,9 +10,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _validate
-from ._common import (COLUMNS_HELP, EVERYONE_MODES, REFERENCE_MODES, TAIL, Collective, add_common_args,
-                      as_buffers, bandwidths, check_common, data, element_type, fill, modes, percentile,
-                      reference_unsupported, sizes, to_numpy, type_name)
+from ._common import (COLUMNS_HELP, EVERYONE_MODES, TAIL, Collective, add_common_args, as_buffers, bandwidths,
+                      check_common, data, element_type, fill, modes, percentile, runnable_modes, sizes, to_numpy,
+                      type_name)
 from ._report import Table, header, progress
 
 # OSU's large-message schedule: fewer timed iterations past LARGE, a shorter warm-up past HUGE
@@ -104,13 +104,8 @@ def latency(comm, args) -> dict:
     quorum, late = check_common(args, size)
     counts, size_note = sizes(args.sizes, args.factor, dtype.itemsize, 8, 1 << 20)
     notes: List[str] = [size_note] if size_note else []
-    cannot = reference_unsupported(dtype)
-    skipped = [m for m in mode_list if m in REFERENCE_MODES] if cannot else []
-    if skipped:
-        notes.append(f"{', '.join(skipped)} skipped: {cannot}; no mode/MPI column")
-        mode_list = [m for m in mode_list if m not in skipped]
-        if not mode_list:
-            raise ValueError(f"no mode left to run: {notes[-1]}")
+    mode_list, skipped, note = runnable_modes(mode_list, dtype, "mode/MPI")
+    notes += [note] if note else []
     if args.validate:
         small = [m for m in mode_list if m not in EVERYONE_MODES]
         if small and min(counts) < _validate.min_count(size):
@@ -130,18 +125,15 @@ def latency(comm, args) -> dict:
         print(header(f"latency: allreduce (MPI_SUM) of {tname}, {args.buffers} buffers", comm))
         print(f"# sizes: {counts[0] * dtype.itemsize} B to {counts[-1] * dtype.itemsize} B, x{args.factor} "
               f"(-m {args.sizes} -f {args.factor}); {sched}")
-        for note in notes:
-            print(f"# {note}")
-        print(table.head())
+        print(table.head(notes))
     rows: List[dict] = []
-    failures: List[str] = []
     for count in counts:
         nbytes = count * dtype.itemsize
         iters, warm = iterations(nbytes, args.iterations), warmup(nbytes, args.warmup)
         base: Optional[float] = None
         for mode in mode_list:
             mine = _measure(comm, args, mode, count, dtype, iters, warm, quorum, late)
-            row = _summary(comm, mine, mode, count, nbytes, tname, iters, warm, args, failures)
+            row = _summary(comm, mine, mode, count, nbytes, tname, iters, warm, args, table.failures)
             if mode == "mpi":
                 base = row["avg_us"]
             if base is not None:
@@ -151,8 +143,8 @@ def latency(comm, args) -> dict:
                 print(table.line(row), flush=True)
         progress(f"{nbytes} B done")
     if comm.rank == 0:
-        print(table.tail(rows))
-    table.fail_if_wrong(comm, rows, failures)
+        print(table.tail(rows), flush=True)
+    table.fail_if_wrong(comm, rows)
     if comm.rank != 0:
         return {"rows": []}
 

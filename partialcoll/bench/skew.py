@@ -33,8 +33,8 @@ from mpi4py import MPI
 import partialcoll as pc
 
 from . import _validate
-from ._common import (COLUMNS_HELP, REFERENCE_MODES, TAIL, Collective, add_common_args, bandwidths, check_common,
-                      data, element_type, modes, percentile, reference_unsupported, sizes, to_numpy, type_name)
+from ._common import (COLUMNS_HELP, TAIL, Collective, add_common_args, bandwidths, check_common, data,
+                      element_type, modes, percentile, runnable_modes, sizes, to_numpy, type_name)
 from ._report import Table, header, progress
 
 SYNCS = ("iteration", "none")
@@ -268,13 +268,8 @@ def skew(comm, args) -> dict:
         counts = list(dict.fromkeys(max(c, _validate.min_count(size)) for c in counts))
         notes.append(f"-c: {', '.join(map(str, grown))} B grown to {_validate.min_count(size)} elements "
                      f"(one per rank counts its posts)")
-    cannot = reference_unsupported(dtype)
-    skipped = [m for m in mode_list if m in REFERENCE_MODES] if cannot else []
-    if skipped:
-        notes.append(f"{', '.join(skipped)} skipped: {cannot}; no MPI/mode column")
-        mode_list = [m for m in mode_list if m not in skipped]
-        if not mode_list:
-            raise ValueError(f"no mode left to run: {notes[-1]}")
+    mode_list, skipped, note = runnable_modes(mode_list, dtype, "MPI/mode")
+    notes += [note] if note else []
     d = delays(args.skew, size, args.iterations, args.seed)
     clock = _clock(comm)
     tname = type_name(dtype)
@@ -287,11 +282,8 @@ def skew(comm, args) -> dict:
               "# sync none: free-running (no barrier between iterations; ranks drift apart as in training)")
         print(f"# sizes: {', '.join(str(c * dtype.itemsize) for c in counts)} B; warm-up: {args.warmup} calls "
               f"without skew; mode order alternates per repetition: {','.join(mode_list)} then reversed")
-        for note in notes:
-            print(f"# {note}")
-        print(table.head())
+        print(table.head(notes))
     rows_out: List[dict] = []
-    failures: List[str] = []
     for count in counts:
         nbytes = count * dtype.itemsize
         per_rep: List[Dict[str, dict]] = []
@@ -309,12 +301,12 @@ def skew(comm, args) -> dict:
             for row in _aggregate(per_rep, mode_list, args):
                 row.update({"bytes": nbytes, "count": count, "type": tname, "iterations": args.iterations})
                 row["algbw_gbs"], row["busbw_gbs"] = bandwidths(nbytes, row["latency_us"] * 1e-6, size)
-                failures.extend(f"{row['mode']} at {nbytes} B: {e}" for e in row["errors"][:3])
+                table.failures.extend(f"{row['mode']} at {nbytes} B: {e}" for e in row["errors"][:3])
                 rows_out.append(row)
                 print(table.line(row), flush=True)
     if comm.rank == 0:
-        print(table.tail(rows_out))
-    table.fail_if_wrong(comm, rows_out, failures)
+        print(table.tail(rows_out), flush=True)
+    table.fail_if_wrong(comm, rows_out)
     if comm.rank != 0:
         return {"rows": []}
 
