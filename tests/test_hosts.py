@@ -74,7 +74,7 @@ def test_torch_store_across_hosts(mpirun_on, four, nprocs):
 
 @needs_hosts
 @pytest.mark.skipif(shutil.which("iptables") is None,
-                    reason="--link-delay needs root and iptables (NFQUEUE rules on the emulated switch; .ci/run installs it as root)")
+                    reason="needs root to install iptables (--link-delay: NFQUEUE rules on the emulated switch; .ci/run installs it)")
 @pytest.mark.mpiexec
 def test_link_delay(mpirun_on):
     """1 ms on each host's egress: an 8 B MPI_Allreduce over 4 hosts (two exchanges) takes
