@@ -6,6 +6,7 @@ MPI over TCP between them; tests/hosts.py); without root the multi-rank tests sk
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -49,6 +50,39 @@ def pytest_report_header(config):
         lines.append(f"emulated hosts: {n} (ppn {config.getoption('--ppn')}, "
                      f"delay {config.getoption('--link-delay') or 0}, rate {config.getoption('--link-rate') or '-'})")
     return lines
+
+
+# What a skip may need, after the README's install (pip install -e ".[test]"): each skip reason
+# names one of these; the summary counts them and lists any other skip as unexpected.
+SKIP_NEEDS = ("needs a GPU", "needs root", "needs the second MPI's environment")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on what was skipped and why: a GPU, root, the second MPI, or anything else
+    (which the README's install should have made unnecessary)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if getattr(r, "when", None)]
+    if not skipped:
+        return
+    counts = {need: 0 for need in SKIP_NEEDS}
+    other = []
+    for report in skipped:
+        reason = _skip_reason(report)
+        need = next((n for n in SKIP_NEEDS if n in reason), None)
+        if need:
+            counts[need] += 1
+        else:
+            other.append(f"{report.nodeid}: {reason}")
+    parts = [f"{n} need{'s' if n == 1 else ''} {need[len('needs '):]}" for need, n in counts.items() if n]
+    if other:
+        parts.append(f"{len(other)} for other reasons")
+    terminalreporter.write_sep("-", "skipped: " + ", ".join(parts))
+    for line in other:
+        terminalreporter.write_line(f"unexpected skip (install with pip install -e '.[test]'): {line}")
 
 
 def _find_mpiexec() -> Optional[str]:
@@ -110,6 +144,8 @@ def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dic
     ranks over emulated hosts, ppn per host (default: the hosts' own).
     """
     path = os.path.join(HERE, "mpi", script)
+    if is_check_module(path) and importlib.util.find_spec("pytest_mpi") is None:
+        pytest.fail("the in-rank checks run under pytest-mpi, which is not installed: pip install -e '.[test]'")
     argv = [sys.executable, *(checks_argv(path, args) if is_check_module(path) else [path, *args])]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **launch_env())
     if hosts is not None:

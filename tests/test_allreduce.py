@@ -6,13 +6,13 @@ builder tests (test_builders.py) simulate P = 1-9, 13, 16, 24 without MPI."""
 import pytest
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_allreduce_every_op_dtype_count(mpirun, nprocs):
     mpirun("allreduce_checks.py", nprocs, timeout=300)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_allreduce_large(mpirun, nprocs):
     """count 2^20 + 3: every op x dtype, recursive doubling and ring, against MPI_Allreduce."""

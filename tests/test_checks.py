@@ -18,14 +18,14 @@ def reported(out: str) -> set:
     return set(re.findall(r"CHECK (\S+) (passed|FAILED|skipped) rank=(\d+)", out))
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
 def test_every_check_reported_by_name_and_rank(nprocs):
     out = run_mpi("reporting_checks.py", nprocs, "pass", timeout=60)
     assert reported(out) == {(name, "passed", str(r)) for name in CHECKS for r in range(nprocs)}, out
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_failure_named_with_its_rank(nprocs):
     with pytest.raises(pytest.fail.Exception) as failed:
@@ -39,7 +39,7 @@ def test_failure_named_with_its_rank(nprocs):
     assert "PASSED" not in msg, msg
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_failure_while_others_wait_ends_the_job(nprocs):
     t0 = time.monotonic()

@@ -25,7 +25,7 @@ def _gpu() -> bool:
     return bool(cupy.cuda.is_available())
 
 
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs CuPy and a GPU")]
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not _gpu(), reason="needs a GPU (CuPy and a CUDA device)")]
 
 
 def runs(emulated_nprocs, fake_nprocs=(), gpu_nprocs=(2, 4)):
@@ -43,13 +43,13 @@ def env_of(kind: str) -> dict:
     return {"PC_TEST_BUFFERS": kind}
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("kind,nprocs", runs([1, 2, 3, 4, 5, 8], fake_nprocs=(2, 3)))
 def test_device_buffers(mpirun, kind, nprocs):
     mpirun("device_checks.py", nprocs, env=env_of(kind), timeout=300)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind,nprocs", runs([3, 5]))
 def test_partial_semantics(mpirun, kind, nprocs, mode):
@@ -57,12 +57,12 @@ def test_partial_semantics(mpirun, kind, nprocs, mode):
     mpirun("partial_checks.py", nprocs, mode, "80", env=env_of(kind), timeout=300)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [pytest.param(n, marks=GPU) for n in (2, 4)])
 def test_torch_cuda_tensors(mpirun, nprocs):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("torch without CUDA")
+        pytest.skip("needs a GPU (torch has no CUDA device here)")
     mpirun("torch_checks.py", nprocs, env={"PC_TEST_TORCH_DEVICE": "cuda"}, timeout=300)
 
 

@@ -4,14 +4,14 @@ import pytest
 P = [1, 2, 3, 4, 5, 8]
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("progress", ["thread", "inline"])
 @pytest.mark.parametrize("nprocs", P)
 def test_engine_checks(mpirun, nprocs, progress):
     mpirun("engine_checks.py", nprocs, env={"PARTIALCOLL_PROGRESS": progress}, timeout=240)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
 @pytest.mark.parametrize("progress", ["thread", "inline"])
 def test_lifetime(mpirun, nprocs, progress):
@@ -19,7 +19,7 @@ def test_lifetime(mpirun, nprocs, progress):
     mpirun("lifetime_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_PROGRESS": progress})
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 @pytest.mark.parametrize("tag_ub", ["32767", "8388607"])
 def test_small_tag_ub(mpirun, nprocs, tag_ub):
@@ -27,14 +27,14 @@ def test_small_tag_ub(mpirun, nprocs, tag_ub):
     mpirun("tag_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_TAG_UB": tag_ub})
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("progress", ["thread", "inline"])
 def test_failed_execution(mpirun, progress):
     """A failed execution uses up its version and drains before the schedule is freed."""
     mpirun("failure_checks.py", 2, timeout=120, env={"PARTIALCOLL_PROGRESS": progress})
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_armed_ranks_leave_cores_to_computing_ranks(mpirun, nprocs):
     """The idle policy "auto" never spins cores that a computing rank needs (issue 14: under

@@ -159,7 +159,7 @@ def test_public_surface_integers_and_info():
     assert p.returncode == 0 and "integers ok" in p.stdout, p.stdout + p.stderr
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
 def test_public_surface_every_rank(mpirun, nprocs):
     """An unused option on one rank, or an engine OOM, raises on every rank; NumPy integers

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import mpi_flavour
 
-pytestmark = pytest.mark.mpi
+pytestmark = pytest.mark.mpiexec
 
 
 def named_death() -> str:
@@ -87,8 +87,8 @@ def test_failed_receive_names_its_peer(mpirun, nprocs):
     hidden, so the name comes from the failed operation. Open MPI across emulated hosts
     once blamed a send to a live rank this way (mpi_test took req_op[0])."""
     if mpi_flavour() != "openmpi":
-        pytest.skip("MPICH leaves a receive from a dead rank pending (the failure query names it): "
-                    "this needs an MPI that fails the request (Open MPI's ULFM; tests/test_openmpi.py)")
+        pytest.skip("needs the second MPI's environment: MPICH leaves a receive from a dead rank pending "
+                    "(the failure query names it); Open MPI's ULFM fails the request (tests/test_openmpi.py)")
     out = mpirun("peer_dies.py", nprocs, "schedule", "MPIError", "10", "kill", keep_going=True,
                  env={"PARTIALCOLL_NO_FAILED_QUERY": "1"}, expect_passed=nprocs - 1, timeout=60)
     got = faults(out)

@@ -13,7 +13,7 @@ from mpi4py import MPI
 import partialcoll as pc
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs,examples", [(1, 30), (2, 80), (3, 60), (4, 40), (5, 40)])
 def test_fuzz_api(mpirun, nprocs, examples):
     pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (pip install -e '.[test]')")
@@ -21,7 +21,7 @@ def test_fuzz_api(mpirun, nprocs, examples):
     assert f"fuzz api: {examples} cases at P={nprocs}" in out
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs,examples", [(2, 40), (3, 40), (5, 25)])
 def test_fuzz_bad_input(mpirun, nprocs, examples):
     """Random bad arguments, on every rank or one: a partialcoll exception that says what

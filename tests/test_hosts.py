@@ -39,7 +39,7 @@ def four():
 
 
 @needs_hosts
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs,ppn", [(4, 1), (3, 1), (6, 2), (5, 1)])
 def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
     """Ranks land on hosts in blocks of ppn (wrapping: 5 ranks on 4 hosts); every mode agrees."""
@@ -51,7 +51,7 @@ def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
 
 
 @needs_hosts
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("script,nprocs,args", [
     ("allreduce_checks.py", 4, ("recursive_doubling,ring",)),     # "auto" picks one of them
     ("partial_checks.py", 4, ("probe", "60")),
@@ -63,19 +63,19 @@ def test_suite_across_hosts(mpirun_on, four, script, nprocs, args):
 
 
 @needs_hosts
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_torch_store_across_hosts(mpirun_on, four, nprocs):
     """torch.distributed (gloo) under mpiexec with no MASTER_ADDR: rank 0's store is reached
     at an address of its host that the other hosts can reach (not its name's loopback)."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]' installs its CPU build)")
     mpirun_on(four, "torch_store_checks.py", nprocs, timeout=120)
 
 
 @needs_hosts
 @pytest.mark.skipif(shutil.which("iptables") is None,
-                    reason="--link-delay needs iptables (NFQUEUE rules on the emulated switch; .ci/run installs it as root)")
-@pytest.mark.mpi
+                    reason="needs root to install iptables (--link-delay: NFQUEUE rules on the emulated switch; .ci/run installs it)")
+@pytest.mark.mpiexec
 def test_link_delay(mpirun_on):
     """1 ms on each host's egress: an 8 B MPI_Allreduce over 4 hosts (two exchanges) takes
     more than 2 ms, and the partial allreduce still agrees."""
@@ -88,7 +88,7 @@ def test_link_delay(mpirun_on):
 
 
 @needs_hosts
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_link_rate(mpirun_on):
     """100 Mbit/s on each host's link (tc tbf): 4 MiB between two hosts take at least ~0.3 s."""
     h = hosts.Hosts(2, rate="100mbit", tag=f"pch{os.getpid()}r").up()
@@ -100,7 +100,7 @@ def test_link_rate(mpirun_on):
 
 
 @needs_hosts
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_cleanup_by_pid():
     """down() ends what runs inside the hosts by pid and deletes every namespace it made."""
     h = hosts.Hosts(2, tag=f"pch{os.getpid()}c").up()

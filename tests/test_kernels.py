@@ -131,7 +131,7 @@ def test_bfloat16_without_ml_dtypes_by_name():
     assert got.tolist() == [3.0, -4.0, 6.0]
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_half_precision_partial_modes(mpirun, nprocs):
     """float16/bfloat16 in every partial mode (nothing lost), full in place, a schedule."""

@@ -5,20 +5,20 @@ import pytest
 from partialcoll import topology
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [3, 4, 5, 8])
 def test_neighbor_graphs(mpirun, nprocs):
     """Every graph, every mode, at P = 3, 4, 5, 8; bad input raises on every rank."""
     mpirun("neighbor_checks.py", nprocs, "graphs", "errors", timeout=150)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_neighbor_fig3(mpirun):
     """Hop's Fig. 3: one of three workers stalls (standard, backup workers, tokens)."""
     mpirun("neighbor_checks.py", 3, "fig3", timeout=90)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_neighbor_inline_progress(mpirun):
     """The same when test/wait drive progress (no progress thread)."""
     mpirun("neighbor_checks.py", 4, "graphs", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=150)

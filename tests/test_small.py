@@ -81,21 +81,21 @@ def test_info_reports_the_policy():
         assert (active, setting, ranks, int(ncores)) == (expect, want, "1" if want == "auto" else ranks, cores)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
 def test_small_messages_auto(mpirun, nprocs):
     """post(x, out=y).wait() against MPI_Allreduce, policy auto (sleep here at P >= 2)."""
     mpirun("small_checks.py", nprocs, timeout=240)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("idle", ["spin", "sleep"])
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_small_messages_forced(mpirun, idle, nprocs):
     mpirun("small_checks.py", nprocs, env={"PARTIALCOLL_IDLE": idle}, timeout=240)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("idle", ["spin", "sleep"])
 def test_small_messages_inline(mpirun, idle):
     """The same without a progress thread: test/wait drive progress."""

@@ -3,21 +3,21 @@ benchmarks (docs/faults.md, "Soak" and "A stalled rank")."""
 import pytest
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [3, 4])
 def test_soak_short(mpirun, nprocs):
     """2000 rounds x 5 modes with random skew: nothing lost, agreement, full rounds exact."""
     mpirun("soak_checks.py", nprocs, "2000", timeout=120)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_stalled_rank_solo(mpirun):
     """P = 3, solo: the last rank's application thread sleeps 3 s; the others' rounds go on,
     the victim's next post folds every round it missed, nothing is lost."""
     mpirun("stall_checks.py", 3, "sleep", "3", timeout=120)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_stopped_rank_solo(mpirun):
     """P = 3, solo: the last rank is SIGSTOPped for 2 s (nothing of it runs, so rounds wait
     for it); after SIGCONT everyone goes on, close() flushes, nothing is lost."""

@@ -217,14 +217,14 @@ def test_dump_reads_like_the_docstring():
     assert "my part up to 0" in text and "result from 0" in text
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 5, 8])
 def test_tree_against_mpi_allreduce(mpirun, nprocs):
     """Every region shape x counts 0..2^17+3, every op x dtype, traffic(), bad groups."""
     mpirun("tree_checks.py", nprocs, timeout=180)
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs,mode,shape", [
     (3, "solo", "uneven"), (3, "majority", "levels"), (3, "probe", "chunked"), (3, "quorum", "uneven"),
     (3, "full", "levels"), (5, "solo", "chunked"), (5, "quorum", "levels"), (8, "probe", "uneven"),

@@ -1,8 +1,12 @@
 """partialcoll-bench: MPI microbenchmarks of partial collectives (run under mpiexec).
 
-    mpiexec -n 4 partialcoll-bench latency -m 8:16M --modes mpi,full,solo
+    mpiexec -n 4 partialcoll-bench latency -m 8:16M --modes mpi,full,solo -z -c
     mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64            (the paper's method)
     mpiexec -n 8 partialcoll-bench skew --sync none -z -c                  (free-running, checked)
+
+OSU's options (-m [MIN:]MAX, -i, -x, -z, -c) and nccl-tests' (-f factor, the count, type,
+algbw, busbw and #wrong columns); sizes step by powers of 2. `partialcoll-bench COMMAND
+--help` explains every column.
 
 One registry of commands, each a function of (comm, args) that returns the measured
 rows; rank 0 prints them under '#' headers and writes --json/--csv/--plot.
@@ -15,12 +19,13 @@ from typing import Callable, Dict, List, Optional
 
 from mpi4py import MPI
 
-from ._report import write_outputs
+from ._report import ValidationFailed, run_info, write_outputs
 from .latency import add_latency_args, latency
-from .skew import ValidationFailed, add_skew_args, skew
+from .skew import add_skew_args, skew
 
 COMMANDS: Dict[str, tuple] = {
-    "latency": (latency, add_latency_args, "OSU-style latency sweep over message sizes"),
+    "latency": (latency, add_latency_args, "allreduce latency over message sizes (OSU's osu_allreduce, "
+                                           "nccl-tests' columns)"),
     "skew": (skew, add_skew_args, "eager-SGD Fig. 9: latency and NAP under a skew pattern"),
 }
 
@@ -48,7 +53,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (_, add_args, helptext) in COMMANDS.items():
-        sp = sub.add_parser(name, help=helptext, description=helptext)
+        sp = sub.add_parser(name, help=helptext, description=helptext,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         add_args(sp)
         sp.add_argument("--json", metavar="FILE", help="write every measured figure as JSON")
         sp.add_argument("--csv", metavar="FILE", help="write the table as CSV")
@@ -94,4 +100,5 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.stderr.write(f"partialcoll-bench {args.command}: {exc}\n")
         sys.exit(1)
     if comm.rank == 0:
+        result.update(run_info(comm, argv))
         write_outputs(args, result)

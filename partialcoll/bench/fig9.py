@@ -28,7 +28,9 @@ def main(argv: List[str] = None) -> None:
     for path in args.files:
         with open(path) as f:
             run = json.load(f)
-        runs[run.get("sync", "iteration")][run["P"]] = {r["mode"]: r for r in run["rows"]}
+        first = run["rows"][0].get("bytes") if run["rows"] else None        # the first size of a sweep
+        runs[run.get("sync", "iteration")][run["P"]] = {r["mode"]: r for r in run["rows"]
+                                                        if r.get("bytes", first) == first}
 
     import matplotlib
     matplotlib.use("Agg")

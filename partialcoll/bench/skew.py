@@ -18,14 +18,9 @@ Patterns (seeded, so every rank knows every rank's delay):
   random:K:Dms     K random ranks wait D ms each step (the paper's ResNet runs)
   uniform:A:Bms    every rank waits a random time in [A, B] ms (RNA's setting)
 
-Per mode: latency (mean over ranks and iterations, the paper's "average runtime"), its
-ratio to MPI_Allreduce in the same run, mean NAP, the ideal latency (a zero-cost
-collective under the same delays and the same --sync), the fraction of late posts (the
-round had completed when the rank posted), the throughput (iterations/s of the slowest
-rank's whole loop), and the initiator round latency: from the post that made round n
-start (the first eligible post; quorum's k-th; MPI's and full's last) to the round's
-completion at that rank. -z adds P50/P99 over iterations of the per-iteration mean over
-ranks (as OSU's -z); -c checks every result (see _validate.py) with late="fold".
+One row per message size (-m [MIN:]MAX, -f) and mode; COLUMNS (what --help prints) says
+what each column means. -z adds P50/P90/P99; -c checks every result (see _validate.py)
+with late="fold".
 """
 from __future__ import annotations
 
@@ -38,10 +33,27 @@ from mpi4py import MPI
 import partialcoll as pc
 
 from . import _validate
-from ._common import Collective, data, modes, parse_bytes
-from ._report import header, progress
+from ._common import (COLUMNS_HELP, TAIL, Collective, add_common_args, bandwidths, check_common, data,
+                      element_type, modes, percentile, runnable_modes, sizes, to_numpy, type_name)
+from ._report import Table, header, progress
 
 SYNCS = ("iteration", "none")
+
+COLUMNS = COLUMNS_HELP + """\
+  latency us    time inside the call (post + wait), mean over ranks and iterations: the
+                paper's "average runtime"
+  MPI/mode      MPI_Allreduce's latency / this mode's, in the same run: the speedup
+  ideal us      the latency of a zero-cost collective under the same delays and --sync
+                (mode full, mpi: waiting for the last rank; solo: 0)
+  ideal/meas    ideal us / latency us: how close the mode comes to its ideal
+  late %        posts that found their round already completed (they return at once)
+  it/s          iterations per second of the slowest rank's whole loop (sleeps included)
+  init us       the initiator's round latency: from the post that started round n (the
+                first eligible post; quorum's k-th; mpi's and full's last) to the round's
+                completion at that rank
+
+-c grows a message to P + 1 elements if smaller (one element per rank counts its posts).
+"""
 
 
 def add_skew_args(p) -> None:
@@ -51,25 +63,12 @@ def add_skew_args(p) -> None:
                    help="iteration (default, the paper's method: MPI_Reduce of the latency and MPI_Barrier "
                         "after every call, so every iteration starts aligned) or none (free-running, as "
                         "training is: ranks drift apart and fast ones run ahead where the mode lets them)")
-    p.add_argument("-i", "--iterations", type=int, default=64, help="timed iterations (default 64)")
-    p.add_argument("-x", "--warmup", type=int, default=4, help="untimed calls without skew first (default 4)")
+    add_common_args(p, sizes="8", iterations=64, warmup=4, mode_list="mpi,impi,solo,majority,probe,quorum,full")
     p.add_argument("-r", "--repetitions", type=int, default=2,
                    help="repetitions; the order of the modes is reversed every other one, so no mode "
                         "always runs first (default 2)")
-    p.add_argument("-m", "--size", default="8", help="message size in bytes (default 8)")
-    p.add_argument("--modes", default="mpi,impi,solo,majority,probe,quorum,full",
-                   help="comma list of mpi,impi,full,solo,majority,probe,quorum")
-    p.add_argument("--algorithm", default="auto", help="auto, recursive_doubling or ring")
-    p.add_argument("--dtype", default="float32", help="element type (default float32)")
-    p.add_argument("--quorum", type=int, default=None, help="k for mode quorum (default P/2)")
-    p.add_argument("--candidates", type=int, default=2, help="q for mode probe (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the skew pattern and of the candidates")
-    p.add_argument("--late", choices=("latest", "fold"), default=None,
-                   help="what a late post returns (default latest; fold with -c)")
-    p.add_argument("-z", "--tail", action="store_true", help="also print P50 and P99 latency (as OSU's -z)")
-    p.add_argument("-c", "--validate", action="store_true",
-                   help="check every result of every mode (late='fold'; the message grows to P+1 "
-                        "elements if smaller); exit 1 on every rank if one is wrong")
+    p.epilog = "columns:\n" + COLUMNS
 
 
 def _ms(text: str) -> float:
@@ -176,23 +175,24 @@ def _clock(comm) -> Callable[[], float]:
 def _run(comm, args, mode: str, count: int, dtype, quorum: int, d: np.ndarray, clock, late: str) -> dict:
     """One mode once: warm-up, then the timed loop; returns this rank's raw records."""
     rank, size = comm.rank, comm.size
-    iters, validate = args.iterations, args.validate
+    iters = args.iterations
     coll = Collective(mode, count, dtype, comm, args.algorithm, quorum, args.candidates, args.seed, late=late)
+    values = _validate.Values(size, count, dtype) if args.validate else None
+    checker = _validate.Checker(values, rank, [args.warmup + iters] * size) if values is not None else None
     x = data(count, dtype, rank)
     y = np.empty_like(x)
-    outcomes: List[_validate.Outcome] = []
     lat, post, done = np.zeros(iters), np.zeros(iters), np.zeros(iters)
     is_late, naps = np.zeros(iters, bool), np.zeros(iters)
     sync = args.sync == "iteration"
     mine, total = np.zeros(1), np.zeros(1)
 
     def prepare(n: int) -> None:          # outside the timed call
-        if validate:
-            x[:] = _validate.post_values(rank, size, count, n, dtype)
+        if values is not None:
+            x[:] = values.post(rank, n)
 
-    def record(res) -> None:
-        if validate:
-            outcomes.append(_validate.Outcome(res.round, res.rounds, res.active, res.data))
+    def record(res, closing: bool = False) -> None:
+        if checker is not None:
+            checker.add(res.round, res.rounds, res.active, to_numpy(res.data), closing=closing)
 
     for n in range(args.warmup):
         prepare(n)
@@ -214,17 +214,11 @@ def _run(comm, args, mode: str, count: int, dtype, quorum: int, d: np.ndarray, c
     loop = time.perf_counter() - start
     comm.Barrier()                        # nobody closes while others still iterate
     final = coll.close()
-    if validate and final is not None:
-        outcomes.append(_validate.Outcome(final.round, final.rounds, final.active, final.data, closing=True))
-    errors: List[str] = []
-    seen: Dict[int, tuple] = {}
-    if validate:
-        errors, seen = check_results(outcomes, size, [args.warmup + iters] * size, rank)
+    if final is not None:
+        record(final, closing=True)
     return {"lat": lat, "post": post, "done": done, "late": is_late, "nap": naps, "loop": loop,
-            "errors": errors, "seen": seen}
-
-
-check_results = _validate.check       # the reference -c compares with (tests replace it)
+            "wrong": checker.wrong if checker else 0, "errors": checker.errors if checker else [],
+            "seen": checker.seen if checker else {}}
 
 
 def _summary(mode: str, recs: Sequence[dict], d: np.ndarray, args, quorum: int) -> dict:
@@ -236,6 +230,13 @@ def _summary(mode: str, recs: Sequence[dict], d: np.ndarray, args, quorum: int) 
     init = initiator_latency(np.array([r["post"] for r in recs]), np.array([r["done"] for r in recs]),
                              rule, args.warmup)
     sim = simulate(d, args.sync, rule, args.warmup)
+    errors = [e for r in recs for e in r["errors"]]
+    wrong = sum(r["wrong"] for r in recs)
+    if args.validate:
+        split = _validate.disagreement([r["seen"] for r in recs])
+        if split:
+            errors.append(split)
+            wrong += 1
     return {"mode": mode, "latency_us": float(lat.mean() * 1e6), "nap": float(np.mean([r["nap"] for r in recs])),
             "ideal_us": float(sim["waits"].mean() * 1e6),
             "late_fraction": float(np.mean([r["late"] for r in recs])),
@@ -243,98 +244,92 @@ def _summary(mode: str, recs: Sequence[dict], d: np.ndarray, args, quorum: int) 
             "throughput_its": args.iterations / max(r["loop"] for r in recs),
             "initiator_us": float(init.mean() * 1e6),
             "per_iteration_us": (per_iter * 1e6).tolist(), "initiator_per_round_us": (init * 1e6).tolist(),
-            "errors": [e for r in recs for e in r["errors"]]}
+            "wrong": wrong, "errors": errors}
 
 
-def _percentile(values: Sequence[float], pct: float) -> float:
-    """OSU's tail latency: the value at round(n * pct / 100) - 1 of the sorted samples."""
-    v = np.sort(np.asarray(values))
-    return float(v[max(0, min(len(v) - 1, int(round(len(v) * pct / 100)) - 1))])
+def skew_table(args) -> Table:
+    return Table(args, middle=[("iters", "iterations", 6, "d"), ("latency us", "latency_us", 11, ".1f"),
+                               ("MPI/mode", "mpi_over", 9, ".2f"), ("ideal us", "ideal_us", 9, ".1f"),
+                               ("ideal/meas", "ideal_over_measured", 10, ".3f"), ("late %", "late_percent", 7, ".1f"),
+                               ("it/s", "throughput_its", 9, ".1f"), ("init us", "initiator_us", 9, ".1f")])
 
 
 def skew(comm, args) -> dict:
-    dtype = np.dtype(args.dtype)
+    dtype = element_type(args.dtype)
     mode_list = modes(args.modes)
-    if args.iterations < 1 or args.warmup < 0 or args.repetitions < 1:
-        raise ValueError("iterations and repetitions must be >= 1 and warmup >= 0")
-    if args.validate and args.late == "latest":
-        raise ValueError("-c needs late='fold' (with 'latest' a late rank skips rounds' data, so nothing "
-                         "can be checked to add up); leave --late out or pass --late fold")
-    late = args.late or ("fold" if args.validate else "latest")
+    if args.repetitions < 1:
+        raise ValueError("-r/--repetitions must be >= 1")
     size = comm.size
-    count = max(1, parse_bytes(args.size) // dtype.itemsize)
-    grown = ""
-    if args.validate and count < _validate.min_count(size):
-        count = _validate.min_count(size)
-        grown = f" (grown from {args.size} B for -c)"
-    quorum = args.quorum or max(1, size // 2)
-    if not 1 <= quorum <= size:
-        raise ValueError(f"--quorum must be in 1..{size}, not {quorum}")
-    if args.candidates < 1:
-        raise ValueError("--candidates must be >= 1")
+    quorum, late = check_common(args, size)
+    counts, size_note = sizes(args.sizes, args.factor, dtype.itemsize, 8, 8)
+    notes = [size_note] if size_note else []
+    if args.validate and min(counts) < _validate.min_count(size):
+        grown = [c * dtype.itemsize for c in counts if c < _validate.min_count(size)]
+        counts = list(dict.fromkeys(max(c, _validate.min_count(size)) for c in counts))
+        notes.append(f"-c: {', '.join(map(str, grown))} B grown to {_validate.min_count(size)} elements "
+                     f"(one per rank counts its posts)")
+    mode_list, skipped, note = runnable_modes(mode_list, dtype, "MPI/mode")
+    notes += [note] if note else []
     d = delays(args.skew, size, args.iterations, args.seed)
     clock = _clock(comm)
-    nbytes = count * dtype.itemsize
+    tname = type_name(dtype)
+    table = skew_table(args)
     if comm.rank == 0:
-        print(header(f"skew {args.skew}, {nbytes} B{grown}, {args.iterations} iterations x "
+        print(header(f"skew {args.skew}: allreduce (MPI_SUM) of {tname}, {args.iterations} iterations x "
                      f"{args.repetitions} repetitions, late={late!r}", comm))
         print("# sync iteration: the paper's method (every iteration: sleep, time post+wait, MPI_Reduce "
               "of the time, MPI_Barrier)" if args.sync == "iteration" else
               "# sync none: free-running (no barrier between iterations; ranks drift apart as in training)")
-        print(f"# mode order alternates per repetition: {','.join(mode_list)} then reversed")
-    per_rep: List[Dict[str, dict]] = []
-    for rep in range(args.repetitions):
-        order = mode_list if rep % 2 == 0 else mode_list[::-1]
-        rows: Dict[str, dict] = {}
-        for mode in order:
-            mine = _run(comm, args, mode, count, dtype, quorum, d, clock, late)
-            recs = comm.gather(mine, root=0)
-            if comm.rank == 0:
-                rows[mode] = _summary(mode, recs, d, args, quorum)
-                if args.validate:
-                    seen_bad = _validate.disagreement([r["seen"] for r in recs])
-                    if seen_bad:
-                        rows[mode]["errors"].append(seen_bad)
-            progress(f"repetition {rep + 1}/{args.repetitions}: {mode} done")
-        per_rep.append(rows)
-    failed = 0
+        print(f"# sizes: {', '.join(str(c * dtype.itemsize) for c in counts)} B; warm-up: {args.warmup} calls "
+              f"without skew; mode order alternates per repetition: {','.join(mode_list)} then reversed")
+        print(table.head(notes))
     rows_out: List[dict] = []
-    if comm.rank == 0:
-        rows_out = _aggregate(per_rep, mode_list, args)
-        failed = sum(len(r["errors"]) > 0 for r in rows_out)
-        _print(rows_out, args)
-    failed = comm.bcast(failed, root=0)
-    if failed:
+    for count in counts:
+        nbytes = count * dtype.itemsize
+        per_rep: List[Dict[str, dict]] = []
+        for rep in range(args.repetitions):
+            order = mode_list if rep % 2 == 0 else mode_list[::-1]
+            rows: Dict[str, dict] = {}
+            for mode in order:
+                mine = _run(comm, args, mode, count, dtype, quorum, d, clock, late)
+                recs = comm.gather(mine, root=0)
+                if comm.rank == 0:
+                    rows[mode] = _summary(mode, recs, d, args, quorum)
+                progress(f"{nbytes} B, repetition {rep + 1}/{args.repetitions}: {mode} done")
+            per_rep.append(rows)
         if comm.rank == 0:
-            for r in rows_out:
-                for e in r["errors"][:3]:
-                    print(f"# FAIL {r['mode']}: {e}")
-        raise ValidationFailed(f"-c: {failed} mode(s) returned wrong results")
+            for row in _aggregate(per_rep, mode_list, args):
+                row.update({"bytes": nbytes, "count": count, "type": tname, "iterations": args.iterations})
+                row["algbw_gbs"], row["busbw_gbs"] = bandwidths(nbytes, row["latency_us"] * 1e-6, size)
+                table.failures.extend(f"{row['mode']} at {nbytes} B: {e}" for e in row["errors"][:3])
+                rows_out.append(row)
+                print(table.line(row), flush=True)
+    if comm.rank == 0:
+        print(table.tail(rows_out), flush=True)
+    table.fail_if_wrong(comm, rows_out)
     if comm.rank != 0:
         return {"rows": []}
 
     def plot(plt, path):
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        names = [r["mode"] for r in rows_out]
-        a1.bar(names, [r["latency_us"] for r in rows_out], label="measured")
-        a1.plot(names, [r["ideal_us"] for r in rows_out], "k_", markersize=20, label="ideal")
+        shown = [r for r in rows_out if r["bytes"] == rows_out[0]["bytes"]]
+        names = [r["mode"] for r in shown]
+        a1.bar(names, [r["latency_us"] for r in shown], label="measured")
+        a1.plot(names, [r["ideal_us"] for r in shown], "k_", markersize=20, label="ideal")
         a1.set_ylabel("latency (us)")
         a1.legend()
-        a2.bar(names, [r["nap"] for r in rows_out])
+        a2.bar(names, [r["nap"] for r in shown])
         a2.set_ylabel("mean NAP")
         for ax in (a1, a2):
             ax.tick_params(axis="x", rotation=30)
-        fig.suptitle(f"skew {args.skew}, sync {args.sync}, P = {size}")
+        fig.suptitle(f"skew {args.skew}, sync {args.sync}, {shown[0]['bytes']} B, P = {size}")
         fig.savefig(path, dpi=120, bbox_inches="tight")
 
-    return {"command": "skew", "P": size, "skew": args.skew, "sync": args.sync, "bytes": nbytes,
-            "iterations": args.iterations, "warmup": args.warmup, "repetitions": args.repetitions,
-            "seed": args.seed, "late": late, "quorum": quorum, "candidates": args.candidates,
-            "validated": bool(args.validate), "rows": rows_out, "plot": plot}
-
-
-class ValidationFailed(RuntimeError):
-    """-c found a wrong result (exit status 1 on every rank)."""
+    return {"command": "skew", "P": size, "skew": args.skew, "sync": args.sync, "dtype": tname,
+            "bytes": rows_out[0]["bytes"], "sizes": args.sizes, "factor": args.factor, "notes": notes,
+            "skipped_modes": skipped, "iterations": args.iterations, "warmup": args.warmup,
+            "repetitions": args.repetitions, "seed": args.seed, "late": late, "quorum": quorum,
+            "candidates": args.candidates, "validated": bool(args.validate), "rows": rows_out, "plot": plot}
 
 
 def _aggregate(per_rep: List[Dict[str, dict]], mode_list: List[str], args) -> List[dict]:
@@ -342,43 +337,26 @@ def _aggregate(per_rep: List[Dict[str, dict]], mode_list: List[str], args) -> Li
     rows = []
     for mode in mode_list:
         reps = [rep[mode] for rep in per_rep]
-        row = {"mode": mode}
+        row: dict = {"mode": mode}
         for key in ("latency_us", "nap", "ideal_us", "late_fraction", "ideal_late_fraction", "throughput_its",
                     "initiator_us"):
             row[key] = float(np.mean([r[key] for r in reps]))
+        row["late_percent"] = 100 * row["late_fraction"]
         samples = [v for r in reps for v in r["per_iteration_us"]]
-        row["p50_us"], row["p99_us"] = _percentile(samples, 50), _percentile(samples, 99)
+        row.update({f"p{q}_us": percentile(samples, q) for q in TAIL})
         init = [v for r in reps for v in r["initiator_per_round_us"]]
-        row["initiator_p50_us"], row["initiator_p99_us"] = _percentile(init, 50), _percentile(init, 99)
+        row.update({f"initiator_p{q}_us": percentile(init, q) for q in TAIL})
         row["ideal_over_measured"] = row["ideal_us"] / row["latency_us"] if row["latency_us"] > 0 else float("nan")
         row["latency_us_per_repetition"] = [r["latency_us"] for r in reps]
         if "mpi" in mode_list:
             ratios = [per_rep[k]["mpi"]["latency_us"] / r["latency_us"] for k, r in enumerate(reps)]
             row["mpi_over_per_repetition"] = ratios
         row["errors"] = [e for r in reps for e in r["errors"]]
-        row["valid"] = (not row["errors"]) if args.validate else None
+        row["wrong"] = sum(r["wrong"] for r in reps) if args.validate else None
+        row["valid"] = (not row["wrong"]) if args.validate else None
         rows.append(row)
     base = next((r["latency_us"] for r in rows if r["mode"] == "mpi"), None)
     for r in rows:
-        r["ratio_to_mpi"] = r["latency_us"] / base if base else float("nan")
-        r["mpi_over"] = base / r["latency_us"] if base and r["latency_us"] > 0 else float("nan")
+        r["ratio_to_mpi"] = r["latency_us"] / base if base else None
+        r["mpi_over"] = base / r["latency_us"] if base and r["latency_us"] > 0 else None
     return rows
-
-
-def _print(rows: List[dict], args) -> None:
-    cols = (f"# {'mode':>9} {'latency us':>11} {'MPI/mode':>9} {'NAP':>6} {'ideal us':>9} {'ideal/meas':>10} "
-            f"{'late %':>7} {'it/s slowest':>12} {'initiator us':>12}")
-    if args.tail:
-        cols += f" {'P50 us':>9} {'P99 us':>9}"
-    if args.validate:
-        cols += f" {'valid':>6}"
-    print(cols)
-    for r in rows:
-        line = (f"  {r['mode']:>9} {r['latency_us']:>11.1f} {r['mpi_over']:>9.2f} {r['nap']:>6.2f} "
-                f"{r['ideal_us']:>9.1f} {r['ideal_over_measured']:>10.3f} {100 * r['late_fraction']:>7.1f} "
-                f"{r['throughput_its']:>12.1f} {r['initiator_us']:>12.1f}")
-        if args.tail:
-            line += f" {r['p50_us']:>9.1f} {r['p99_us']:>9.1f}"
-        if args.validate:
-            line += f" {'Pass' if r['valid'] else 'Fail':>6}"
-        print(line, flush=True)

@@ -5,9 +5,10 @@ import os
 import re
 import shlex
 
+# pytest-mpi's --with-mpi (its plugin loaded by name, so also where plugin autoloading is off);
 # plain and fast: output not captured (-s), no cache, no hypothesis plugin, no terminal
 # output (conftest.py reports each check with its rank)
-PYTEST_FLAGS = ["--with-mpi", "-s", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+PYTEST_FLAGS = ["-p", "pytest_mpi", "--with-mpi", "-s", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
                 "-p", "no:terminal", "-o", "addopts="]
 
 

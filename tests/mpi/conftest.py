@@ -1,8 +1,10 @@
 """In-rank pytest: every rank of ``mpiexec -n P python -m pytest --with-mpi tests/mpi/X_checks.py``
 runs the module's checks (its ``test_*`` functions, in file order, ``comm`` = COMM_WORLD).
 
-pytest-mpi's convention (its ``--with-mpi`` flag; without it these checks skip), plus what
-a multi-rank run needs and pytest-mpi leaves out:
+pytest-mpi (in the test extra) provides the conventions: its ``--with-mpi`` flag (without it
+these checks skip: every item here carries its ``mpi`` marker), ``@pytest.mark.mpi(min_size=k)``
+for a check that needs k ranks, and its ``mpi_tmp_path`` fixture. This plugin adds what a
+multi-rank run needs and pytest-mpi leaves out:
 
 - every rank reports every check by name: ``CHECK <name> <outcome> rank=<r> <seconds>s``,
   and a failure's traceback with its rank;
@@ -12,7 +14,8 @@ a multi-rank run needs and pytest-mpi leaves out:
   (waiting for it) gives them a grace period, then aborts the job: a failure never hangs;
 - ``PASSED <rank>`` at the end when every check passed on every rank (what
   tests/conftest.py's run_mpi counts), after ``partialcoll.finalize()``;
-- ``--check-args "solo 200"``: the module's arguments (mode, rounds...), as ``_util.ARGS``.
+- ``--check-args "solo 200"``: the module's arguments (mode, rounds...), as ``_util.ARGS``;
+- the ``comm`` fixture (COMM_WORLD).
 
 Plain ``pytest`` never collects these modules (they are not ``test_*.py``); the tests in
 tests/test_*.py launch them through run_mpi.
@@ -33,10 +36,18 @@ GRACE_S = float(os.environ.get("PC_CHECKS_GRACE", "10"))
 
 def pytest_addoption(parser):
     group = parser.getgroup("mpi", "in-rank checks under mpiexec (tests/mpi)")
-    group.addoption("--with-mpi", action="store_true", default=False,
-                    help="run the in-rank checks of tests/mpi (launch with mpiexec -n P python -m pytest)")
     group.addoption("--check-args", default="", metavar="ARGS",
                     help="the check module's arguments, e.g. 'solo 200' (its MODE, ROUNDS...)")
+
+
+def _has_pytest_mpi(config) -> bool:
+    return config.pluginmanager.hasplugin("pytest_mpi")
+
+
+def _testing_mpi(config) -> bool:
+    """pytest-mpi's --with-mpi (or --only-mpi) was given (without pytest-mpi, pytest itself
+    rejects --with-mpi as an unknown option)."""
+    return _has_pytest_mpi(config) and bool(config.getoption("--with-mpi") or config.getoption("--only-mpi"))
 
 
 class _Ranks:
@@ -117,21 +128,22 @@ class _Ranks:
 def pytest_configure(config):
     if HERE not in sys.path:
         sys.path.insert(0, HERE)             # the modules import _util, _data as top-level modules
-    if not config.getoption("--with-mpi", default=False):
+    if not _testing_mpi(config):
         return
     import _util
     _util.ARGS[:] = shlex.split(config.getoption("--check-args"))
     config.pluginmanager.register(_Ranks(), "partialcoll-ranks")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--with-mpi", default=False):
-        return
-    skip = pytest.mark.skip(reason="in-rank check: run under mpiexec with --with-mpi "
-                                   "(plain pytest runs it through tests/test_*.py)")
+    """Every check here runs inside an MPI job: pytest-mpi's mpi marker, so that pytest-mpi
+    skips it without --with-mpi (tryfirst: before pytest-mpi's own hook looks)."""
+    mark = pytest.mark.mpi if _has_pytest_mpi(config) else pytest.mark.skip(
+        reason="in-rank check: needs pytest-mpi (pip install -e '.[test]') and mpiexec -n P python -m pytest --with-mpi")
     for item in items:
         if str(item.path).startswith(HERE + os.sep):     # a hook of every item in the session
-            item.add_marker(skip)
+            item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
@@ -204,11 +205,12 @@ def test_staleness(comm):
     assert (total == 40 * comm.size).all()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_liveness(comm):
     """solo: one rank asleep in Python (not calling the library); the others complete
     100 rounds; its later posts return at once; close() flushes its data."""
-    if MODE != "solo" or comm.size < 2 or pc.rc.progress != "thread":
-        return
+    if MODE != "solo" or pc.rc.progress != "thread":
+        pytest.skip("solo with the progress thread only")
     sleeper = comm.size - 1
     coll = make(1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
     comm.Barrier()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
@@ -47,9 +48,8 @@ def test_partial_rounds(comm):
         assert np.all(total == sum(r + 10 * i for r in range(p) for i in range(RUNS))), total
 
 
+@pytest.mark.mpi(min_size=2)
 def test_pair_limit(comm):
-    if comm.size < 2:
-        return
     s = pc.Schedule(comm)
     buf = np.zeros(1)
     peer = (comm.rank + 1) % comm.size
