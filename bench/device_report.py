@@ -225,7 +225,8 @@ def _latency(r: Runner, tmp: str, buffers: str, size: str, iters: str, warm: str
     run = r.run(mpi(2, PY, "-m", "partialcoll.bench", "latency", "-m", f"{size}:{size}", "-i", iters, "-x", warm,
                     "--modes", "mpi,full", "--buffers", buffers, "--json", path), limit, env)
     data = _load(path)
-    return run, (data["rows"][0] if data and data.get("rows") else None)
+    # one row per (size, mode): {mode: avg_us}
+    return run, ({row["mode"]: row for row in data["rows"]} if data and data.get("rows") else None)
 
 
 def step_buffers(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
@@ -233,11 +234,11 @@ def step_buffers(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
     env = fake_cupy_env() if dry else None
     run_d, dev = _latency(r, tmp, "cupy", size, iters, warm, limit / 2, env)
     run_h, host = _latency(r, tmp, "host", size, iters, warm, limit / 2)
-    numbers = {"bytes": (dev or host or {}).get("bytes")}
+    numbers = {"bytes": (dev or host or {}).get("full", {}).get("bytes")}
     if dev:
-        numbers.update(cupy_full_us=dev["full_avg_us"], staged_mpi_us=dev["mpi_avg_us"])
+        numbers.update(cupy_full_us=dev["full"]["avg_us"], staged_mpi_us=dev["mpi"]["avg_us"])
     if host:
-        numbers.update(numpy_full_us=host["full_avg_us"], host_mpi_us=host["mpi_avg_us"])
+        numbers.update(numpy_full_us=host["full"]["avg_us"], host_mpi_us=host["mpi"]["avg_us"])
     out = {"status": _status([run_d, run_h]), "runs": [run_d, run_h], "numbers": numbers}
     if dry:
         out["reason"] = "dry run: 4 MiB; CuPy is tests/fakecupy (host memory): the code path, no GPU timing"

@@ -28,7 +28,7 @@ def device_sh(out, *args, timeout=420):
     return proc, report
 
 
-@pytest.mark.mpi
+@pytest.mark.mpiexec
 def test_dry_run(tmp_path):
     """Every step of the dry run passes (gpu-tests: collected and skipped, with the reason);
     the numbers each step promises are in the report, Markdown and JSON."""
