@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "pc_internal.h"
+#include <fcntl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,10 @@ static struct {
     int node_ranks, node_cpus, node_known, local_rank;
     volatile int64_t *slots;     /* the node's window: per local rank, (ms << 1) | interfered */
     int spin;                    /* (atomic) auto's decision: poll while armed */
+    int static_ok;               /* (atomic) the node has 2 CPUs per rank */
+    unsigned nsamples;
+    double steal_t;
+    int64_t steal_ticks;
     double next_us, hold_until_us, hold_us, clean_since_us;
     double gap_ewma_us;          /* (atomic-ish: a double, racy reads are harmless) */
     double run_delay, steal;
@@ -48,10 +53,11 @@ static struct {
 /* ------------------------------------------------------------------ the budget */
 static int read_line(const char *path, char *buf, size_t len)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, len - 1, f);
-    fclose(f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, len - 1);
+    close(fd);
+    if (n < 0) n = 0;
     buf[n] = 0;
     return (int)n;
 }
@@ -175,6 +181,7 @@ static void decide_static(void)
         snprintf(I.reason, sizeof I.reason, "spin: %d ranks on this node, %d CPUs, no interference seen",
                  I.node_ranks, I.node_cpus);
     if (ok && !LOAD(I.spin)) I.clean_since_us = now_us();
+    STORE(I.static_ok, ok);
     STORE(I.spin, ok);
 }
 
@@ -199,7 +206,7 @@ int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cp
 }
 
 /* ------------------------------------------------------------------ interference */
-typedef struct { double t; int64_t run, wait, throttled, steal; } sample;
+typedef struct { double t; int64_t run, wait, throttled; } sample;
 static __thread sample prev;
 
 static int64_t cgroup_throttled(void)
@@ -234,8 +241,8 @@ static void take_sample(sample *s)
         s->run = a;
         s->wait = b;
     }
-    s->throttled = cgroup_throttled();
-    s->steal = steal_ticks();
+    s->throttled = I.quota > 0 ? cgroup_throttled() : 0;
+
 }
 
 /* Is the node interfered with (any rank's fresh word says so)? */
@@ -254,23 +261,28 @@ static int node_interfered(double now)
  * last sample; publish them to the node; decide auto's polling. */
 void idle_sample(void)
 {
-    if (LOAD(E.policy.poll_armed) != 2) return;
+    if (LOAD(E.policy.poll_armed) != 2 || !LOAD(I.static_ok)) return;    /* nothing to decide */
     double now = now_us();
     if (now < I.next_us || pthread_mutex_trylock(&I.mtx) != 0) return;
-    I.next_us = now + 10000;
+    I.next_us = now + (LOAD(I.spin) ? 10000 : 100000);    /* asleep: a sample per 100 ms */
     sample s;
     take_sample(&s);
+    int decisive = 0;
     if (prev.t > 0 && s.t - prev.t < 1e6) {
         double run = (double)(s.run - prev.run), wait = (double)(s.wait - prev.wait);
-        double wall = (s.t - prev.t) * 1e3;              /* ns */
-        long hz = sysconf(_SC_CLK_TCK);
-        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        double steal = hz > 0 && ncpu > 0 ? (double)(s.steal - prev.steal) * 1e9 / hz / (wall * (double)ncpu) : 0;
+        if ((++I.nsamples & 7) == 1) {                /* steal: /proc/stat is long, read it seldom */
+            long hz = sysconf(_SC_CLK_TCK), ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+            int64_t ticks = steal_ticks();
+            if (I.steal_t > 0 && hz > 0 && ncpu > 0 && now > I.steal_t)
+                I.steal = (double)(ticks - I.steal_ticks) * 1e6 / hz / ((now - I.steal_t) * (double)ncpu);
+            I.steal_ticks = ticks;
+            I.steal_t = now;
+        }
+        double steal = I.steal;
         int64_t thr = s.throttled - prev.throttled;
-        int decisive = run + wait > 2e6 || thr > 0 || steal > 0.05;
+        decisive = run + wait > 2e6 || thr > 0 || steal > 0.05;   /* else: accumulate */
         int interfered = (run + wait > 2e6 && wait > 0.10 * (run + wait)) || thr > 0 || steal > 0.05;
         if (run + wait > 2e6) I.run_delay = wait / (run + wait);
-        I.steal = steal;
         I.throttled += thr > 0;
         if (decisive && I.slots)
             __atomic_store_n(&I.slots[I.local_rank], ((int64_t)(now / 1000) << 1) | interfered, __ATOMIC_RELAXED);
@@ -292,7 +304,7 @@ void idle_sample(void)
             STORE(I.spin, 1);
         }
     }
-    if (prev.t == 0 || s.t - prev.t > 5000) prev = s;
+    if (prev.t == 0 || decisive || s.t - prev.t >= 1e6) prev = s;
     pthread_mutex_unlock(&I.mtx);
 }
 
