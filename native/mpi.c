@@ -287,7 +287,7 @@ int mpi_comm_info(MPI_Comm comm, int *rank, int *size)
 /* The tag's bits, sized at commit: seq_needed messages between one pair of ranks take
  * the fewest bits that count them; every other bit of MPI_TAG_UB is the version's, so
  * executions wrap as late as the MPI allows. PARTIALCOLL_TAG_UB (tests) forces the view
- * of a smaller MPI_TAG_UB. At least 8 bits of version are left, else an error. */
+ * of a smaller MPI_TAG_UB. At least 4 bits of version are left, else an error. */
 int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
 {
     int *ub = NULL, flag = 0;
@@ -301,9 +301,9 @@ int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
     while ((1LL << s) < seq_needed) s++;
     *seqbits = s;
     *vbits = bits - s;
-    if (*vbits < 8)
+    if (*vbits < 4)
         return fail(PC_ERR_ARG, "%d messages between one pair of ranks in one schedule leave %d bits of "
-                    "MPI_TAG_UB (%lld) for the execution number (at least 8 needed)", seq_needed, *vbits, tag_ub);
+                    "MPI_TAG_UB (%lld) for the execution number (at least 4 needed)", seq_needed, *vbits, tag_ub);
     return PC_OK;
 }
 
