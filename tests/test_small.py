@@ -61,6 +61,22 @@ def test_cpu_budget_follows_affinity():
     assert out.returncode == 0 and int(out.stdout) == 1, out
 
 
+def test_cpu_budget_follows_the_cgroup_quota():
+    """Inside a cgroup with a 1-CPU quota (made here, as root), cpu_budget is 1 and auto
+    sleeps, saying so; the affinity mask still lists every core."""
+    from cgroup import Unavailable, quota_cgroup
+    code = ("import os, partialcoll as pc; pc.rc.idle = 'auto'; pc.allreduce_init(1, 'f4').close(); i = pc.info();"
+            "print(i['cpu_budget'], len(os.sched_getaffinity(0)), i['idle']); print(i['idle_reason'])")
+    try:
+        with quota_cgroup(1) as inside:
+            out = subprocess.run([*inside, *PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    assert out.returncode == 0, out.stderr
+    budget, affinity, idle = out.stdout.split("\n")[0].split()
+    assert (int(budget), int(affinity), idle) == (1, len(os.sched_getaffinity(0)), "sleep"), out.stdout
+
+
 def test_rc_idle_validation():
     assert pc.rc.idle == os.environ.get("PARTIALCOLL_IDLE", "auto")
     old = pc.rc.idle
