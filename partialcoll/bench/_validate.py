@@ -6,9 +6,10 @@ is read in post order, so the posts of rank r that a round read are a contiguous
 [lo, hi) of its post indices. From a result's first P elements the checker therefore
 knows, for every rank, how many posts the round read, and:
 
-* the counts are consistent with the round's active set: an active rank's post #n was
-  read by round n, so its cumulative count after round n is exactly n+1; a rank that was
-  not active had not had post #n read, so its count is at most n;
+* the counts are consistent with the result's active set and posts: a rank is active
+  exactly when the round(s) read at least one of its posts (its post #n, or leftovers of
+  earlier late posts), and the posts counted add up to the result's `posts`; a rank
+  whose post #n was read (active with its count after round n at n+1) is never behind;
 * every value element equals sum over r of base(r, e) * sum_{j=lo_r}^{hi_r-1} weight(j):
   the reduction of exactly the contributions those counts imply, nothing else;
 * the rounds a rank receives (late="fold" folds missed ones) cover 0, 1, 2, ... once each,
@@ -53,12 +54,12 @@ class Outcome:
 
     closing: the result of close() (its counts must reach every rank's post total)."""
 
-    __slots__ = ("round", "rounds", "active", "data", "closing")
+    __slots__ = ("round", "rounds", "active", "data", "closing", "posts")
 
     def __init__(self, round: int, rounds: int, active: Sequence[int], data: np.ndarray,
-                 closing: bool = False) -> None:
+                 closing: bool = False, posts: Optional[int] = None) -> None:
         self.round, self.rounds, self.active = round, rounds, tuple(active)
-        self.data, self.closing = np.array(data, np.float64), closing
+        self.data, self.closing, self.posts = np.array(data, np.float64), closing, posts
 
 
 def check(outcomes: Sequence[Outcome], size: int, posts: Sequence[int], rank: int,
@@ -89,14 +90,15 @@ def check(outcomes: Sequence[Outcome], size: int, posts: Sequence[int], rank: in
             errors.append(f"{where}: the per-rank post counts {raw} are not counts")
             break
         new = counts + got
+        if res.posts is not None and res.posts != int(got.sum()):
+            errors.append(f"{where}: posts is {res.posts}, but the data holds {int(got.sum())} posts ({got})")
         if not res.closing:
             for r in range(size):
-                if r in res.active and new[r] != res.round + 1:
-                    errors.append(f"{where}: rank {r} is active, so its posts up to #{res.round} must have "
-                                  f"been read ({res.round + 1} in all), but the data counts {new[r]}")
-                elif r not in res.active and new[r] > res.round:
-                    errors.append(f"{where}: rank {r} is not active, yet the data counts {new[r]} of its "
-                                  f"posts (post #{res.round} included)")
+                if (r in res.active) != (got[r] > 0):
+                    errors.append(f"{where}: rank {r} is {'' if r in res.active else 'not '}active, yet the "
+                                  f"data holds {got[r]} of its posts")
+                elif new[r] > res.round + 1:
+                    errors.append(f"{where}: the data counts {new[r]} posts of rank {r} by round {res.round}")
         else:
             for r in range(size):
                 if new[r] != posts[r]:

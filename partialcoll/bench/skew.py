@@ -192,7 +192,7 @@ def _run(comm, args, mode: str, count: int, dtype, quorum: int, d: np.ndarray, c
 
     def record(res) -> None:
         if validate:
-            outcomes.append(_validate.Outcome(res.round, res.rounds, res.active, res.data))
+            outcomes.append(_validate.Outcome(res.round, res.rounds, res.active, res.data, posts=res.posts))
 
     for n in range(args.warmup):
         prepare(n)
@@ -215,7 +215,8 @@ def _run(comm, args, mode: str, count: int, dtype, quorum: int, d: np.ndarray, c
     comm.Barrier()                        # nobody closes while others still iterate
     final = coll.close()
     if validate and final is not None:
-        outcomes.append(_validate.Outcome(final.round, final.rounds, final.active, final.data, closing=True))
+        outcomes.append(_validate.Outcome(final.round, final.rounds, final.active, final.data, closing=True,
+                                            posts=final.posts))
     errors: List[str] = []
     seen: Dict[int, tuple] = {}
     if validate:
