@@ -97,7 +97,8 @@ def idle_state() -> Dict[str, object]:
     check(lib.pc_idle_state(st))
     setting = rc.idle if not _started else {v: k for k, v in POLL_CODES.items()}[st.setting]
     return {"idle": "spin" if (st.polling if _started else setting == "spin") else "sleep",
-            "idle_setting": setting, "idle_reason": ffi.string(st.reason).decode(errors="replace"),
+            "idle_setting": setting,
+            "idle_reason": ffi.string(st.reason).decode(errors="replace") if _started else "not started yet",
             "cpu_budget": int(st.cpu_budget), "ranks_on_node": st.node_ranks or _launcher_ranks(),
             "node_cpus": st.node_cpus or None, "node_from": "communicator" if st.node_known else "launcher",
             "spin_bound_us": st.spin_bound_us, "run_delay": st.run_delay,
