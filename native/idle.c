@@ -13,7 +13,7 @@
  *   2. no rank of the node sees interference in its own signals: the run delay of its
  *      threads (/proc/thread-self/schedstat: time runnable but not running), the cgroup's
  *      throttling, the steal time of a VM. Each rank publishes what it saw into a shared
- *      memory window of the node (a word per rank, written and read without any MPI call)
+ *      memory segment of the node (a word per rank, written and read without any MPI call)
  *      and every rank reads all of them, so the node decides as one.
  * Interference makes the node sleep for a hold time (1 s, doubling up to 16 s while the
  * interference comes back each time auto tries polling again; back to 1 s after 30 s of
@@ -37,7 +37,7 @@ static struct {
     char cgroup_dir[512];        /* the cgroup whose cpu.stat counts throttling */
     int cgroup_v2;
     int node_ranks, node_cpus, node_known, local_rank;
-    volatile int64_t *slots;     /* the node's window: per local rank, (ms << 1) | interfered */
+    volatile int64_t *slots;     /* the node's segment: per local rank, (ms << 1) | interfered */
     int spin;                    /* (atomic) auto's decision: poll while armed */
     int static_ok;               /* (atomic) the node has 2 CPUs per rank */
     unsigned nsamples;

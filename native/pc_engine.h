@@ -140,7 +140,7 @@ int pc_last_error_peer(void);   /* the peer of the send/receive that failed, or 
 int pc_engine_start(int use_thread, const pc_idle_policy *policy);
 int pc_engine_stop(void);
 int pc_engine_threaded(void);
-/* auto: the node's shared-memory window (a word per local rank, or NULL: not known yet),
+/* auto: the node's shared memory (a word per local rank, or NULL: not known yet),
  * this rank in it, its ranks and the CPUs they may use together */
 int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cpus);
 int pc_idle_state(pc_idle_info *out);

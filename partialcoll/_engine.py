@@ -15,7 +15,7 @@ from ._rc import rc
 _lock = threading.Lock()
 _started = False
 _node_known = False                 # the engine knows this node's ranks (join_node)
-_windows: list = []                 # the node's shared-memory window, kept until MPI_Finalize
+_windows: list = []                 # the node's shared memory segment (join_node)
 _free_later: list = []              # communicators of objects the garbage collector dropped
 
 POLL_CODES = {"sleep": 0, "spin": 1, "auto": 2}     # pc_idle_policy.poll_armed
@@ -58,23 +58,44 @@ def node_needed() -> bool:
 
 def join_node(comm: MPI.Comm) -> None:
     """Collective over comm: Split_type(COMM_TYPE_SHARED), an allgather of the node's
-    ranks' CPU limits, and Win_allocate_shared of one word per rank of the node, through
-    which the idle policy auto decides per node (native/idle.c). Constructors call it
-    once, on every rank, where any rank needs it (node_needed, agreed in their allgather);
-    the window is never freed (freeing it is collective): MPI_Finalize does."""
+    ranks' CPU limits, and a bcast and a barrier over the node, which share a small
+    memory segment (one word per node rank) through which the idle policy auto decides
+    per node (native/idle.c). The segment is a file in /dev/shm that the node's rank 0
+    makes and removes once every rank has mapped it: nothing to free collectively, no MPI
+    resource held until MPI_Finalize (where /dev/shm is missing, each rank decides alone).
+    Constructors call it once, on every rank, where any rank needs it (node_needed,
+    agreed in their allgather)."""
     global _node_known
+    import mmap
+    import tempfile
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         limits = node.allgather(cpu_limits())
         n, me = node.Get_size(), node.Get_rank()
-        win = MPI.Win.Allocate_shared(8 * n if me == 0 else 0, 8, comm=node)
-        buf, _ = win.Shared_query(0)
+        path = None
         if me == 0:
-            memoryview(buf).cast("B")[:8 * n] = bytes(8 * n)
+            try:
+                fd, path = tempfile.mkstemp(prefix="partialcoll-node-", dir="/dev/shm")
+                os.ftruncate(fd, 8 * n)
+                os.close(fd)
+            except OSError:
+                path = None
+        path = node.bcast(path, root=0)
+        seg = None
+        if path is not None:
+            try:
+                with open(path, "r+b") as f:
+                    seg = mmap.mmap(f.fileno(), 8 * n)
+            except OSError:
+                seg = None
         node.Barrier()
-        _windows.append(win)             # MPI_Finalize frees it
+        if me == 0 and path is not None:
+            os.unlink(path)
+        if seg is None:                  # no shared memory: this rank's own word only
+            seg = bytearray(8 * n)
+        _windows.append(seg)             # mapped until the process ends
         if not _node_known:
-            base = ffi.cast("int64_t *", ffi.from_buffer(buf))
+            base = ffi.cast("int64_t *", ffi.from_buffer(seg))
             check(lib.pc_engine_set_node(base, me, n, node_cpus(limits)))
             _node_known = True
     finally:

@@ -154,8 +154,9 @@ class PartialAllreduce:
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
     communicator) and an allreduce on it (the tag layout); with algorithm "tree", or "auto" where it may pick the tree, a
     Split_type(COMM_TYPE_SHARED), an allreduce and an allgather (the regions); and once per process,
-    with the idle policy "auto", Split_type(COMM_TYPE_SHARED), an allgather and
-    Win_allocate_shared over the node (the node's CPUs and its interference word). It
+    with the idle policy "auto", Split_type(COMM_TYPE_SHARED) and over the node an
+    allgather, a bcast and a barrier (the node's CPUs and a shared memory segment for its
+    interference words). It
     changes no process-wide setting: the idle policy is partialcoll.rc.idle's."""
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
