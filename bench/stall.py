@@ -168,6 +168,12 @@ def run(comm, args) -> dict:
     row["victim_posts_during"] = stats[victim]["phases"]["during"][0]
     # its late posts return at once, so it gains on the others' rounds at this rate less theirs
     row["victim_posts_per_s_after"] = round(stats[victim]["phases"]["after"][0] / args.after, 1)
+    # rounds the others completed that the victim has not posted for: right after the stall
+    # and at the end (its late posts return at once, so the lag must shrink)
+    vph = stats[victim]["phases"]
+    row["victim_lag_after_stall"] = max(p["phases"]["during"][3] for p in others) - \
+        (vph["before"][0] + vph["during"][0] - 1)
+    row["victim_lag_at_end"] = max(p["phases"]["after"][3] for p in others) - (stats[victim]["posts"] - 1)
     row["victim_first_result_after"] = stats[victim]["first_after"]
     row["victim_back_in_step"] = stats[victim]["back_in_step"]
     row["rss_samples"] = len(samples)

@@ -44,9 +44,15 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * between them is a pointer swap wherever possible, so a post costs one pass over x.
  *
  *   post(x):   acc = acc (op) x; posts++; maybe trigger the armed round
- *   TAKE:      work = acc; acc = empty; set my active bit if posts > n, closing bit if closing
+ *   TAKE:      work = acc; acc = empty; k = posts since the last TAKE: my active bit if
+ *              k > 0 (fresh or leftover data is inside), my word of the posts count = k,
+ *              my closing bit if closing
  *   DELIVER:   result = work (latest) or result = result (op) work (fold); completed = n + 1
  *   done:      arm round n + 1, unless every rank was closing in round n
+ *
+ * The bookkeeping mask (MASK slot, reduced with BOR next to the data) is W words of
+ * active bits, W of closing bits (W = ceil(P/64)) and one word per rank for its posts:
+ * each rank writes only its own bits and word, so BOR assembles them exactly.
  *
  * An in-place post, post(x, out=x), lends x to the engine until its request is waited
  * for: acc is x itself (acc_ext), not a copy, so TAKE hands x to the round, which runs
@@ -58,7 +64,15 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * lends nothing); a wait whose out is still lent (the same buffer posted again) copies
  * it into the internal acc first. pc_coll_user_buffers says which user buffers the
  * engine still holds, so that Python keeps exactly those alive.
+ *
+ * Threads: everything here runs under the collective's unit lock (c->owner.unit.lock):
+ * a post's copy or fold, TAKE, DELIVER and result copies block only this collective.
+ * completed, finished and err are also read without it (atomic) by waits.
  */
+static inline int W_of(const pc_coll *c) { return (c->size + 63) / 64; }
+
+int pc_coll_mask_words(int size) { return size < 1 ? 0 : 2 * ((size + 63) / 64) + size; }
+
 static void fill_identity(pc_coll *c, void *dst)
 {
     const unsigned char *id = c->spec.identity;
@@ -112,22 +126,21 @@ static int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
     return hit;
 }
 
-/* Fire the armed round's trigger if this rank may start it now (lock held). */
+/* Fire the armed round's trigger if this rank may start it now. */
 int coll_maybe_trigger(pc_coll *c)
 {
     pc_sched *s = c->armed;
-    if (!s || c->triggered || !s->running || s->trigger_op < 0) return PC_OK;
+    if (!s || c->triggered || !s->running || s->draining || s->trigger_op < 0) return PC_OK;
     int64_t n = c->armed_round;
     if (!(c->closing || (c->posts > n && pc_coll_eligible(c, n, c->rank)))) return PC_OK;
     c->triggered = 1;
-    s->ops[s->trigger_op].state = ST_FIRED;
-    int rc = op_complete(s, s->trigger_op);
-    sched_check_done(s);
+    int needs_trigger = s->needs_trigger;      /* s may complete (and the next round arm) below */
+    int rc = sched_fire_trigger(s);
     /* A full round: the caller's wait() drives it, no wake-up (kick_lazy). A round this
      * post starts for others (solo, majority, probe, quorum): wake the progress thread at
      * once; measured at P = 2 under skew (docs/benchmarks.md), the lazy kick made the
      * initiator's round 60 - 100 us slower. */
-    if (s->needs_trigger) kick_lazy(); else kick_eager();
+    if (needs_trigger) kick_lazy(); else kick_eager();
     return rc;
 }
 
@@ -145,9 +158,9 @@ static int coll_arm(pc_coll *c, int64_t n)
     return coll_maybe_trigger(c);
 }
 
-int coll_take(pc_coll *c)
+static int coll_take(pc_owner *o)
 {
-    int64_t n = c->armed_round;
+    pc_coll *c = (pc_coll *)o;
     if (c->work_filled) {
         c->work_filled = 0;            /* a direct post already placed the data */
     } else if (c->acc_ext) {           /* the round runs in the lent buffer */
@@ -161,39 +174,48 @@ int coll_take(pc_coll *c)
     }
     c->acc_full = 0;
     c->taken = 1;
+    int64_t k = c->posts - c->taken_posts;   /* the posts whose data this round takes */
     c->round_lo = c->taken_posts;      /* this rank's posts [round_lo, round_hi) are in the round */
     c->round_hi = c->taken_posts = c->posts;
-    {
-        uint64_t *m = c->mask_slot;
-        int W = c->spec.mask_words;
-        memset(m, 0, sizeof(uint64_t) * 2 * (size_t)W);
-        if (c->posts > n) m[c->rank / 64] |= 1ULL << (c->rank % 64);
-        if (c->closing) m[W + c->rank / 64] |= 1ULL << (c->rank % 64);
-    }
+    uint64_t *m = c->mask_slot;
+    int W = W_of(c);
+    memset(m, 0, sizeof(uint64_t) * (size_t)pc_coll_mask_words(c->size));
+    if (k > 0) m[c->rank / 64] |= 1ULL << (c->rank % 64);
+    if (c->closing) m[W + c->rank / 64] |= 1ULL << (c->rank % 64);
+    m[2 * W + c->rank] = (uint64_t)k;
     return PC_OK;
 }
 
 static int coll_round_end(pc_coll *c, int64_t n, int all_closing)
 {
     c->res_round = n;
-    c->completed = n + 1;
-    if (all_closing && c->closing) c->finished = 1;
+    if (all_closing && c->closing) STORE(c->finished, 1);
+    STORE(c->completed, n + 1);
     return PC_OK;
 }
 
-int coll_deliver(pc_coll *c)
+/* Fold a round's mask into the pending result's: active and closing bits OR, posts summed. */
+static void mask_fold(pc_coll *c, const uint64_t *m)
 {
+    int W = W_of(c);
+    for (int w = 0; w < 2 * W; w++) c->res_mask[w] |= m[w];
+    for (int r = 0; r < c->size; r++) c->res_mask[2 * W + r] += m[2 * W + r];
+}
+
+static int coll_deliver(pc_owner *o)
+{
+    pc_coll *c = (pc_coll *)o;
     int64_t n = c->armed_round;
-    int W = c->spec.mask_words, all_closing = 1;
+    int W = W_of(c), all_closing = 1;
     uint64_t *m = c->mask_slot;
     /* The masks were reduced in this round (BOR) in every mode, full included: which
      * ranks were active and which closing is agreed, never taken from local state. */
-    memcpy(c->res_mask, m, sizeof(uint64_t) * 2 * (size_t)W);
     for (int r = 0; r < c->size; r++) all_closing &= (int)((m[W + r / 64] >> (r % 64)) & 1);
     if (c->close_seen < 0)
         for (int w = 0; w < W; w++) if (m[W + w]) c->close_seen = n;
-    int64_t nap = 0;
+    int64_t nap = 0, posts = 0;
     for (int w = 0; w < W; w++) nap += __builtin_popcountll(m[w]);
+    for (int r = 0; r < c->size; r++) posts += (int64_t)m[2 * W + r];
     void *src = c->work_slot;
     if ((c->fold || c->closing) && c->pending > 0) {
         result_internal(c);               /* never write into a completed request's buffer */
@@ -202,12 +224,16 @@ int coll_deliver(pc_coll *c)
         if (src != c->work) c->work_slot = c->work;
         c->pending++;
         c->res_nap += nap;
+        c->res_posts += posts;
         c->res_hi = c->round_hi;
+        mask_fold(c, m);
         return coll_round_end(c, n, all_closing);
     }
     c->res_nap = nap;
+    c->res_posts = posts;
     c->res_lo = c->round_lo;
     c->res_hi = c->round_hi;
+    memcpy(c->res_mask, m, sizeof(uint64_t) * (size_t)pc_coll_mask_words(c->size));
     if (src != c->work) {         /* the round ran in the user's out buffer */
         c->result_ext = src;
         c->work_slot = c->work;
@@ -220,16 +246,53 @@ int coll_deliver(pc_coll *c)
     return coll_round_end(c, n, all_closing);
 }
 
-void coll_round_done(pc_coll *c)
+static void coll_round_done(pc_owner *o)
 {
+    pc_coll *c = (pc_coll *)o;
     c->armed = NULL;
-    if (c->finished || c->err || c->abandoned) return;
-    int rc = coll_arm(c, c->completed);
+    if (LOAD(c->finished) || c->err || c->abandoned) return;
+    int rc = coll_arm(c, LOAD(c->completed));
     if (rc && !c->err) {
-        c->err = rc;
         c->errpeer = pc_last_error_peer();
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
+        STORE(c->err, rc);
     }
+}
+
+static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
+{
+    pc_coll *c = (pc_coll *)o;
+    if (c->err) return;
+    c->errpeer = peer;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    STORE(c->err, code);
+}
+
+static void coll_destroy(pc_coll *c)
+{
+    int leaked = c->owner.unit.leaked;     /* MPI may still touch its buffers: kept */
+    for (int k = 0; k < 2; k++) {
+        for (int v = 0; c->sched[k] && v < c->variants; v++) if (c->sched[k][v]) sched_destroy(c->sched[k][v]);
+        free(c->sched[k]);
+    }
+    if (!leaked) {
+        for (int b = 0; b < 3; b++) free(c->buf[b]);
+        free(c->mask_slot);
+    }
+    free(c->res_mask); free((void *)c->spec.identity);
+    pthread_mutex_destroy(&c->owner.unit.lock);
+    free(c);
+}
+
+static void coll_unit_destroy(pc_unit *u) { coll_destroy((pc_coll *)u); }
+
+/* Dropped without close(): the armed round is withdrawn unless it has read this rank's
+ * input (then it finishes, so peers are not left with half a message). */
+static void coll_unit_abandon(pc_unit *u)
+{
+    pc_coll *c = (pc_coll *)u;
+    pc_sched *s = c->armed;
+    if (s && s->running && !s->live) sched_withdraw(s);
 }
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
@@ -239,30 +302,51 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     if (spec->count < 0) return fail(PC_ERR_ARG, "count must be >= 0");
     if (spec->dtype < 0 || spec->dtype >= PC_DT_COUNT || spec->count > (INT64_MAX / 4) / pc_dt_size[spec->dtype])
         return fail(PC_ERR_NOMEM, "a partial allreduce of %lld elements is too large", (long long)spec->count);
+    if (spec->mode < PC_MODE_SOLO || spec->mode > PC_MODE_FULL || spec->late < PC_LATE_LATEST
+        || spec->late > PC_LATE_FOLD || spec->variants < 0 || spec->max_staleness < 0 || !spec->identity)
+        return fail(PC_ERR_ARG, "bad collective spec (mode %d, late %d, variants %d)", spec->mode, spec->late,
+                    spec->variants);
+    int rank, size;
+    if (mpi_comm_info(*(MPI_Comm *)comm_handle, &rank, &size)) return PC_ERR_MPI;
+    if (spec->mask_words != pc_coll_mask_words(size))
+        return fail(PC_ERR_ARG, "mask_words is %d, but P = %d needs %d (pc_coll_mask_words)", spec->mask_words,
+                    size, pc_coll_mask_words(size));
+    if ((spec->mode == PC_MODE_PROBE && (spec->candidates < 1 || spec->candidates > size))
+        || (spec->mode == PC_MODE_QUORUM && (spec->quorum < 1 || spec->quorum > size)))
+        return fail(PC_ERR_ARG, "probe's q or quorum's k out of [1, %d]", size);
     pc_coll *c = calloc(1, sizeof *c);
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
-    if (mpi_comm_info(*(MPI_Comm *)comm_handle, &c->rank, &c->size)) { free(c); return PC_ERR_MPI; }
+    unit_init(&c->owner.unit, coll_unit_destroy, coll_unit_abandon);
+    c->rank = rank;
+    c->size = size;
     c->spec = *spec;
     c->spec.identity = NULL;              /* ours is copied below; the caller's is never freed */
     c->itemsize = pc_dt_size[spec->dtype];
     c->nbytes = (size_t)spec->count * c->itemsize;
     void *id = malloc(c->itemsize);
-    int W = spec->mask_words > 0 ? spec->mask_words : 1;
-    c->spec.mask_words = W;
+    size_t mbytes = sizeof(uint64_t) * (size_t)spec->mask_words;
     c->variants = c->spec.variants = spec->variants > 0 ? spec->variants : 1;
-    c->mask_slot = calloc(2 * (size_t)W, sizeof(uint64_t));
-    c->res_mask = calloc(2 * (size_t)W, sizeof(uint64_t));
+    c->mask_slot = calloc(1, mbytes);
+    c->res_mask = calloc(1, mbytes);
     for (int k = 0; k < 2; k++) c->sched[k] = calloc((size_t)c->variants, sizeof(pc_sched *));
     for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
     if (!id || !c->mask_slot || !c->res_mask || !c->sched[0] || !c->sched[1] || !c->buf[0] || !c->buf[1] || !c->buf[2]) {
         free(id);
-        pc_coll_free(c);
+        coll_destroy(c);
         return fail(PC_ERR_NOMEM, "out of memory for a partial allreduce of %zu bytes", c->nbytes);
     }
     memcpy(id, spec->identity, c->itemsize);
     c->spec.identity = id;
     c->acc = c->buf[0]; c->work = c->buf[1]; c->result = c->buf[2];
     c->work_slot = c->work;
+    c->owner.slot[PC_SLOT_WORK] = &c->work_slot;
+    c->owner.slot_bytes[PC_SLOT_WORK] = (int64_t)c->nbytes;
+    c->owner.slot[PC_SLOT_MASK] = &c->mask_slot;
+    c->owner.slot_bytes[PC_SLOT_MASK] = (int64_t)mbytes;
+    c->owner.take = coll_take;
+    c->owner.deliver = coll_deliver;
+    c->owner.done = coll_round_done;
+    c->owner.failed = coll_failed;
     c->fold = spec->late == PC_LATE_FOLD;
     c->armed_round = -1;
     c->close_seen = -1;
@@ -273,7 +357,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
 
 int pc_coll_set_sched(pc_coll *c, int kind, int variant, pc_sched *s)
 {
-    if (kind < 0 || kind > 1 || variant < 0 || variant >= c->variants || s->coll != c)
+    if (kind < 0 || kind > 1 || variant < 0 || variant >= c->variants || !s || s->owner != &c->owner)
         return fail(PC_ERR_ARG, "bad schedule for this collective (kind %d, variant %d of %d)", kind, variant,
                     c->variants);
     if (c->sched[kind][variant]) return fail(PC_ERR_STATE, "kind %d, variant %d has a schedule already", kind, variant);
@@ -283,15 +367,15 @@ int pc_coll_set_sched(pc_coll *c, int kind, int variant, pc_sched *s)
 
 int pc_coll_begin(pc_coll *c)
 {
-    app_lock();
-    int rc = !E.started ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
-    app_unlock();
+    unit_lock(&c->owner.unit);
+    int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
 static int coll_error(pc_coll *c) { return fail_at(c->err, c->errpeer, c->errmsg); }
 
-/* Every post begins here (lock held): refuse after an error or close, number the post. */
+/* Every post begins here: refuse after an error or close, number the post. */
 static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 {
     if (c->err) return coll_error(c);
@@ -312,7 +396,7 @@ static int coll_post_end(pc_coll *c)
 
 int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
 {
-    app_lock();
+    unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
     if (rc) goto out;
     int direct = c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
@@ -336,7 +420,7 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
     }
     rc = coll_post_end(c);
 out:
-    app_unlock();
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
@@ -350,26 +434,26 @@ out:
  * Only posts fill acc, and only TAKE empties it, so "still full" means "unchanged". */
 int pc_coll_acc_full(pc_coll *c, int *full)
 {
-    app_lock();
+    unit_lock(&c->owner.unit);
     *full = c->acc_full;
     int rc = c->err ? coll_error(c) : PC_OK;
-    app_unlock();
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
 int pc_coll_user_buffers(pc_coll *c, void *bufs[3])
 {
-    app_lock();
+    unit_lock(&c->owner.unit);
     bufs[0] = c->acc_ext;
     bufs[1] = c->work_slot != c->work ? c->work_slot : NULL;
     bufs[2] = c->result_ext;
-    app_unlock();
+    unit_unlock(&c->owner.unit);
     return PC_OK;
 }
 
 int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
 {
-    app_lock();
+    unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
     *replaced = 0;
     if (rc == PC_OK && c->acc_full) {
@@ -378,68 +462,61 @@ int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, i
         *replaced = 1;
         rc = coll_post_end(c);
     }
-    app_unlock();
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
 typedef struct { pc_coll *c; int64_t index; } coll_wait_arg;
 
+/* Read without the unit lock: completed, finished and err are atomic. */
 static int coll_reached(void *p)
 {
     coll_wait_arg *a = p;
-    return a->c->err || a->c->finished || a->c->completed > a->index;
+    return LOAD(a->c->err) || LOAD(a->c->finished) || LOAD(a->c->completed) > a->index;
+}
+
+static int coll_checked_error(pc_coll *c)
+{
+    unit_lock(&c->owner.unit);
+    int rc = c->err ? coll_error(c) : PC_OK;
+    unit_unlock(&c->owner.unit);
+    return rc;
 }
 
 int pc_coll_test(pc_coll *c, int64_t index, int *done)
 {
-    app_lock();
     coll_wait_arg a = {c, index};
     /* one pass here too, as MPI_Test progresses: the post did not wake a napping thread */
-    if (!coll_reached(&a)) engine_progress_locked();
+    if (!coll_reached(&a)) engine_pass();
     *done = coll_reached(&a);
-    int rc = c->err ? coll_error(c) : PC_OK;
-    app_unlock();
-    return rc;
-}
-
-/* Wait (E.lock held) until round `index` completed here, or the timeout. */
-static int coll_wait_locked(pc_coll *c, int64_t index, double timeout_s)
-{
-    coll_wait_arg a = {c, index};
-    if (coll_reached(&a)) return c->err ? coll_error(c) : PC_OK;   /* done already: no wait */
-    int rc = wait_until(coll_reached, &a, timeout_s);
-    if (rc == PC_OK && c->err) rc = coll_error(c);
-    else if (rc == PC_ERR_TIMEOUT)
-        rc = fail(PC_ERR_TIMEOUT, "round %lld did not complete at rank %d "
-                  "(%lld rounds completed here; the round waits for its initiator or for peers)",
-                  (long long)(index >= (1LL << 61) ? c->completed : index), c->rank, (long long)c->completed);
-    return rc;
+    return LOAD(c->err) ? coll_checked_error(c) : PC_OK;
 }
 
 int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
 {
     *round = -1;
     *n = 0;
-    if (app_lock_within(LOCK_GRACE_S)) return PC_OK;     /* busy inside MPI: nobody named */
+    if (unit_lock_within(&c->owner.unit, 1.0)) return PC_OK;     /* busy inside MPI: nobody named */
     *round = c->armed_round;
-    *n = mpi_silent_peers(c->armed, ranks, max);
-    app_unlock();
+    *n = sched_silent_peers(c->armed, ranks, max);
+    unit_unlock(&c->owner.unit);
     return PC_OK;
 }
 
-/* Copy out the result (E.lock held): the latest round (latest), or the fold of the rounds
- * not yet taken (fold, and always after close). */
+/* Copy out the result (unit lock held): the latest round (latest), or the fold of the
+ * rounds not yet taken (fold, and always after close). */
 static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
 {
     if (c->acc_ext == out) acc_internal(c);   /* out was posted again: it is the caller's now */
     void *src = c->result_ext ? c->result_ext : c->result;
     int folding = c->fold || c->closing;
-    if (folding && c->pending == 0) fill_identity(c, out);
+    int none = folding && c->pending == 0;
+    if (none) fill_identity(c, out);
     else if (out != src) memcpy(out, src, c->nbytes);
     info->round = c->res_round;
-    info->rounds = folding ? c->pending : (c->completed > 0);
-    int none = folding && c->pending == 0;
+    info->rounds = folding ? c->pending : (LOAD(c->completed) > 0);
     info->nap = none ? 0 : c->res_nap;
+    info->posts = none ? 0 : c->res_posts;
     info->post_lo = none ? 0 : c->res_lo;
     info->post_hi = none ? 0 : c->res_hi;
     /* latest: the same result is what the next wait gets if no round completes before it
@@ -450,28 +527,40 @@ static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_re
         result_internal(c);
     c->takes++;
     c->result_ext = NULL;     /* the result is in out now: the user's buffer is theirs again */
-    info->finished = c->finished;
-    memcpy(mask, c->res_mask, sizeof(uint64_t) * 2 * (size_t)c->spec.mask_words);
+    info->finished = LOAD(c->finished);
+    size_t mw = (size_t)pc_coll_mask_words(c->size);
+    if (none) memset(mask, 0, sizeof(uint64_t) * mw);
+    else memcpy(mask, c->res_mask, sizeof(uint64_t) * mw);
+    if (folding) memset(c->res_mask, 0, sizeof(uint64_t) * mw);   /* the next fold starts empty */
     c->pending = 0;
 }
 
-/* Wait for round `index`, then take the result: one call, one lock, on the hot path. */
+/* Wait for round `index` (no lock held: the predicate reads atomics), then take the
+ * result under the unit lock. */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
 {
-    /* the lock within the timeout (and a grace): a wait never hangs on a thread stuck in MPI */
-    int rc = app_lock_within(timeout_s < 0 ? -1 : timeout_s + LOCK_GRACE_S);
+    coll_wait_arg a = {c, index};
+    int rc = coll_reached(&a) ? PC_OK : wait_until(coll_reached, &a, timeout_s);
+    if (rc == PC_ERR_TIMEOUT)
+        return fail(PC_ERR_TIMEOUT, "round %lld did not complete at rank %d "
+                    "(%lld rounds completed here; the round waits for its initiator or for peers)",
+                    (long long)(index >= (1LL << 61) ? LOAD(c->completed) : index), c->rank,
+                    (long long)LOAD(c->completed));
     if (rc) return rc;
-    rc = coll_wait_locked(c, index, timeout_s);
-    if (rc == PC_OK) coll_take_result_locked(c, out, mask, info);
-    app_unlock();
+    /* the lock within the timeout (and a grace): a wait never hangs on a thread stuck in MPI */
+    rc = unit_lock_within(&c->owner.unit, timeout_s < 0 ? -1 : timeout_s + 1.0);
+    if (rc) return rc;
+    if (c->err) rc = coll_error(c);
+    else coll_take_result_locked(c, out, mask, info);
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
 /* The small-message path of post(x, out=y).wait() (partialcoll/_partial.py), with no
  * out-parameters to allocate per call:
  *   pc_coll_post1: pc_coll_post; returns (index << 1) | late, or -code
- *   pc_coll_wait1: pc_coll_wait_take into res[0..5] = round, rounds, nap, post_lo,
- *                  post_hi, finished, then the 2*W mask words */
+ *   pc_coll_wait1: pc_coll_wait_take into res[0..6] = round, rounds, nap, post_lo,
+ *                  post_hi, finished, posts, then the mask words */
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out)
 {
     int64_t index = 0;
@@ -483,10 +572,10 @@ int64_t pc_coll_post1(pc_coll *c, const void *x, void *out)
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res)
 {
     pc_result info;
-    int rc = pc_coll_wait_take(c, index, timeout_s, out, (uint64_t *)(res + 6), &info);
+    int rc = pc_coll_wait_take(c, index, timeout_s, out, (uint64_t *)(res + 7), &info);
     if (rc == PC_OK) {
         res[0] = info.round; res[1] = info.rounds; res[2] = info.nap;
-        res[3] = info.post_lo; res[4] = info.post_hi; res[5] = info.finished;
+        res[3] = info.post_lo; res[4] = info.post_hi; res[5] = info.finished; res[6] = info.posts;
     }
     return rc;
 }
@@ -495,7 +584,7 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
  * round in which every rank is closing is the final one. */
 int pc_coll_close(pc_coll *c)
 {
-    app_lock();
+    unit_lock(&c->owner.unit);
     int rc = PC_OK;
     if (!c->closing) {
         c->closing = 1;
@@ -504,79 +593,60 @@ int pc_coll_close(pc_coll *c)
             fill_identity(c, c->result);
         rc = coll_maybe_trigger(c);
     }
-    app_unlock();
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
-static void coll_destroy(pc_coll *c)
-{
-    for (int k = 0; k < 2; k++) {
-        for (int v = 0; c->sched[k] && v < c->variants; v++) if (c->sched[k][v]) sched_destroy(c->sched[k][v]);
-        free(c->sched[k]);
-    }
-    for (int b = 0; b < 3; b++) free(c->buf[b]);
-    free(c->mask_slot); free(c->res_mask); free((void *)c->spec.identity);
-    free(c);
-}
-
-static int coll_running(const pc_coll *c)
-{
-    for (int k = 0; k < 2; k++)
-        for (int v = 0; c->sched[k] && v < c->variants; v++)
-            if (c->sched[k][v] && c->sched[k][v]->running) return 1;
-    return 0;
-}
-
-static int coll_idle(void *c) { return !coll_running(c); }
+static int coll_idle(void *c) { return LOAD(((pc_coll *)c)->owner.unit.nrunning) == 0; }
 
 int pc_coll_free(pc_coll *c)
 {
     if (!c) return PC_OK;
-    app_lock();
     /* The final round has delivered here, but its last sends may still be in flight (a
      * slow link; with inline progress nothing moves them between engine calls): the
      * peers are in the same round and receive them, so let them finish. */
-    if (c->finished && coll_running(c)) wait_until(coll_idle, c, 30.0);
-    int rc = coll_running(c) ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
-    if (rc == PC_OK) coll_destroy(c);
-    app_unlock();
+    if (LOAD(c->finished) && !coll_idle(c)) wait_until(coll_idle, c, 30.0);
+    unit_lock(&c->owner.unit);
+    int rc = !coll_idle(c) && !c->owner.unit.leaked
+             ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
+    if (rc == PC_OK) unit_doom(&c->owner.unit);
+    unit_unlock(&c->owner.unit);
+    if (rc == PC_OK) reap_units();
     return rc;
 }
 
 /* Dropped without close() (garbage-collected, or a with-block left by an exception on
- * this rank): no new round is armed; a round that has not read this rank's input yet is
- * withdrawn (its receives cancelled); a round already moving data finishes, so peers are
- * not left with half a message. The collective is freed by reap_doomed() once none of
- * its schedules runs: the engine never points at freed memory. Peers still using the
- * collective time out, as with any collective call one rank never makes. */
+ * this rank; possibly on a garbage collector's thread, so no MPI call here): no new
+ * round is armed; the next progress pass withdraws a round that has not read this
+ * rank's input yet (its receives cancelled); a round already moving data finishes, so
+ * peers are not left with half a message. The collective is freed once none of its
+ * schedules runs and no pass holds it: the engine never points at freed memory. Peers
+ * still using the collective time out, as with any collective call one rank never makes. */
 int pc_coll_abandon(pc_coll *c, int *deferred)
 {
     *deferred = 0;
     if (!c) return PC_OK;
-    app_lock();
+    unit_lock(&c->owner.unit);
     if (!c->abandoned) {
         c->abandoned = 1;
-        pc_sched *s = c->armed;
-        if (s && s->running && !s->live) sched_withdraw(s);
-        *deferred = coll_running(c);
-        c->next_doomed = E.doomed;
-        E.doomed = c;
-        reap_doomed();
-        kick();
+        c->owner.unit.withdraw = 1;
+        *deferred = !coll_idle(c);
+        unit_doom(&c->owner.unit);
     }
-    app_unlock();
+    unit_unlock(&c->owner.unit);
+    reap_units();
+    if (*deferred) kick();
     return PC_OK;
 }
 
-/* [progress, top level] Free the abandoned collectives that no longer run. */
-void reap_doomed(void)
+/* traffic: the bytes of the sends each schedule posted to peer i since creation */
+int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n)
 {
-    pc_coll **link = &E.doomed;
-    while (*link) {
-        pc_coll *c = *link;
-        if (c->pinned) { *link = c->next_doomed; continue; }     /* leaked on purpose */
-        if (coll_running(c)) { link = &c->next_doomed; continue; }
-        *link = c->next_doomed;
-        coll_destroy(c);
-    }
+    if (!sent || n < 0 || (!c && !s)) return fail(PC_ERR_ARG, "pc_traffic: no collective or schedule");
+    pc_unit *u = c ? &c->owner.unit : s->unit;
+    unit_lock(u);
+    if (s) sched_add_traffic(s, sent, n);
+    for (int k = 0; c && k < 2 * c->variants; k++) sched_add_traffic(c->sched[k / c->variants][k % c->variants], sent, n);
+    unit_unlock(u);
+    return PC_OK;
 }

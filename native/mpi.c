@@ -1,12 +1,16 @@
-/* mpi.c -- the one place that talks to MPI: post, test, cancel messages; tag bits;
- * communicator queries; failed peers. Everything here runs with E.lock held, except
- * pc_comm_failed(). */
+/* mpi.c -- messages: the one place that talks to MPI (post, test, cancel, drain),
+ * messages larger than one MPI count split in chunks, tag bits, communicator queries,
+ * failed peers. It knows messages, not schedules: an op is an index, and errors are
+ * return codes with a message (errors.c) for the caller to record.
+ * Everything here runs under the calling unit's lock, except pc_comm_failed(). */
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <mpi.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 
 /* MPIX_Query_cuda_support() of the loaded libmpi (MPICH >= 4, Open MPI), looked up at
@@ -39,7 +43,7 @@ static get_failed_fn lookup_get_failed(void)
     return fn;
 }
 
-/* Runs without E.lock (MPI_THREAD_MULTIPLE): it must answer while the progress thread
+/* Runs without any lock (MPI_THREAD_MULTIPLE): it must answer while the progress thread
  * may be stuck inside an MPI call towards the dead peer. */
 int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n)
 {
@@ -65,154 +69,207 @@ int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n)
     return PC_OK;
 }
 
-/* The distinct peers of s's receives still in flight, ascending; how many (at most max). */
-int mpi_silent_peers(const pc_sched *s, int *ranks, int max)
-{
-    int n = 0;
-    if (!s || !s->running || s->draining) return 0;
-    for (int r = 0; r < s->nreq; r++) {
-        const pc_op *op = &s->ops[s->req_op[r]];
-        if (op->kind != PC_RECV) continue;
-        int j = n, dup = 0;
-        for (int i = 0; i < n; i++) dup |= ranks[i] == op->peer;
-        if (dup || n == max) continue;
-        while (j > 0 && ranks[j - 1] > op->peer) { ranks[j] = ranks[j - 1]; j--; }
-        ranks[j] = op->peer;
-        n++;
-    }
-    return n;
-}
-
-static int mpi_tag(const pc_sched *s, const pc_op *op)
-{
-    int64_t v = s->version & ((1LL << s->vbits) - 1);
-    return (int)((v << s->seqbits) | op->tag_seq);
-}
-
 static void mpi_message(int rc, char *msg)
 {
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
 }
 
-int mpi_post(pc_sched *s, int i)
+/* Bytes per MPI message: MPI counts are int, so a message of more bytes travels in
+ * chunks of at most INT_MAX. PARTIALCOLL_MAX_MESSAGE (tests) forces smaller chunks. */
+int64_t mpi_max_chunk(void)
 {
-    pc_op *op = &s->ops[i];
-    if (op->kind == PC_SEND && !s->sent && !(s->sent = calloc((size_t)s->size, sizeof *s->sent))) {
-        sched_fail(s, i, PC_ERR_NOMEM, "out of memory for the traffic counters");
-        return PC_ERR_NOMEM;
-    }
-    MPI_Request *r = &s->reqs[s->nreq];
-    int rc = op->kind == PC_SEND
-        ? MPI_Isend(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r)
-        : MPI_Irecv(op_addr(op, 0), (int)op->nbytes, MPI_BYTE, op->peer, mpi_tag(s, op), s->comm, r);
-    if (rc != MPI_SUCCESS) {
-        char msg[MPI_MAX_ERROR_STRING];
-        mpi_message(rc, msg);
-        sched_fail(s, i, PC_ERR_MPI, msg);
-        return PC_ERR_MPI;
-    }
-    s->req_op[s->nreq++] = i;
-    if (op->nbytes >= E.policy.busy_bytes) s->inflight_big++;
-    if (op->kind == PC_SEND) s->sent[op->peer] += op->nbytes;
+    static int64_t chunk;
+    int64_t c = __atomic_load_n(&chunk, __ATOMIC_RELAXED);
+    if (c) return c;
+    const char *forced = getenv("PARTIALCOLL_MAX_MESSAGE");
+    c = INT_MAX;
+    if (forced && atoll(forced) >= 1 && atoll(forced) < c) c = atoll(forced);
+    __atomic_store_n(&chunk, c, __ATOMIC_RELAXED);
+    return c;
+}
+
+int mpi_init_msgs(pc_msgs *m, MPI_Comm comm, int nops, int64_t nreq)
+{
+    memset(m, 0, sizeof *m);
+    m->comm = comm;
+    if (mpi_comm_info(comm, &m->rank, &m->size)) return PC_ERR_MPI;
+    m->max_chunk = mpi_max_chunk();
+    if (nreq > INT_MAX / 2) return fail(PC_ERR_NOMEM, "a schedule of %lld messages is too large", (long long)nreq);
+    m->cap = (int)nreq;
+    size_t n = (size_t)nreq + 1, k = (size_t)nops + 1;
+    m->reqs = calloc(n, sizeof(MPI_Request));
+    m->req_op = calloc(n, sizeof(int));
+    m->req_bytes = calloc(n, sizeof(int64_t));
+    m->idx = calloc(n, sizeof(int));
+    m->statuses = calloc(n, sizeof(MPI_Status));
+    m->left = calloc(k, sizeof(int));
+    m->done = calloc(k, sizeof(int));
+    if (!m->reqs || !m->req_op || !m->req_bytes || !m->idx || !m->statuses || !m->left || !m->done)
+        return fail(PC_ERR_NOMEM, "out of memory");
     return PC_OK;
 }
 
-/* Drop the completed (now MPI_REQUEST_NULL) requests from the schedule's list. */
-static void compact(pc_sched *s)
+void mpi_free_msgs(pc_msgs *m)
 {
-    int w = 0;
-    for (int r = 0; r < s->nreq; r++) {
-        if (s->reqs[r] != MPI_REQUEST_NULL) { s->reqs[w] = s->reqs[r]; s->req_op[w] = s->req_op[r]; w++; }
-    }
-    s->nreq = w;
+    free(m->reqs); free(m->req_op); free(m->req_bytes); free(m->idx); free(m->statuses);
+    free(m->left); free(m->done); free(m->sent);
 }
 
-/* Test the schedule's requests; complete the ops whose messages are done. The request
- * list is compacted before any error is reported, so what stays listed is in flight. */
-int mpi_test(pc_sched *s, int *ndone)
+int mpi_tag(const pc_msgs *m, int64_t version, int seq)
+{
+    int64_t v = version & ((1LL << m->vbits) - 1);
+    return (int)((v << m->seqbits) | seq);
+}
+
+/* Post op's message: one MPI message per chunk, all with the op's tag. */
+int mpi_post(pc_msgs *m, int op, int send, void *buf, int64_t nbytes, int peer, int tag, int64_t busy_bytes)
+{
+    if (send && !m->sent && !(m->sent = calloc((size_t)m->size, sizeof *m->sent)))
+        return fail(PC_ERR_NOMEM, "out of memory for the traffic counters");
+    int64_t off = 0;
+    do {
+        int64_t len = nbytes - off < m->max_chunk ? nbytes - off : m->max_chunk;
+        if (m->n >= m->cap) return fail(PC_ERR_STATE, "op %d: more messages in flight than the schedule has", op);
+        MPI_Request *r = &m->reqs[m->n];
+        char *p = (char *)buf + off;
+        int rc = send ? MPI_Isend(p, (int)len, MPI_BYTE, peer, tag, m->comm, r)
+                      : MPI_Irecv(p, (int)len, MPI_BYTE, peer, tag, m->comm, r);
+        if (rc != MPI_SUCCESS) {
+            char msg[MPI_MAX_ERROR_STRING];
+            mpi_message(rc, msg);
+            return fail(PC_ERR_MPI, "%s", msg);   /* chunks posted before stay listed: drained */
+        }
+        m->req_op[m->n] = op;
+        m->req_bytes[m->n] = len;
+        m->n++;
+        m->left[op]++;
+        off += len;
+    } while (off < nbytes);
+    if (nbytes >= busy_bytes) m->big++;
+    if (send) m->sent[peer] += nbytes;
+    return PC_OK;
+}
+
+/* Drop the completed (now MPI_REQUEST_NULL) requests. */
+static void compact(pc_msgs *m)
+{
+    int w = 0;
+    for (int r = 0; r < m->n; r++) {
+        if (m->reqs[r] != MPI_REQUEST_NULL) {
+            m->reqs[w] = m->reqs[r]; m->req_op[w] = m->req_op[r]; m->req_bytes[w] = m->req_bytes[r]; w++;
+        }
+    }
+    m->n = w;
+}
+
+/* Test the requests; m->done[0..*ndone) are the ops whose messages all completed. The
+ * list is compacted before any error is returned, so what stays listed is in flight.
+ * An error names its op in *failed_op (the failed request's, as its status says). */
+int mpi_test(pc_msgs *m, const int64_t *op_bytes, const int *is_recv, int *ndone, int *failed_op,
+             int64_t busy_bytes)
 {
     int outcount = 0, bad = -1;
     char msg[MPI_MAX_ERROR_STRING + 160];
     *ndone = 0;
-    if (s->nreq == 0) return PC_OK;
+    *failed_op = -1;
+    if (m->n == 0) return PC_OK;
     /* Open MPI's MPI_Testsome looks for completed requests first and only then runs its
-     * progress engine: what that progress completes is seen by the next call, which for a
-     * progress thread about to sleep is a sleep later (one sleep per message hop; Fig. 9
-     * initiator latency 2.7x MPICH's). So when nothing was complete, test once more. */
+     * progress engine: what that progress completes is seen by the next call. So when
+     * nothing was complete, test once more. */
     int rc = MPI_SUCCESS;
     for (int pass = 0; pass < 2 && rc == MPI_SUCCESS && outcount == 0; pass++)
-        rc = MPI_Testsome(s->nreq, s->reqs, &outcount, s->done_idx, s->statuses);
+        rc = MPI_Testsome(m->n, m->reqs, &outcount, m->idx, m->statuses);
     if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {     /* no request to blame: the first */
         mpi_message(rc, msg);
-        sched_fail(s, s->req_op[0], PC_ERR_MPI, msg);
-        return PC_ERR_MPI;
+        *failed_op = m->req_op[0];
+        return fail(PC_ERR_MPI, "%s", msg);
     }
     if (outcount == MPI_UNDEFINED || outcount == 0) return PC_OK;
-    /* MPI_ERR_IN_STATUS: the requests that completed with an error say so in their status;
-     * the error is that request's (its op's peer is named), not the first one listed */
-    int failed = -1, err = MPI_SUCCESS;
+    int failed = -1, err = MPI_SUCCESS, first = m->req_op[m->idx[0]];
     for (int k = 0; k < outcount; k++) {
-        int op = s->req_op[s->done_idx[k]];
-        if (rc == MPI_ERR_IN_STATUS && failed < 0 && s->statuses[k].MPI_ERROR != MPI_SUCCESS
-            && s->statuses[k].MPI_ERROR != MPI_ERR_PENDING) {
+        int r = m->idx[k], op = m->req_op[r];
+        if (rc == MPI_ERR_IN_STATUS && failed < 0 && m->statuses[k].MPI_ERROR != MPI_SUCCESS
+            && m->statuses[k].MPI_ERROR != MPI_ERR_PENDING) {
             failed = op;
-            err = s->statuses[k].MPI_ERROR;
+            err = m->statuses[k].MPI_ERROR;
         }
-        if (s->ops[op].kind == PC_RECV && bad < 0 && failed < 0) {
+        if (is_recv[op] && bad < 0 && failed < 0) {     /* a receive: its size */
             int got = 0;
-            if (MPI_Get_count(&s->statuses[k], MPI_BYTE, &got) != MPI_SUCCESS || got != s->ops[op].nbytes) {
-                snprintf(msg, sizeof msg, "expected %lld bytes from rank %d, received %d",
-                         (long long)s->ops[op].nbytes, s->ops[op].peer, got);
+            if (MPI_Get_count(&m->statuses[k], MPI_BYTE, &got) != MPI_SUCCESS || got != m->req_bytes[r]) {
+                snprintf(msg, sizeof msg, "expected %lld bytes, received %d", (long long)m->req_bytes[r], got);
                 bad = op;
             }
         }
-        if (s->ops[op].nbytes >= E.policy.busy_bytes) s->inflight_big--;
-        s->done_idx[k] = op;   /* reuse as the list of completed ops */
+        if (--m->left[op] == 0) {
+            if (op_bytes[op] >= busy_bytes) m->big--;
+            m->done[(*ndone)++] = op;
+        }
     }
-    compact(s);
+    compact(m);
     if (rc == MPI_ERR_IN_STATUS) {
         mpi_message(failed >= 0 ? err : rc, msg);
-        sched_fail(s, failed >= 0 ? failed : (s->nreq > 0 ? s->req_op[0] : s->done_idx[0]), PC_ERR_MPI, msg);
-        return PC_ERR_MPI;
+        *failed_op = failed >= 0 ? failed : first;
+        *ndone = 0;
+        return fail(PC_ERR_MPI, "%s", msg);
     }
     if (bad >= 0) {
-        sched_fail(s, bad, PC_ERR_TRUNCATE, msg);
-        return PC_ERR_TRUNCATE;
+        *failed_op = bad;
+        *ndone = 0;
+        return fail(PC_ERR_TRUNCATE, "%s", msg);
     }
-    *ndone = outcount;
     return PC_OK;
 }
 
-/* Withdraw an execution: cancel its receives (MPI_Cancel is defined for receives in
- * every MPI; cancelling sends is deprecated and a no-op in Open MPI, so sends are left
- * to complete). mpi_drain() then completes what is left. */
-void mpi_cancel_recvs(pc_sched *s)
+/* Withdraw: cancel the receives (MPI_Cancel is defined for receives in every MPI;
+ * cancelling sends is deprecated and a no-op in Open MPI, so sends are left to
+ * complete). mpi_drain() then completes what is left. */
+void mpi_cancel_recvs(pc_msgs *m, const int *is_recv)
 {
-    for (int r = 0; r < s->nreq; r++)
-        if (s->ops[s->req_op[r]].kind == PC_RECV) MPI_Cancel(&s->reqs[r]);
+    for (int r = 0; r < m->n; r++)
+        if (is_recv[m->req_op[r]]) MPI_Cancel(&m->reqs[r]);
 }
 
-/* Test a withdrawn execution's requests without completing ops; returns how many are
- * still in flight. */
-int mpi_drain(pc_sched *s)
+/* Test a withdrawn execution's requests; returns how many are still in flight. A
+ * receive that was cancelled leaves its peer's message unmatched (m->cancelled). If the
+ * MPI can no longer test a request, it is freed (MPI may still complete it) and
+ * m->lost is set: the memory it may touch is never freed. */
+int mpi_drain(pc_msgs *m)
 {
     int outcount = 0;
-    if (s->nreq == 0) return 0;
-    if (MPI_Testsome(s->nreq, s->reqs, &outcount, s->done_idx, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-        for (int r = 0; r < s->nreq; r++) MPI_Request_free(&s->reqs[r]);   /* the MPI gave up on them */
-        s->nreq = 0;
-        return 0;
+    if (m->n == 0) return 0;
+    int rc = MPI_Testsome(m->n, m->reqs, &outcount, m->idx, m->statuses);
+    if (rc == MPI_SUCCESS || rc == MPI_ERR_IN_STATUS) {
+        for (int k = 0; k < outcount && outcount != MPI_UNDEFINED; k++) {
+            int flag = 0;
+            if (MPI_Test_cancelled(&m->statuses[k], &flag) == MPI_SUCCESS && flag) m->cancelled = 1;
+        }
+        compact(m);
+        return m->n;
     }
-    compact(s);
-    return s->nreq;
+    /* the list as a whole cannot be tested: one request at a time */
+    for (int r = 0; r < m->n; r++) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&m->reqs[r], &flag, &st) != MPI_SUCCESS && m->reqs[r] != MPI_REQUEST_NULL) {
+            MPI_Request_free(&m->reqs[r]);
+            m->lost = 1;
+        } else if (flag) {
+            int c = 0;
+            if (MPI_Test_cancelled(&st, &c) == MPI_SUCCESS && c) m->cancelled = 1;
+        }
+    }
+    compact(m);
+    return m->n;
 }
 
-/* Forget requests that will not complete (engine stop): MPI keeps them, we no longer test them. */
-void mpi_forget(pc_sched *s)
+/* Forget requests that will not complete (engine stop): MPI keeps them; their memory
+ * is never freed. */
+void mpi_forget(pc_msgs *m)
 {
-    for (int r = 0; r < s->nreq; r++) MPI_Request_free(&s->reqs[r]);
-    s->nreq = 0;
+    for (int r = 0; r < m->n; r++) MPI_Request_free(&m->reqs[r]);
+    if (m->n) m->lost = 1;
+    m->n = 0;
 }
 
 int mpi_comm_info(MPI_Comm comm, int *rank, int *size)
@@ -227,32 +284,30 @@ int mpi_comm_info(MPI_Comm comm, int *rank, int *size)
     return PC_OK;
 }
 
-int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits)
+/* The tag's bits, sized at commit: seq_needed messages between one pair of ranks take
+ * the fewest bits that count them; every other bit of MPI_TAG_UB is the version's, so
+ * executions wrap as late as the MPI allows. PARTIALCOLL_TAG_UB (tests) forces the view
+ * of a smaller MPI_TAG_UB. At least 4 bits of version are left, else an error. */
+int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
 {
-    MPI_Comm comm = *(MPI_Comm *)comm_handle;
     int *ub = NULL, flag = 0;
     if (MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag) != MPI_SUCCESS) flag = 0;
     long long tag_ub = flag && ub ? *ub : 32767;     /* the least the standard guarantees */
-    const char *forced = getenv("PARTIALCOLL_TAG_UB");  /* tests: the view of a smaller MPI */
+    const char *forced = getenv("PARTIALCOLL_TAG_UB");
     if (forced && atoll(forced) >= 255 && atoll(forced) < tag_ub) tag_ub = atoll(forced);
     int bits = 0;
     while (bits < 31 && (1LL << (bits + 1)) - 1 <= tag_ub) bits++;
-    *seqbits = bits >= 24 ? 16 : bits - 4;   /* at least 4 bits of version */
-    *vbits = bits - *seqbits;
+    int s = 0;
+    while ((1LL << s) < seq_needed) s++;
+    *seqbits = s;
+    *vbits = bits - s;
+    if (*vbits < 4)
+        return fail(PC_ERR_ARG, "%d messages between one pair of ranks in one schedule leave %d bits of "
+                    "MPI_TAG_UB (%lld) for the execution number (at least 4 needed)", seq_needed, *vbits, tag_ub);
     return PC_OK;
 }
 
-/* Bytes sent per peer (coll.traffic(), Schedule traffic): the counters of mpi_post. */
-int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n)
+int pc_tag_bits(void *comm_handle, int seq_needed, int *seqbits, int *vbits)
 {
-    if (!sent || n < 0 || (!c && !s)) return fail(PC_ERR_ARG, "pc_traffic: no collective or schedule");
-    app_lock();
-    int nv = c ? c->variants : 0;
-    for (int k = -1; k < 2 * nv; k++) {       /* s, then every round schedule of c */
-        pc_sched *t = k < 0 ? s : c->sched[k / nv][k % nv];
-        if (t && t->sent)
-            for (int i = 0; i < n && i < t->size; i++) sent[i] += t->sent[i];
-    }
-    app_unlock();
-    return PC_OK;
+    return mpi_tag_bits(*(MPI_Comm *)comm_handle, seq_needed, seqbits, vbits);
 }

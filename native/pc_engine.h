@@ -19,15 +19,17 @@
  * Tags: tag = (version mod 2^vbits) << seqbits | seq, where seq is the index of the
  * message among those of the same (sender, receiver) pair in op order, so the
  * k-th send to a peer always matches the peer's k-th receive, and messages of
- * different executions (versions) never match.
+ * different executions (versions) never match. seqbits is sized at commit from the most
+ * messages between one pair; a message past INT_MAX bytes travels in chunks.
  *
  * TRIGGER, TAKE and DELIVER belong to a partial collective (pc_coll): TRIGGER
  * completes when the application's post makes this rank start the round, TAKE moves
- * the accumulator into the work buffer (and sets this rank's active bit), DELIVER
- * publishes the round's result.
+ * the accumulator into the work buffer (and sets this rank's active bit and posts
+ * count), DELIVER publishes the round's result.
  *
- * Threads: every function below takes the engine lock; progress runs either on the
- * engine's progress thread (functions marked [progress]) or inline in test/wait.
+ * Threads: any thread may call any function; each locks only the collective or schedule
+ * it is given, for one step, and never waits while holding it (docs/engine.md). Progress
+ * runs on the engine's progress thread, or inline in test/wait.
  */
 #ifndef PC_ENGINE_H
 #define PC_ENGINE_H
@@ -85,10 +87,24 @@ typedef struct pc_idle_policy {
     double deep_sleep_us;/* ... up to this (an idle rank costs almost no CPU) */
     int64_t busy_bytes;  /* while a message this large moves (its round has begun), poll ... */
     double busy_cap_us;  /* ... as long as the last event is younger than this */
-    int poll_armed;      /* 1 (idle "spin": a node with cores to spare): the progress thread
-                          * polls while a round is armed, and wait() polls until done;
-                          * 2 (auto's spin): the same while the machine is not contended */
+    double poll_max_us;  /* polling goes on at most this long after the last event */
+    int poll_armed;      /* 0 (idle "sleep"), 1 ("spin": the progress thread and wait() poll
+                          * while a round is armed, up to an adaptive bound), 2 ("auto": spin
+                          * where the node has the CPUs and no interference, idle.c) */
 } pc_idle_policy;
+
+typedef struct pc_idle_info {    /* what the idle policy chose and why (pc_idle_state) */
+    int setting;         /* poll_armed */
+    int polling;         /* 1: polls while armed now, 0: sleeps */
+    int cpu_budget;      /* the CPUs this process may use (affinity, cgroup quota) */
+    int node_ranks, node_cpus, node_known;
+    double hold_s;       /* auto: sleeping at least this much longer after interference */
+    double spin_bound_us;/* how long polling goes on after the last event */
+    double run_delay;    /* last sample: the share of runnable time spent waiting for a CPU */
+    int64_t throttled;   /* samples that saw the cgroup throttled */
+    double steal;        /* last sample: steal time per CPU */
+    char reason[160];
+} pc_idle_info;
 
 typedef struct pc_sched pc_sched;
 typedef struct pc_coll pc_coll;
@@ -99,7 +115,7 @@ typedef struct pc_collspec {
     int candidates;      /* probe: q */
     int quorum;          /* quorum: k */
     int max_staleness;   /* 0: none; s: rounds n with (n+1) % s == 0 are full */
-    int mask_words;      /* 64-bit words per bitmask: ceil(P/64) */
+    int mask_words;      /* words of the MASK slot: pc_coll_mask_words(P) */
     int variants;        /* schedules per round kind (0 or 1: one); round n runs on
                           * variant n mod variants (the tree's rotated aggregators) */
     uint64_t seed;
@@ -111,7 +127,8 @@ typedef struct pc_collspec {
 typedef struct pc_result {
     int64_t round;       /* last round included */
     int64_t rounds;      /* how many rounds are folded in */
-    int64_t nap;         /* active processes, summed over those rounds */
+    int64_t nap;         /* ranks whose data is inside, summed over those rounds */
+    int64_t posts;       /* posts whose data is inside (data / posts: their exact mean) */
     int64_t post_lo, post_hi; /* this rank's posts [post_lo, post_hi) are in the data */
     int finished;        /* the collective has completed its final round */
 } pc_result;
@@ -123,15 +140,24 @@ int pc_last_error_peer(void);   /* the peer of the send/receive that failed, or 
 int pc_engine_start(int use_thread, const pc_idle_policy *policy);
 int pc_engine_stop(void);
 int pc_engine_threaded(void);
-int pc_engine_set_poll(int poll_armed);  /* switch the idle policy's poll_armed (auto) */
+/* auto: the node's shared memory (a word per local rank, or NULL: not known yet),
+ * this rank in it, its ranks and the CPUs they may use together */
+int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cpus);
+int pc_idle_state(pc_idle_info *out);
+int pc_cpu_budget(void);         /* this process's CPUs: affinity, capped by the cgroup quota */
+int pc_cpu_limits(int *affinity, int *quota, char *cgroup, int len);  /* its parts (quota 0: none) */
+/* seq bits for seq_needed messages per pair, the rest of MPI_TAG_UB for the version */
+int pc_tag_bits(void *comm_handle, int seq_needed, int *seqbits, int *vbits);
 
 int pc_op_valid(int redop, int dtype);
 int pc_div_valid(int redop, int dtype);    /* may a COMPUTE of redop on dtype have a divisor */
 int pc_mpi_cuda_support(void);
 int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out);
 
-int pc_sched_create(void *comm_handle, int nops, const pc_opspec *ops,
-                    int nedges, const int *edges, pc_coll *coll, int64_t scratch_bytes, pc_sched **out);
+/* pairs: the most messages between one pair of ranks in any schedule on this communicator,
+ * the same on every rank (the tag layout: seq bits count them, the rest is the version) */
+int pc_sched_create(void *comm_handle, int nops, const pc_opspec *ops, int nedges, const int *edges,
+                    pc_coll *coll, int64_t scratch_bytes, int pairs, pc_sched **out);
 int pc_sched_start(pc_sched *s, int64_t *execution);
 int pc_sched_test(pc_sched *s, int64_t execution, int *done);
 int pc_sched_wait(pc_sched *s, int64_t execution, double timeout_s);
@@ -144,6 +170,7 @@ int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int
 /* free now if idle (*deferred = 0), else once nothing posted is in flight (*deferred = 1) */
 int pc_sched_abandon(pc_sched *s, int *deferred);
 
+int pc_coll_mask_words(int size);   /* the MASK slot: active bits, closing bits, posts per rank */
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
 /* the schedule of round kind `kind` (0: the mode's, 1: full) for rounds n with
  * n mod spec.variants == variant */
@@ -157,10 +184,11 @@ int pc_coll_acc_full(pc_coll *c, int *full);
 int pc_coll_user_buffers(pc_coll *c, void *bufs[3]);
 int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced);
 int pc_coll_test(pc_coll *c, int64_t index, int *done);
-/* wait until round `index` completed here (or the timeout), then copy out the result; mask: 2*W words */
+/* wait until round `index` completed here (or the timeout), then copy out the result;
+ * mask: pc_coll_mask_words(P) words */
 int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info);
 /* the same two for the small-message path: post1 returns (index << 1) | late or -code;
- * wait1 writes round, rounds, nap, post_lo, post_hi, finished, then 2*W mask words */
+ * wait1 writes round, rounds, nap, post_lo, post_hi, finished, posts, then the mask words */
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
 int pc_coll_close(pc_coll *c);

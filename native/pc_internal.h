@@ -3,12 +3,27 @@
  *
  *   errors.c    fail(): record a message, return a code
  *   kernels.c   pc_reduce_local(): out = a (op) b for every dtype x op; pc_reduce_div()
- *   mpi.c       the one place that calls MPI (post/test/cancel messages, tag bits)
- *   progress.c  E, its lock, the progress thread, the idle policy, waits
+ *   mpi.c       messages: the one place that calls MPI (post/test/cancel, chunks, tags)
  *   sched.c     schedules: op table, executions, firing and completing ops
  *   coll.c      partial collectives (rounds, accumulator, results, close), candidates
+ *   progress.c  E, the progress passes, the progress thread, waits
+ *   idle.c      the idle policy: the CPU budget, interference, spin bounds
  *
- * Locking: every function below runs with E.lock held unless it says otherwise.
+ * Calls go one way: coll.c -> sched.c -> mpi.c; progress.c drives sched.c through
+ * sched_progress() and owners (collectives) through the callbacks in pc_owner; sched.c
+ * and coll.c signal progress.c (kick, notify_done) and nothing else of it.
+ *
+ * Locks (docs/engine.md, "Threads and locks"):
+ *   unit lock  one per partial collective (with all its round schedules) and one per
+ *              standalone schedule (pc_unit.lock): guards everything of that unit. Held
+ *              for one post, one progress step of the unit, one result copy: never
+ *              across a wait. The progress thread only ever trylocks it.
+ *   E.lock     the running list and the unit bookkeeping (pins, doomed): short sections,
+ *              no MPI call, no pass over data.
+ *   E.wmtx     the progress thread's sleep (kicked, sleeping, nap_until_us)
+ *   E.dmtx     completions: waiters sleep on E.done
+ * Lock order: unit lock -> E.lock -> E.wmtx / E.dmtx. Fields marked (atomic) are
+ * written under their owner's lock and read anywhere with __atomic loads.
  */
 #ifndef PC_INTERNAL_H
 #define PC_INTERNAL_H
@@ -17,7 +32,70 @@
 #include <pthread.h>
 #include <time.h>
 
-/* ------------------------------------------------------------------ structures */
+#define LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+
+/* ------------------------------------------------------------------ messages (mpi.c) */
+/* One schedule's messages. An op's message of more than max_chunk bytes travels as
+ * several MPI messages with the same tag (MPI's non-overtaking order matches them in
+ * turn). Protected by the owning unit's lock. */
+typedef struct pc_msgs {
+    MPI_Comm comm;
+    int rank, size;
+    int seqbits, vbits;      /* tag = (version mod 2^vbits) << seqbits | seq (set at commit) */
+    int64_t max_chunk;       /* bytes per MPI message (INT_MAX, or PARTIALCOLL_MAX_MESSAGE) */
+    int n, cap;              /* requests in flight, capacity */
+    MPI_Request *reqs;
+    int *req_op;             /* the op each request belongs to */
+    int64_t *req_bytes;      /* the bytes each request moves */
+    int *left;               /* per op: its requests still in flight */
+    int *done;               /* after mpi_test: the ops whose messages all completed */
+    int *idx;
+    MPI_Status *statuses;
+    int64_t big;             /* ops of >= busy_bytes in flight */
+    int64_t *sent;           /* bytes of the sends posted to each peer since creation */
+    int cancelled;           /* a receive was cancelled: its peer's message may still come */
+    int lost;                /* requests the MPI could no longer test: memory stays (never freed) */
+} pc_msgs;
+
+int mpi_init_msgs(pc_msgs *m, MPI_Comm comm, int nops, int64_t nreq);
+void mpi_free_msgs(pc_msgs *m);
+/* post op's message (send or recv) of nbytes at buf; PC_OK or a code (pc_last_error) */
+int mpi_post(pc_msgs *m, int op, int send, void *buf, int64_t nbytes, int peer, int tag, int64_t busy_bytes);
+/* test; *ndone ops completed (m->done); on error *failed_op names the op */
+int mpi_test(pc_msgs *m, const int64_t *op_bytes, const int *is_recv, int *ndone, int *failed_op,
+             int64_t busy_bytes);
+void mpi_cancel_recvs(pc_msgs *m, const int *is_recv);
+int mpi_drain(pc_msgs *m);                   /* requests still in flight */
+void mpi_forget(pc_msgs *m);
+int mpi_comm_info(MPI_Comm comm, int *rank, int *size);
+int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits);
+int mpi_tag(const pc_msgs *m, int64_t version, int seq);
+int64_t mpi_max_chunk(void);
+
+/* ------------------------------------------------------------------ units */
+/* What one lock guards: a partial collective with its schedules, or a standalone schedule. */
+typedef struct pc_unit {
+    pthread_mutex_t lock;
+    int waiters;             /* application threads blocked on lock (atomic): passes skip it */
+    int pins;                /* progress passes holding a pointer to the unit (E.lock) */
+    int nrunning;            /* its schedules on the running list (E.lock; atomic reads) */
+    int doomed;              /* free once nothing runs and nothing pins it (E.lock) */
+    int leaked;              /* MPI may still touch its memory: never freed (E.lock) */
+    int withdraw;            /* abandoned: the next pass withdraws what has not started (unit) */
+    void (*destroy)(struct pc_unit *);   /* frees the owner (registered by it) */
+    void (*abandon)(struct pc_unit *);   /* withdraws what it may (registered; unit lock held) */
+    struct pc_unit *next_doomed;         /* E.doomed (E.lock) */
+} pc_unit;
+
+void unit_init(pc_unit *u, void (*destroy)(pc_unit *), void (*abandon)(pc_unit *));
+void unit_lock(pc_unit *u);                  /* an application thread */
+int unit_lock_within(pc_unit *u, double seconds);
+void unit_unlock(pc_unit *u);
+void unit_doom(pc_unit *u);                  /* E.lock taken; freed by reap_units() */
+void reap_units(void);                       /* no lock held: frees doomed, idle, unpinned units */
+
+/* ------------------------------------------------------------------ schedules (sched.c) */
 enum { ST_IDLE = 0, ST_FIRED = 1, ST_DONE = 2 };
 
 typedef struct pc_op {
@@ -31,40 +109,63 @@ typedef struct pc_op {
     int got, state;          /* per execution */
 } pc_op;
 
+/* What a schedule's owner (a partial collective) registers: its buffer slots and the
+ * callbacks of its TAKE and DELIVER ops. All run under the owner's unit lock. */
+typedef struct pc_owner {
+    pc_unit unit;            /* first member: the owner's lock is its schedules' lock */
+    void **slot[PC_SLOT_SCRATCH];        /* PC_SLOT_WORK, PC_SLOT_MASK: address of the base */
+    int64_t slot_bytes[PC_SLOT_SCRATCH];
+    int (*take)(struct pc_owner *);
+    int (*deliver)(struct pc_owner *);
+    void (*done)(struct pc_owner *);     /* an execution completed */
+    void (*failed)(struct pc_owner *, int code, int peer, const char *msg);
+} pc_owner;
+
+/* Sched flags published for the engine (atomic): what the idle policy needs to know */
+enum { SF_INFLIGHT = 1, SF_POLLABLE = 2, SF_BUSY = 4 };
+
 struct pc_sched {
-    MPI_Comm comm;
-    int rank, size, seqbits, vbits;
+    pc_unit own;             /* a standalone schedule's unit */
+    pc_unit *unit;           /* &own, or the owner's unit */
+    pc_owner *owner;         /* NULL for a standalone schedule */
+    pc_msgs msgs;            /* (unit) */
     int nops, nrequired;     /* nrequired: ops that must complete (all but TRIGGERs) */
     pc_op *ops;
-    int *succ_store, *stack;
+    int *succ_store, *stack, *is_recv;   /* is_recv: per op, for mpi.c */
+    int64_t *op_bytes;       /* per op: its message's bytes (mpi.c) */
     int trigger_op;          /* index of the TRIGGER op, or -1 */
     void *scratch;           /* PC_SLOT_SCRATCH buffers (the engine's, freed with the schedule) */
-    /* in-flight MPI requests, compact */
-    int nreq;
-    MPI_Request *reqs;
-    int *req_op, *done_idx, *finished;  /* finished: ops whose messages completed in a pass */
-    MPI_Status *statuses;
-    int64_t inflight_big;    /* messages >= policy.busy_bytes in flight */
+    int64_t scratch_bytes;
     int live;                /* this execution's data is moving: a plain schedule from its start,
-                              * a round of a partial collective from its TAKE (before that only
-                              * pre-posted receives wait, and they need no polling) */
-    int needs_trigger;       /* nothing but pre-posted receives can happen before the TRIGGER
-                              * (full rounds: TAKE follows the trigger alone) */
-    /* execution state */
-    int running, remaining, err;
-    int draining;            /* withdrawn (failed, abandoned, engine stopped): receives cancelled,
-                              * sends completing, no op fires; off the running list once drained */
-    int doomed;              /* free the schedule once it stops running (pc_sched_abandon) */
-    int64_t version, executions;
+                              * a round of a partial collective from its TAKE */
+    int needs_trigger;       /* nothing but pre-posted receives can happen before the TRIGGER */
+    int running, remaining, draining;    /* (unit) */
+    int err;                 /* (unit; atomic) */
+    int64_t version;
+    int64_t executions;      /* (unit; atomic): waits read it */
+    int flags;               /* SF_* (atomic) */
     char errmsg[384];
-    int errpeer;             /* with err: the peer of the failed send/receive, or -1 */
-    pc_coll *coll;
-    pc_sched *next, *prev;   /* running list */
-    int64_t *sent;           /* bytes of the sends posted to each peer since creation
-                              * (size entries, allocated by the first send; mpi.c) */
+    int errpeer;
+    int on_list;             /* on E.running (E.lock) */
+    pc_sched *next, *prev;   /* E.running (E.lock) */
 };
 
+void *op_addr(const pc_op *op, int i);
+void sched_fail(pc_sched *s, int op, int code, const char *what);
+void sched_withdraw(pc_sched *s);
+void sched_destroy(pc_sched *s);
+int op_complete(pc_sched *s, int first);
+void sched_check_done(pc_sched *s);
+int sched_begin(pc_sched *s, int64_t version);
+void sched_publish(pc_sched *s);             /* recompute s->flags */
+int sched_fire_trigger(pc_sched *s);
+int sched_progress(pc_sched *s);             /* [pass] one step of s (unit lock held); 1: progressed */
+int sched_silent_peers(const pc_sched *s, int *ranks, int max);
+void sched_add_traffic(const pc_sched *s, int64_t *sent, int n);
+
+/* ------------------------------------------------------------------ collectives (coll.c) */
 struct pc_coll {
+    pc_owner owner;          /* first member: unit (its lock guards everything below) */
     pc_collspec spec;
     int rank, size;
     size_t nbytes, itemsize;
@@ -73,57 +174,54 @@ struct pc_coll {
     void *work_slot;         /* what WORK ops address: work, or a user's out buffer */
     void *result_ext;        /* result delivered straight into a user's buffer */
     void *acc_ext;           /* acc lent by an in-place post: the user's x == out (or NULL) */
-    void *mask_slot;         /* 2*W words: active bits, closing bits */
-    uint64_t *res_mask;      /* active bits, then closing bits, of the last delivered round */
-    int acc_full, work_filled, closing, finished, triggered, taken, fold;
-    int64_t posts, armed_round, completed, pending, res_round;
+    void *mask_slot;         /* mask_words(P) words: active bits, closing bits, posts per rank */
+    uint64_t *res_mask;      /* the same, of the pending result (folded rounds: OR, posts summed) */
+    int acc_full, work_filled, closing, triggered, taken, fold;
+    int finished;            /* (atomic) */
+    int err;                 /* (atomic) */
+    int64_t completed;       /* (atomic): rounds completed here */
+    int64_t posts, armed_round, pending, res_round;
     int64_t taken_posts;     /* posts read by the rounds so far */
     int64_t takes;           /* results taken (waits of distinct requests, close) */
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
-    int64_t res_lo, res_hi, res_nap;  /* ... in the pending result; NAP summed over its rounds */
+    int64_t res_lo, res_hi, res_nap, res_posts;  /* ... of the pending result; NAP and posts summed */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
-    int variants;            /* schedules per round kind (spec.variants, at least 1) */
-    pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds; each an
-                              * array of `variants`: round n runs on sched[kind][n % variants] */
+    int variants;
+    pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;
-    int abandoned;           /* dropped without close: no new round; freed once none runs */
-    int pinned;              /* MPI may still touch its memory (engine stopped): never freed */
-    pc_coll *next_doomed;    /* list of abandoned collectives (E.doomed) */
-    int err;
+    int abandoned;
     char errmsg[384];
-    int errpeer;             /* with err: as pc_sched's */
+    int errpeer;
 };
 
-/* ------------------------------------------------------------------ engine state */
-/* Locks: E.lock guards every schedule and collective. The progress thread holds it
- * only during a progress pass. Sleeping uses two small mutexes of their own, so that
- * a sleeper never competes with the poller for E.lock:
- *   wmtx + work: the progress thread (or an inline waiter) sleeps; kick() wakes it
- *   dmtx + done: application threads wait for completions; notify_done() wakes them
- * Lock order: E.lock before wmtx or dmtx. */
+int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */
+int coll_maybe_trigger(pc_coll *c);
+
+/* ------------------------------------------------------------------ engine (progress.c) */
 enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2 };
 typedef struct {
     pthread_mutex_t lock, wmtx, dmtx;
-    pthread_cond_t work;
-    pthread_cond_t done;
+    pthread_cond_t work;     /* (wmtx) the progress thread's sleep */
+    pthread_cond_t done;     /* (dmtx) completions */
     pthread_t thread;
-    int started, threaded, stop, kicked;
-    int sleeping;            /* how the progress thread sleeps: SLEEP_* (under wmtx) */
-    double nap_until_us;     /* ... and until when, if it naps (under wmtx) */
-    int want;                /* application threads waiting for the lock (atomic) */
+    int started;             /* (E.lock; atomic) */
+    int threaded, stop;      /* (E.lock; stop atomic) */
+    int kicked;              /* (wmtx) */
+    int sleeping;            /* (wmtx) SLEEP_* */
+    double nap_until_us;     /* (wmtx) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
+    int64_t pass_since_us;   /* the progress thread's pass began then; 0 between passes (atomic) */
     int conds_ready;
-    pc_idle_policy policy;
-    int64_t last_event_us;   /* see note_event() in progress.c (atomic) */
-    int64_t done_seq;        /* completions notified (notify_done); under E.lock and dmtx */
-    pc_coll *doomed;         /* abandoned collectives, freed by reap_doomed() */
-    pc_sched *running;
+    pc_idle_policy policy;   /* written at start; poll_armed atomic */
+    int64_t last_event_us;   /* (atomic) see note_event() */
+    int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
+    pc_unit *doomed;         /* (E.lock) */
+    pc_sched *running;       /* (E.lock) */
 } pc_engine_state;
 extern pc_engine_state E;
 
 /* errors.c */
 int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* fail(code, "%s", msg), naming the peer of a failed send/receive (-1: none) */
 int fail_at(int code, int peer, const char *msg);
 
 /* kernels.c */
@@ -131,53 +229,24 @@ extern const size_t pc_dt_size[PC_DT_COUNT];
 int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n);
 int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out, int64_t n, double d);
 
-/* mpi.c */
-int mpi_post(pc_sched *s, int i);
-int mpi_test(pc_sched *s, int *ndone);
-void mpi_cancel_recvs(pc_sched *s);
-int mpi_drain(pc_sched *s);
-void mpi_forget(pc_sched *s);
-int mpi_comm_info(MPI_Comm comm, int *rank, int *size);
-int pc_tag_bits(void *comm_handle, int *seqbits, int *vbits);
-int mpi_silent_peers(const pc_sched *s, int *ranks, int max);
-
 /* progress.c */
 double now_us(void);
 void abs_deadline(struct timespec *ts, double us);
+void note_event(void);
 void kick(void);                         /* new work: note the event, wake the poller */
-void wake(void);                         /* wake the poller, no new work */
+void wake(void);
 void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
-void kick_eager(void);                   /* ... at once, if anything is in flight */
-void wake_lazy(void);
-int engine_pollable(void);
-int engine_in_flight(void);
-int take_kick(void);
-void sleep_for_kick(double us);          /* without E.lock */
-void notify_done(void);
-void app_lock(void);                     /* application threads take E.lock through these */
-void app_unlock(void);
-int app_lock_within(double seconds);      /* app_lock or PC_ERR_TIMEOUT (see progress.c) */
-#define LOCK_GRACE_S 1.0                   /* waits give up on the lock after their timeout + this */
-void running_add(pc_sched *s);
+void kick_eager(void);
+void notify_done(void);                  /* a wait's predicate may have changed */
+void running_add(pc_sched *s);           /* unit lock held; takes E.lock */
 void running_remove(pc_sched *s);
-int engine_progress_locked(void);
-int wait_until(int (*pred)(void *), void *arg, double timeout_s);
+int engine_pass(void);                   /* no lock held: one progress pass over every unit */
+int wait_until(int (*pred)(void *), void *arg, double timeout_s);   /* no lock held */
 
-/* sched.c */
-void *op_addr(const pc_op *op, int i);
-void sched_fail(pc_sched *s, int op, int code, const char *what);
-void sched_withdraw(pc_sched *s);
-int sched_drain(pc_sched *s);            /* [progress] top level only: may free s */
-void sched_destroy(pc_sched *s);
-int op_complete(pc_sched *s, int first);
-void sched_check_done(pc_sched *s);
-int sched_begin(pc_sched *s, int64_t version);
-
-/* coll.c */
-void coll_round_done(pc_coll *c);
-int coll_take(pc_coll *c);
-int coll_deliver(pc_coll *c);
-int coll_maybe_trigger(pc_coll *c);
-void reap_doomed(void);                  /* top level only: frees abandoned collectives */
+/* idle.c */
+int idle_poll(void);                     /* poll while armed now? (spin, or auto's spin) */
+double idle_spin_bound_us(void);         /* how long polling may go on after the last event */
+void idle_note_gap(double us);           /* an event came us after the previous one */
+void idle_sample(void);                  /* [progress] interference, every ~10 ms */
 
 #endif

@@ -1,15 +1,21 @@
-/* progress.c -- the engine: its lock, the progress thread, the idle policy, and the
- * waits of application threads (thread mode) or inline progress (inline mode). */
+/* progress.c -- the engine: its state E, the units' bookkeeping, progress passes, the
+ * progress thread, and the waits of application threads.
+ *
+ * A progress pass (engine_pass) takes E.lock only to copy the running list (pinning
+ * each unit so that it cannot be freed under the pass), then visits each schedule under
+ * its unit's lock, taken with trylock: a unit that another thread holds (a post copying
+ * 100 MiB, a waiter taking its result) is skipped and visited by the next pass, so no
+ * pass ever waits for a lock. Waits hold no lock: their predicates read atomics, and
+ * they sleep on E.done, which every completion signals. */
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <mpi.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <stdlib.h>
-#include <unistd.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 pc_engine_state E = {.lock = PTHREAD_MUTEX_INITIALIZER, .wmtx = PTHREAD_MUTEX_INITIALIZER,
                      .dmtx = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
@@ -31,44 +37,158 @@ void abs_deadline(struct timespec *ts, double us)
 }
 
 /* The time of the last event (a message completed, a post, a round armed), in us:
- * the idle policy counts from it, so waits that return to Python in slices and
- * wake-ups that bring no work do not restart its spinning. */
-static void note_event(void)
+ * the idle policy counts from it. */
+void note_event(void)
 {
-    __atomic_store_n(&E.last_event_us, (int64_t)now_us(), __ATOMIC_RELAXED);
+    int64_t now = (int64_t)now_us(), last = __atomic_exchange_n(&E.last_event_us, now, __ATOMIC_RELAXED);
+    if (last > 0 && now > last) idle_note_gap((double)(now - last));
 }
 
-static int node_contended(void);
-
-/* The idle policy "auto" chose to poll (poll_armed 2) because MPI sees a core for each of
- * this node's threads. But a "node" may share its cores with other ranks that MPI cannot
- * see (emulated hosts, containers, VMs on one machine): polling there takes the cores of
- * the ranks that must answer. So auto polls only while this machine has no more runnable
- * threads than cores, sampled every 10 ms; once it has, auto sleeps for a second before
- * it looks again (the sleepers then make the machine look idle, so no shorter hold). */
-static int auto_poll_ok(void)
+/* ------------------------------------------------------------------ units */
+void unit_init(pc_unit *u, void (*destroy)(pc_unit *), void (*abandon)(pc_unit *))
 {
-    static int64_t next_us;
-    static int ok = 1;
-    static __thread unsigned calls;        /* the clock on every 64th call only: a spin loop's */
-    if ((++calls & 63) != 0) return __atomic_load_n(&ok, __ATOMIC_RELAXED);
-    int64_t now = (int64_t)now_us();
-    if (now < __atomic_load_n(&next_us, __ATOMIC_RELAXED)) return __atomic_load_n(&ok, __ATOMIC_RELAXED);
-    int fine = !node_contended();
-    __atomic_store_n(&ok, fine, __ATOMIC_RELAXED);
-    __atomic_store_n(&next_us, now + (fine ? 10000 : 1000000), __ATOMIC_RELAXED);
-    return fine;
+    memset(u, 0, sizeof *u);
+    pthread_mutex_init(&u->lock, NULL);
+    u->destroy = destroy;
+    u->abandon = abandon;
 }
 
-/* The idle policy "spin" (1), or auto's spin while the machine has cores to spare (2);
- * pc_engine_set_poll may switch it while the engine runs. */
-static int poll_armed(void)
+/* Application threads take a unit's lock through these: while one waits for it, passes
+ * skip the unit (they never wait themselves), so a post never queues behind polling. */
+void unit_lock(pc_unit *u)
 {
-    int p = __atomic_load_n(&E.policy.poll_armed, __ATOMIC_RELAXED);
-    return p == 2 ? auto_poll_ok() : p;
+    __atomic_add_fetch(&u->waiters, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&u->lock);
+    __atomic_sub_fetch(&u->waiters, 1, __ATOMIC_SEQ_CST);
 }
 
-/* New work: note the event and wake the poller. */
+void unit_unlock(pc_unit *u) { pthread_mutex_unlock(&u->lock); }
+
+/* unit_lock, giving up after `seconds` (< 0: never): PC_OK with the lock held, or
+ * PC_ERR_TIMEOUT. A unit's lock is held for one step at a time, unless a thread is stuck
+ * inside an MPI call (a peer died under some transports): a wait then still returns. */
+int unit_lock_within(pc_unit *u, double seconds)
+{
+    if (seconds < 0) { unit_lock(u); return PC_OK; }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = ts.tv_nsec + (long long)(seconds * 1e9);
+    ts.tv_sec += ns / 1000000000LL;
+    ts.tv_nsec = ns % 1000000000LL;
+    __atomic_add_fetch(&u->waiters, 1, __ATOMIC_SEQ_CST);
+    int rc = pthread_mutex_timedlock(&u->lock, &ts);
+    __atomic_sub_fetch(&u->waiters, 1, __ATOMIC_SEQ_CST);
+    if (rc == 0) return PC_OK;
+    return fail(PC_ERR_TIMEOUT, "the engine has been inside an MPI call on this collective for more than "
+                "%.2f s (a peer may have died)", seconds);
+}
+
+void unit_doom(pc_unit *u)
+{
+    pthread_mutex_lock(&E.lock);
+    if (!u->doomed) {
+        u->doomed = 1;
+        u->next_doomed = E.doomed;
+        E.doomed = u;
+    }
+    pthread_mutex_unlock(&E.lock);
+}
+
+/* Free the doomed units that nothing runs and no pass holds. No lock held. */
+void reap_units(void)
+{
+    pc_unit *dead = NULL;
+    pthread_mutex_lock(&E.lock);
+    for (pc_unit **link = &E.doomed; *link;) {
+        pc_unit *u = *link;
+        if (u->pins == 0 && u->nrunning == 0) { *link = u->next_doomed; u->next_doomed = dead; dead = u; }
+        else link = &u->next_doomed;
+    }
+    pthread_mutex_unlock(&E.lock);
+    while (dead) { pc_unit *u = dead; dead = u->next_doomed; u->destroy(u); }
+}
+
+/* ------------------------------------------------------------------ running list */
+void running_add(pc_sched *s)
+{
+    pthread_mutex_lock(&E.lock);
+    s->prev = NULL;
+    s->next = E.running;
+    if (E.running) E.running->prev = s;
+    E.running = s;
+    s->on_list = 1;
+    STORE(E.nrunning, E.nrunning + 1);
+    STORE(s->unit->nrunning, s->unit->nrunning + 1);
+    pthread_mutex_unlock(&E.lock);
+}
+
+void running_remove(pc_sched *s)
+{
+    pthread_mutex_lock(&E.lock);
+    if (s->on_list) {
+        if (s->prev) s->prev->next = s->next; else E.running = s->next;
+        if (s->next) s->next->prev = s->prev;
+        s->next = s->prev = NULL;
+        s->on_list = 0;
+        STORE(E.nrunning, E.nrunning - 1);
+        STORE(s->unit->nrunning, s->unit->nrunning - 1);
+    }
+    pthread_mutex_unlock(&E.lock);
+}
+
+/* The OR of the running schedules' flags (SF_*): what the idle policy asks. */
+static int engine_flags(void)
+{
+    if (LOAD(E.nrunning) == 0) return 0;
+    int f = 0;
+    pthread_mutex_lock(&E.lock);
+    for (pc_sched *s = E.running; s; s = s->next) f |= LOAD(s->flags);
+    pthread_mutex_unlock(&E.lock);
+    return f;
+}
+
+/* ------------------------------------------------------------------ passes */
+typedef struct { pc_sched **s; int cap; } snapshot;
+static __thread snapshot snap;
+
+/* One progress pass over every running schedule (any thread, no lock held); 1 if
+ * anything moved. */
+int engine_pass(void)
+{
+    if (LOAD(E.nrunning) == 0) return 0;
+    int n = 0;
+    pthread_mutex_lock(&E.lock);
+    if (E.nrunning > snap.cap) {
+        int cap = 2 * E.nrunning + 8;
+        pc_sched **p = realloc(snap.s, sizeof(pc_sched *) * (size_t)cap);
+        if (!p) { pthread_mutex_unlock(&E.lock); return 0; }
+        snap.s = p;
+        snap.cap = cap;
+    }
+    for (pc_sched *s = E.running; s; s = s->next) { snap.s[n++] = s; s->unit->pins++; }
+    pthread_mutex_unlock(&E.lock);
+    int progressed = 0;
+    for (int i = 0; i < n; i++) {
+        pc_sched *s = snap.s[i];
+        pc_unit *u = s->unit;
+        if (LOAD(u->waiters) > 0 || pthread_mutex_trylock(&u->lock) != 0) continue;
+        if (u->withdraw) {               /* abandoned: withdraw here, not on the caller's thread */
+            u->withdraw = 0;
+            u->abandon(u);
+            progressed = 1;
+        }
+        progressed |= sched_progress(s);
+        pthread_mutex_unlock(&u->lock);
+    }
+    pthread_mutex_lock(&E.lock);
+    for (int i = 0; i < n; i++) snap.s[i]->unit->pins--;
+    int reap = E.doomed != NULL;
+    pthread_mutex_unlock(&E.lock);
+    if (reap) reap_units();
+    return progressed;
+}
+
+/* ------------------------------------------------------------------ kicks */
 void kick(void)
 {
     note_event();
@@ -84,35 +204,7 @@ void wake(void)
     pthread_mutex_unlock(&E.wmtx);
 }
 
-/* The kick of a post or of a round armed (E.lock held): the caller will usually drive
- * progress itself in the wait() that follows, so a futex wake-up of the progress thread
- * (a few us, and a thread competing for the lock) is spent only where it is needed:
- *  - nothing to poll (engine_pollable: no message in flight, or a full round waiting for
- *    this rank's post; one process): no wake-up, only the event is noted;
- *  - the progress thread parked (asleep until kicked), or napping for longer than
- *    sleep_max_us, or inline progress (a waiter of another thread sleeps): wake it now;
- *  - the progress thread napping for at most sleep_max_us more (it naps while the
- *    application polls in wait(), and in its own short sleeps), or awake: it finds the
- *    kick when its nap ends; a wait() or test() in between progresses inline.
- * So a post the application never waits for reaches the progress thread within
- * sleep_max_us, and a parked thread at once. */
-void kick_lazy(void)
-{
-    note_event();
-    if (E.threaded && !(poll_armed() ? engine_in_flight() : engine_pollable())) return;
-    wake_lazy();
-}
-
-/* The kick of a post that starts a round for others: wake the progress thread at once,
- * but only if it could do something (nothing to poll at P = 1). E.lock held. */
-void kick_eager(void)
-{
-    note_event();
-    if (E.threaded && !engine_in_flight()) return;
-    wake();
-}
-
-void wake_lazy(void)
+static void wake_lazy(void)
 {
     pthread_mutex_lock(&E.wmtx);
     E.kicked = 1;
@@ -122,7 +214,32 @@ void wake_lazy(void)
     pthread_mutex_unlock(&E.wmtx);
 }
 
-int take_kick(void)
+/* The kick of a post or of a round armed: the caller will usually drive progress itself
+ * in the wait() that follows, so a futex wake-up of the progress thread is spent only
+ * where it is needed:
+ *  - nothing to poll (no message in flight, or a full round waiting for this rank's
+ *    post; one process): no wake-up, only the event is noted;
+ *  - the progress thread parked, or napping for longer than sleep_max_us, or inline
+ *    progress: wake it now;
+ *  - napping for at most sleep_max_us more, or awake: it finds the kick when its nap
+ *    ends; a wait() or test() in between progresses inline. */
+void kick_lazy(void)
+{
+    note_event();
+    if (E.threaded && !(engine_flags() & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) return;
+    wake_lazy();
+}
+
+/* The kick of a post that starts a round for others: wake the progress thread at once,
+ * but only if it could do something (nothing to poll at P = 1). */
+void kick_eager(void)
+{
+    note_event();
+    if (E.threaded && !(engine_flags() & SF_INFLIGHT)) return;
+    wake();
+}
+
+static int take_kick(void)
 {
     pthread_mutex_lock(&E.wmtx);
     int k = E.kicked;
@@ -134,13 +251,12 @@ int take_kick(void)
 /* Set by the progress thread itself (E.thread may not be stored yet when it starts). */
 static __thread int on_progress_thread;
 
-/* Sleep until kicked or for us microseconds (us < 0: until kicked). No E.lock held.
- * The progress thread says how it sleeps (E.sleeping, E.nap_until_us: see wake_lazy). */
-void sleep_for_kick(double us)
+/* Sleep until kicked or for us microseconds (us < 0: until kicked). No lock held. */
+static void sleep_for_kick(double us)
 {
     int me = on_progress_thread;
     pthread_mutex_lock(&E.wmtx);
-    if (!E.kicked && !__atomic_load_n(&E.stop, __ATOMIC_SEQ_CST)) {
+    if (!E.kicked && !LOAD(E.stop)) {
         if (us < 0) {
             if (me) E.sleeping = SLEEP_PARKED;
             pthread_cond_wait(&E.work, &E.wmtx);
@@ -159,184 +275,48 @@ void sleep_for_kick(double us)
 void notify_done(void)
 {
     pthread_mutex_lock(&E.dmtx);
-    E.done_seq++;                 /* written under E.lock and dmtx: readable under either */
     pthread_cond_broadcast(&E.done);
     pthread_mutex_unlock(&E.dmtx);
 }
 
-/* Application threads take the lock through app_lock(): the progress thread sees
- * E.want > 0 and steps aside, so a post never waits behind a polling loop. */
-void app_lock(void)
-{
-    __atomic_add_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
-    pthread_mutex_lock(&E.lock);
-    __atomic_sub_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
-}
-
-void app_unlock(void) { pthread_mutex_unlock(&E.lock); }
-
-/* app_lock(), giving up after `seconds` (< 0: never): PC_OK with E.lock held, or
- * PC_ERR_TIMEOUT with a message. The lock is held for microseconds at a time unless a
- * thread is stuck inside an MPI call (a peer died under some transports): a wait then
- * still returns to Python, which reports the failed or silent peers. */
-int app_lock_within(double seconds)
-{
-    if (seconds < 0) { app_lock(); return PC_OK; }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long ns = ts.tv_nsec + (long long)(seconds * 1e9);
-    ts.tv_sec += ns / 1000000000LL;
-    ts.tv_nsec = ns % 1000000000LL;
-    __atomic_add_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
-    int rc = pthread_mutex_timedlock(&E.lock, &ts);
-    __atomic_sub_fetch(&E.want, 1, __ATOMIC_SEQ_CST);
-    if (rc == 0) return PC_OK;
-    return fail(PC_ERR_TIMEOUT, "the engine has been inside an MPI call for more than %.2f s "
-                "(a peer may have died)", seconds);
-}
-
-void running_add(pc_sched *s)
-{
-    s->prev = NULL;
-    s->next = E.running;
-    if (E.running) E.running->prev = s;
-    E.running = s;
-}
-
-void running_remove(pc_sched *s)
-{
-    if (s->prev) s->prev->next = s->next; else if (E.running == s) E.running = s->next;
-    if (s->next) s->next->prev = s->prev;
-    s->next = s->prev = NULL;
-}
-
-int engine_progress_locked(void)
-{
-    int progressed = 0;
-    pc_sched *s = E.running;
-    while (s) {
-        pc_sched *next = s->next;   /* s may leave the list (and a new one join at the head) */
-        int ndone = 0;
-        if (s->draining) {
-            progressed |= sched_drain(s) || !s->running;
-            s = next;
-            continue;
-        }
-        if (mpi_test(s, &ndone) == PC_OK && ndone > 0) {
-            progressed = 1;
-            note_event();
-            /* copy first: completing ops may post (and test) new requests */
-            memcpy(s->finished, s->done_idx, sizeof(int) * (size_t)ndone);
-            for (int k = 0; k < ndone && !s->err; k++) op_complete(s, s->finished[k]);
-            sched_check_done(s);
-        }
-        s = next;
-    }
-    if (E.doomed) reap_doomed();
-    return progressed;
-}
-
-/* Is a large message moving? Only in a live execution (see pc_sched.live): the receives
- * a round pre-posts when it is armed wait for peers that may be computing for seconds. */
-static int engine_busy(void)
-{
-    for (pc_sched *s = E.running; s; s = s->next)
-        if (s->live && s->inflight_big > 0) return 1;
-    return 0;
-}
-
-/* Does any running schedule need polling? One with no message in flight does not:
- * only a local event (a post, close) can move it, and those progress it themselves.
- * Nor does a full round waiting for this rank's own post: nothing it holds can complete
- * first, and the post kicks the engine. (The progress thread still polls such rounds
- * through its short spin and yield phases right after an event, so the next post of a
- * busy loop finds it awake: sleeping at once made an 8 B round 8 us slower, by a futex
- * wake-up per round.) */
-/* Has any running schedule a message in flight (or a withdrawal to finish)? The spin
- * policy polls exactly then: while a round is armed with its first receives posted. */
-int engine_in_flight(void)
-{
-    for (pc_sched *s = E.running; s; s = s->next)
-        if (s->draining || s->nreq > 0) return 1;
-    return 0;
-}
-
-int engine_pollable(void)
-{
-    for (pc_sched *s = E.running; s; s = s->next) {
-        if (s->draining) return 1;
-        if (s->nreq == 0) continue;
-        if (!s->needs_trigger || !s->coll) return 1;
-        if (s->trigger_op >= 0 && s->ops[s->trigger_op].state == ST_DONE) return 1;
-    }
-    return 0;
-}
-
-/* The adaptive idle policy, shared by the progress thread and inline waits:
- * spin, then yield, then sleep with a doubling, capped backoff. While a large message
- * moves (engine_busy) it keeps yielding instead of sleeping, since the transfer needs
- * polling, but only up to busy_cap_us after the last event: a peer that is late by
- * more than that is not worth a core. Past deep_after_us without events the sleep cap
- * grows to a tenth of the idle time (at most deep_sleep_us), so that a long-idle rank
- * costs almost no CPU while a wake-up adds at most ~10 % to how long it was idle.
- * A kick (a local post) ends a sleep at once. Called without E.lock. */
-typedef struct { double idle_since, sleep_us; unsigned spins; int contended; } idle_state;
-
-/* Is the node's CPU contended: more runnable threads than cores (the 4th field of
- * /proc/loadavg, this thread included)? Then the ranks are computing while their rounds
- * move, and polling a large message slows the computation more than it speeds the
- * transfer: the busy phase is skipped and the thread sleeps (backing off as usual) until
- * the next event. Without contention (the application threads wait, as in a benchmark
- * loop) the busy phase polls as before. Asked once per idle period; 0 where unknown. */
-static int node_contended(void)
-{
-    static long cores = 0;
-    if (cores == 0) cores = sysconf(_SC_NPROCESSORS_ONLN);
-    char buf[128];
-    int fd = open("/proc/loadavg", O_RDONLY);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = 0;
-    long running = 0;
-    char *slash = strchr(buf, '/');
-    if (!slash) return 0;
-    char *p = slash;
-    while (p > buf && p[-1] >= '0' && p[-1] <= '9') p--;
-    running = strtol(p, NULL, 10);
-    return cores > 0 && running > cores;
-}
+/* ------------------------------------------------------------------ the idle policy
+ * Shared by the progress thread and inline waits, counted from the last event: poll
+ * (the policy "spin", or auto's spin while the node is not contended) up to the
+ * adaptive bound idle_spin_bound_us(); otherwise spin spin_us, yield yield_us, then
+ * sleep with a doubling, capped backoff. While a large message moves (SF_BUSY) it keeps
+ * yielding instead of sleeping, up to busy_cap_us after the last event. Past
+ * deep_after_us the sleep cap grows to a tenth of the idle time (at most deep_sleep_us).
+ * A kick (a local post) ends a sleep at once. Called without any lock. */
+typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
 
 static void idle_reset(idle_state *st)
 {
     st->idle_since = (double)__atomic_load_n(&E.last_event_us, __ATOMIC_RELAXED);
     st->sleep_us = E.policy.sleep_min_us;
     st->spins = 0;
-    st->contended = -1;                   /* not asked yet */
 }
 
 static void idle_step(idle_state *st, int busy)
 {
-    if (poll_armed()) {                   /* cores to spare: poll (the caller checked that a
-                                           * round is armed), only yielding to other threads */
-        if ((++st->spins & 63) == 0) sched_yield();
+    int poll = idle_poll();
+    /* read the clock on every 16th spin only: one read per spin was a fifth of a busy loop */
+    if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) {
+        if (poll && (st->spins & 63) == 0) sched_yield();
         return;
     }
-    /* read the clock on every 16th spin only: one read per spin was a fifth of a busy loop */
-    if ((++st->spins & 15) != 0 && st->sleep_us == E.policy.sleep_min_us) return;
     double idle = now_us() - st->idle_since;
+    if (poll && idle < idle_spin_bound_us()) {       /* cores to spare: poll, yielding now and then */
+        if ((st->spins & 63) == 0) sched_yield();
+        return;
+    }
     if (idle < E.policy.spin_us) return;
     if (idle < E.policy.spin_us + E.policy.yield_us) {
         sched_yield();
         return;
     }
-    if (busy && idle < E.policy.busy_cap_us && !st->contended) {
-        if (st->contended < 0) st->contended = node_contended();
-        if (!st->contended) {
-            sched_yield();
-            return;
-        }
+    if (busy && idle < E.policy.busy_cap_us) {
+        sched_yield();
+        return;
     }
     sleep_for_kick(st->sleep_us);
     double cap = E.policy.sleep_max_us;
@@ -344,13 +324,6 @@ static void idle_step(idle_state *st, int busy)
         cap = idle / 10 < E.policy.deep_sleep_us ? idle / 10 : E.policy.deep_sleep_us;
     st->sleep_us *= 2;
     if (st->sleep_us > cap) st->sleep_us = cap;
-}
-
-/* Take E.lock from the progress thread, after any application thread that wants it. */
-static void progress_lock(void)
-{
-    while (__atomic_load_n(&E.want, __ATOMIC_SEQ_CST) > 0) sched_yield();
-    pthread_mutex_lock(&E.lock);
 }
 
 static void *progress_main(void *arg)
@@ -361,22 +334,22 @@ static void *progress_main(void *arg)
     idle_state st;
     idle_reset(&st);
     for (;;) {
-        progress_lock();
-        if (E.stop) break;
-        if (__atomic_load_n(&E.app_polling, __ATOMIC_SEQ_CST) > 0) {
-            /* an application thread is polling in wait(): stay off its core (the spin
-             * policy waits for it awake, so it takes over without a wake-up) */
-            pthread_mutex_unlock(&E.lock);
-            if (poll_armed()) sched_yield();
+        if (LOAD(E.stop)) break;
+        idle_sample();
+        if (LOAD(E.app_polling) > 0) {
+            /* an application thread is polling in wait(): stay off its core (polling, wait
+             * awake, so it takes over without a wake-up) */
+            if (idle_poll()) sched_yield();
             else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
         }
-        int poll = poll_armed();
-        int any = E.running != NULL, pollable = any && (poll ? engine_in_flight() : engine_pollable());
-        int progressed = any && engine_progress_locked();
-        int busy = any && engine_busy();
-        pthread_mutex_unlock(&E.lock);
+        int poll = idle_poll();
+        int flags = engine_flags(), any = LOAD(E.nrunning) > 0;
+        int pollable = flags & (poll ? SF_INFLIGHT : SF_POLLABLE);
+        STORE(E.pass_since_us, (int64_t)now_us());
+        int progressed = any && engine_pass();
+        STORE(E.pass_since_us, 0);
         if (!any || (!pollable && !progressed
                      && (poll || now_us() - st.idle_since > E.policy.spin_us + E.policy.yield_us))) {
             sleep_for_kick(-1);               /* nothing to poll: sleep until a post */
@@ -384,10 +357,9 @@ static void *progress_main(void *arg)
         } else if (progressed || take_kick()) {
             idle_reset(&st);
         } else {
-            idle_step(&st, busy);
+            idle_step(&st, flags & SF_BUSY);
         }
     }
-    pthread_mutex_unlock(&E.lock);
     return NULL;
 }
 
@@ -399,8 +371,10 @@ int pc_engine_start(int use_thread, const pc_idle_policy *policy)
         return fail(PC_ERR_THREAD, "partialcoll needs MPI_THREAD_MULTIPLE, but MPI provides level %d "
                     "(initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE); mpi4py does so by default)",
                     provided);
-    app_lock();
-    if (E.started) { app_unlock(); return fail(PC_ERR_STATE, "engine already started"); }
+    if (policy->poll_armed < 0 || policy->poll_armed > 2)
+        return fail(PC_ERR_ARG, "poll_armed must be 0 (sleep), 1 (spin) or 2 (auto), not %d", policy->poll_armed);
+    pthread_mutex_lock(&E.lock);
+    if (E.started) { pthread_mutex_unlock(&E.lock); return fail(PC_ERR_STATE, "engine already started"); }
     if (!E.conds_ready) {             /* deadlines are CLOCK_MONOTONIC (abs_deadline) */
         pthread_condattr_t attr;
         pthread_condattr_init(&attr);
@@ -411,66 +385,87 @@ int pc_engine_start(int use_thread, const pc_idle_policy *policy)
         E.conds_ready = 1;
     }
     E.policy = *policy;
-    E.stop = 0;
+    STORE(E.stop, 0);
     E.threaded = use_thread;
     if (use_thread && pthread_create(&E.thread, NULL, progress_main, NULL) != 0)
         rc = fail(PC_ERR_THREAD, "cannot start the progress thread: %s", strerror(errno));
-    E.started = rc == PC_OK;
-    app_unlock();
+    STORE(E.started, rc == PC_OK);
+    pthread_mutex_unlock(&E.lock);
     return rc;
+}
+
+/* Every running schedule, pinned; unpin_all() gives them back. */
+static int pin_all(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&E.lock);
+    if (E.nrunning > snap.cap) {
+        pc_sched **p = realloc(snap.s, sizeof(pc_sched *) * (size_t)(E.nrunning + 8));
+        if (p) { snap.s = p; snap.cap = E.nrunning + 8; }
+    }
+    for (pc_sched *s = E.running; s && n < snap.cap; s = s->next) { snap.s[n++] = s; s->unit->pins++; }
+    pthread_mutex_unlock(&E.lock);
+    return n;
+}
+
+static void unpin_all(int n)
+{
+    pthread_mutex_lock(&E.lock);
+    for (int i = 0; i < n; i++) snap.s[i]->unit->pins--;
+    pthread_mutex_unlock(&E.lock);
 }
 
 int pc_engine_stop(void)
 {
-    app_lock();
-    if (!E.started) { app_unlock(); return PC_OK; }
-    __atomic_store_n(&E.stop, 1, __ATOMIC_SEQ_CST);
-    app_unlock();
+    pthread_mutex_lock(&E.lock);
+    if (!E.started) { pthread_mutex_unlock(&E.lock); return PC_OK; }
+    STORE(E.stop, 1);
+    pthread_mutex_unlock(&E.lock);
     kick();
     if (E.threaded) pthread_join(E.thread, NULL);
-    app_lock();
     /* Withdraw what is still running: receives are cancelled, sends get up to a second
      * to complete (cancelling sends is no-op in Open MPI; freeing them while they read
      * a buffer would be wrong). What is still in flight then is forgotten, and the
      * memory it may touch is leaked on purpose, never freed. */
-    for (pc_sched *s = E.running; s; s = s->next)
-        sched_fail(s, -1, PC_ERR_STATE, "engine stopped (partialcoll.finalize) while running");
-    double until = now_us() + 1e6;
-    while (E.running && now_us() < until) engine_progress_locked();
-    while (E.running) {
-        pc_sched *s = E.running;
-        mpi_forget(s);
-        s->doomed = 0;                    /* may still be read by MPI: never freed */
-        if (s->coll) s->coll->pinned = 1;
-        sched_drain(s);
+    int n = pin_all();
+    for (int i = 0; i < n; i++) {
+        pc_sched *s = snap.s[i];
+        unit_lock(s->unit);
+        if (s->running) sched_fail(s, -1, PC_ERR_STATE, "engine stopped (partialcoll.finalize) while running");
+        unit_unlock(s->unit);
     }
-    if (E.doomed) reap_doomed();
-    E.started = 0;
+    unpin_all(n);
+    double until = now_us() + 1e6;
+    while (LOAD(E.nrunning) > 0 && now_us() < until) engine_pass();
+    n = pin_all();
+    for (int i = 0; i < n; i++) {
+        pc_sched *s = snap.s[i];
+        unit_lock(s->unit);
+        if (s->running) {
+            mpi_forget(&s->msgs);
+            pthread_mutex_lock(&E.lock);
+            s->unit->leaked = 1;          /* may still be read or written by MPI: never freed */
+            pthread_mutex_unlock(&E.lock);
+            sched_progress(s);            /* nothing listed now: off the running list */
+        }
+        unit_unlock(s->unit);
+    }
+    unpin_all(n);
+    reap_units();
+    pthread_mutex_lock(&E.lock);
+    STORE(E.started, 0);
+    pthread_mutex_unlock(&E.lock);
     notify_done();
-    app_unlock();
     return PC_OK;
 }
 
-/* The idle policy "auto" learns how many ranks share the node from the collectives'
- * communicators (partialcoll/_engine.py) and switches between polling and sleeping. */
-int pc_engine_set_poll(int on)
-{
-    if (on < 0 || on > 2) return fail(PC_ERR_ARG, "poll_armed must be 0, 1 or 2, not %d", on);
-    __atomic_store_n(&E.policy.poll_armed, on, __ATOMIC_RELAXED);
-    wake();
-    return PC_OK;
-}
+int pc_engine_threaded(void) { return LOAD(E.started) && E.threaded; }
 
-int pc_engine_threaded(void)
-{
-    app_lock();
-    int t = E.started && E.threaded;
-    app_unlock();
-    return t;
-}
-
-/* Wait (E.lock held on entry and exit) until pred(arg) or the timeout.
- * Thread mode: poll pred briefly, then sleep on the done signal without E.lock.
+/* Wait (no lock held) until pred(arg) or the timeout; pred reads atomics only.
+ * Thread mode: poll briefly (longer under the spin policy), progressing here to spare
+ * the hand-off, then sleep on E.done while the progress thread works. If the progress
+ * thread is stuck in a long step (a large reduction of another collective), the waiter
+ * progresses itself every sleep_max_us, so its round does not wait for that step.
  * Inline mode: this thread drives progress, under the adaptive idle policy. */
 int wait_until(int (*pred)(void *), void *arg, double timeout_s)
 {
@@ -479,37 +474,33 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     idle_reset(&st);
     int polling = 0, rc = PC_OK;
     while (!pred(arg)) {
-        if (!E.started) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
+        if (!LOAD(E.started)) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
         double now = now_us();
         if (deadline >= 0 && now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
-        if (E.threaded && (poll_armed() || now - st.idle_since < E.policy.spin_us)) {
+        if (!E.threaded) {
+            if (engine_pass()) idle_reset(&st);
+            else idle_step(&st, engine_flags() & SF_BUSY);
+            continue;
+        }
+        double idle = now - st.idle_since;
+        int64_t pass_since = LOAD(E.pass_since_us);
+        int stuck = pass_since > 0 && now - (double)pass_since > E.policy.sleep_max_us;
+        if (idle < E.policy.spin_us || (idle_poll() && idle < idle_spin_bound_us())) {
             /* spin phase: progress here, sparing the hand-off to the progress thread */
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
-            if (engine_progress_locked()) idle_reset(&st);
-        } else if (E.threaded) {
-            if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
-            /* pred() reads engine state: only under E.lock. Sleep until the completion
-             * count moves (notify_done) instead, so no completion between the unlock
-             * and the sleep is missed. */
-            int64_t seen = E.done_seq;
-            pthread_mutex_unlock(&E.lock);
-            {
-                double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
-                struct timespec ts;
-                abs_deadline(&ts, slice);
-                pthread_mutex_lock(&E.dmtx);
-                if (E.done_seq == seen) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
-                pthread_mutex_unlock(&E.dmtx);
-            }
-            app_lock();
-        } else if (engine_progress_locked()) {
-            idle_reset(&st);
-        } else {
-            int busy = engine_busy();
-            pthread_mutex_unlock(&E.lock);
-            idle_step(&st, busy);
-            app_lock();
+            if (engine_pass()) idle_reset(&st);
+            else if ((++st.spins & 63) == 0) sched_yield();
+            continue;
         }
+        if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
+        if (stuck && engine_pass()) { idle_reset(&st); continue; }
+        double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
+        if (pass_since > 0 && slice > E.policy.sleep_max_us) slice = E.policy.sleep_max_us;
+        struct timespec ts;
+        abs_deadline(&ts, slice);
+        pthread_mutex_lock(&E.dmtx);
+        if (!pred(arg)) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+        pthread_mutex_unlock(&E.dmtx);
     }
     /* the progress thread takes over: at once if it is parked, else when its nap ends */
     if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake_lazy(); }

@@ -11,9 +11,10 @@ from typing import Optional
 import numpy as np
 
 from ._errors import InvalidBufferError
+from ._lib import lib
 from ._types import dtype_code
 
-SLOT_NONE, SLOT_WORK, SLOT_MASK, SLOT_SCRATCH = 0, 1, 2, 3
+SLOT_NONE, SLOT_WORK, SLOT_MASK, SLOT_SCRATCH = lib.PC_SLOT_NONE, lib.PC_SLOT_WORK, lib.PC_SLOT_MASK, lib.PC_SLOT_SCRATCH
 _SLOT_NAMES = {SLOT_WORK: "work", SLOT_MASK: "mask", SLOT_SCRATCH: "scratch"}
 
 

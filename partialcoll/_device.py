@@ -33,8 +33,7 @@ from ._types import dtype_code
 
 _DLPACK_CUDA = (2, 13)          # kDLCUDA, kDLCUDAManaged
 # engine op code (PC_OP_*) -> the NumPy-style ufunc that folds with it
-UFUNCS = {0: "add", 1: "multiply", 2: "minimum", 3: "maximum", 4: "logical_and", 5: "logical_or",
-          6: "logical_xor", 7: "bitwise_and", 8: "bitwise_or", 9: "bitwise_xor"}
+from ._types import UFUNCS  # noqa: E402 - engine op -> ufunc name, shared with neighbor.py
 _registered: List[object] = []  # extra backends (tests run the staging logic on the CPU)
 _cupy_backend = None
 

@@ -8,53 +8,98 @@ from typing import Dict, Optional
 
 from mpi4py import MPI  # must come first: loads the libmpi the native module links against
 
-try:
-    from ._native import ffi, lib
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "partialcoll's native engine is not built. Reinstall with `pip install -e .` "
-        "(it needs an MPI C compiler wrapper: the 'mpich' wheel, mpicc on PATH, or MPICC=...). "
-        f"Original error: {exc}") from exc
-
+from ._lib import ffi, lib
 from ._errors import EngineError, check
 from ._rc import rc
 
 _lock = threading.Lock()
 _started = False
-_node_ranks: Optional[int] = None    # most ranks seen sharing this node (see note_node)
-_idle_active = ""                   # "spin" or "sleep": what the running engine does
+_node_known = False                 # the engine knows this node's ranks (join_node)
+_windows: list = []                 # the node's shared memory segment (join_node)
+_free_later: list = []              # communicators of objects the garbage collector dropped
+
+POLL_CODES = {"sleep": 0, "spin": 1, "auto": 2}     # pc_idle_policy.poll_armed
 
 
-def idle_policy(setting: str, ranks_on_node: Optional[int], cores: int) -> str:
-    """The idle policy that `setting` ("auto", "spin", "sleep") comes to, with
-    ranks_on_node ranks (None: not known yet) sharing the `cores` this process may use.
-
-    auto polls ("spin") only where every rank can have a core for its application thread
-    and one for its progress thread: a polling progress thread on a shared core slows the
-    rank computing there (with more ranks than cores every spinning rank slows the
-    others). Until the node is known, auto sleeps.
-    """
-    if setting != "auto":
-        return setting
-    if ranks_on_node is None or ranks_on_node < 1 or cores < 1:
-        return "sleep"
-    return "spin" if 2 * ranks_on_node <= cores else "sleep"
+def cpu_budget() -> int:
+    """The CPUs this process may use: its affinity mask, capped by its cgroup's CPU quota
+    (v2 cpu.max, v1 cpu.cfs_quota_us). The engine computes it once (native/idle.c); the
+    idle policy, pc.info()["cpu_budget"] and the tests all use this number."""
+    return int(lib.pc_cpu_budget())
 
 
-def _poll_code(active: str) -> int:
-    """The engine's poll_armed for an active policy: 0 sleep, 1 spin; auto's spin is 2,
-    which polls only while the machine has no more runnable threads than cores (a node
-    that MPI sees may share its cores with ranks it cannot see: native/progress.c)."""
-    if active != "spin":
-        return 0
-    return 2 if rc.idle == "auto" else 1
-
-
-def _cores() -> int:
+def cpu_limits() -> tuple:
+    """(affinity CPUs as a frozenset, cgroup quota in CPUs or 0, cgroup directory): the
+    parts of cpu_budget(), for adding up a node's CPUs."""
+    aff, quota, path = ffi.new("int *"), ffi.new("int *"), ffi.new("char[]", 512)
+    check(lib.pc_cpu_limits(aff, quota, path, 512))
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):      # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cpus = frozenset(range(aff[0]))
+    return cpus, int(quota[0]), ffi.string(path).decode(errors="replace")
+
+
+def node_cpus(limits) -> int:
+    """The CPUs a node's ranks may use together, from each rank's cpu_limits(): the union
+    of their affinity masks, capped by the sum of their cgroups' quotas (a cgroup shared
+    by several ranks counted once; no cap if any rank has no quota)."""
+    union = frozenset().union(*(cpus for cpus, _, _ in limits))
+    quotas = {path: quota for _, quota, path in limits}
+    if all(q > 0 for q in quotas.values()):
+        return max(1, min(len(union), sum(quotas.values())))
+    return max(1, len(union))
+
+
+def node_needed() -> bool:
+    """Does this rank still need join_node() (the idle policy auto, node not known yet)?"""
+    return rc.idle == "auto" and not _node_known
+
+
+def join_node(comm: MPI.Comm) -> None:
+    """Collective over comm: Split_type(COMM_TYPE_SHARED), an allgather of the node's
+    ranks' CPU limits, and a bcast and a barrier over the node, which share a small
+    memory segment (one word per node rank) through which the idle policy auto decides
+    per node (native/idle.c). The segment is a file in /dev/shm that the node's rank 0
+    makes and removes once every rank has mapped it: nothing to free collectively, no MPI
+    resource held until MPI_Finalize (where /dev/shm is missing, each rank decides alone).
+    Constructors call it once, on every rank, where any rank needs it (node_needed,
+    agreed in their allgather)."""
+    global _node_known
+    import mmap
+    import tempfile
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        limits = node.allgather(cpu_limits())
+        n, me = node.Get_size(), node.Get_rank()
+        path = None
+        if me == 0:
+            try:
+                fd, path = tempfile.mkstemp(prefix="partialcoll-node-", dir="/dev/shm")
+                os.ftruncate(fd, 8 * n)
+                os.close(fd)
+            except OSError:
+                path = None
+        path = node.bcast(path, root=0)
+        seg = None
+        if path is not None:
+            try:
+                with open(path, "r+b") as f:
+                    seg = mmap.mmap(f.fileno(), 8 * n)
+            except OSError:
+                seg = None
+        node.Barrier()
+        if me == 0 and path is not None:
+            os.unlink(path)
+        if seg is None:                  # no shared memory: this rank's own word only
+            seg = bytearray(8 * n)
+        _windows.append(seg)             # mapped until the process ends
+        if not _node_known:
+            base = ffi.cast("int64_t *", ffi.from_buffer(seg))
+            check(lib.pc_engine_set_node(base, me, n, node_cpus(limits)))
+            _node_known = True
+    finally:
+        node.Free()
 
 
 def _launcher_ranks() -> Optional[int]:
@@ -67,42 +112,29 @@ def _launcher_ranks() -> Optional[int]:
     return None
 
 
-def note_node(comm: MPI.Comm) -> None:
-    """Collective over comm: count its ranks on this node (Split_type COMM_TYPE_SHARED), and
-    with the idle policy "auto" switch the running engine to what that count calls for.
-    Called where a collective object is created, so every rank of comm calls it."""
-    global _node_ranks, _idle_active
-    if rc.idle != "auto":
-        return
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        n = node.Get_size()
-    finally:
-        node.Free()
-    with _lock:
-        _node_ranks = max(n, _node_ranks or 0)
-        if _started:
-            active = idle_policy("auto", _node_ranks, _cores())
-            if active != _idle_active:
-                check(lib.pc_engine_set_poll(_poll_code(active)))
-                _idle_active = active
-
-
 def idle_state() -> Dict[str, object]:
-    """The idle policy: setting, active policy, and what auto based it on."""
-    ranks = _node_ranks if _node_ranks is not None else _launcher_ranks()
-    cores = _cores()
-    active = _idle_active if _started else idle_policy(rc.idle, ranks, cores)
-    return {"idle": active, "idle_setting": rc.idle, "ranks_on_node": ranks, "cores": cores}
+    """The idle policy: rc.idle, what runs now and why, and what it was decided from."""
+    st = ffi.new("pc_idle_info *")
+    check(lib.pc_idle_state(st))
+    setting = rc.idle if not _started else {v: k for k, v in POLL_CODES.items()}[st.setting]
+    return {"idle": "spin" if (st.polling if _started else setting == "spin") else "sleep",
+            "idle_setting": setting,
+            "idle_reason": ffi.string(st.reason).decode(errors="replace") if _started else "not started yet",
+            "cpu_budget": int(st.cpu_budget), "ranks_on_node": st.node_ranks or _launcher_ranks(),
+            "node_cpus": st.node_cpus or None, "node_from": "communicator" if st.node_known else "launcher",
+            "spin_bound_us": st.spin_bound_us, "run_delay": st.run_delay,
+            "throttled_samples": int(st.throttled), "steal": st.steal}
 
 
-def ensure_started(comm: Optional[MPI.Comm] = None) -> None:
-    """Start the engine (and its progress thread) on first use. comm: the communicator of
-    a collective being created (every rank of it calls this): the idle policy "auto"
-    counts its ranks on this node."""
-    global _started, _idle_active
-    if comm is not None:
-        note_node(comm)
+def ensure_started() -> None:
+    """Start the engine (and its progress thread) on first use, with the options of
+    partialcoll.rc; and free the communicators that objects dropped by the garbage
+    collector left (an application thread, never the collector's: no MPI call there)."""
+    global _started
+    while _free_later:
+        comm = _free_later.pop()
+        if not MPI.Is_finalized():
+            comm.Free()
     if _started:
         return
     with _lock:
@@ -116,13 +148,19 @@ def ensure_started(comm: Optional[MPI.Comm] = None) -> None:
             "spin_us": float(rc.spin_us), "yield_us": float(rc.yield_us),
             "sleep_min_us": float(rc.sleep_min_us), "sleep_max_us": float(rc.sleep_max_us),
             "deep_after_us": float(rc.deep_after_us), "deep_sleep_us": float(rc.deep_sleep_us),
-            "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us)})
-        ranks = _node_ranks if _node_ranks is not None else _launcher_ranks()
-        active = idle_policy(rc.idle, ranks, _cores())
-        policy.poll_armed = _poll_code(active)
+            "busy_bytes": int(rc.busy_bytes), "busy_cap_us": float(rc.busy_cap_us),
+            "poll_max_us": float(rc.poll_max_us), "poll_armed": POLL_CODES[rc.idle]})
+        if not _node_known:          # until a collective's communicator tells: the launcher
+            check(lib.pc_engine_set_node(ffi.NULL, 0, _launcher_ranks() or 0, cpu_budget()))
         check(lib.pc_engine_start(1 if rc.progress == "thread" else 0, policy))
-        _idle_active = active
         _started = True
+
+
+def free_later(comm) -> None:
+    """Free comm on the next application call that starts or builds something (never on
+    the garbage collector's thread, which may run inside any MPI call)."""
+    if comm is not None:
+        _free_later.append(comm)
 
 
 _kept: list = []
@@ -141,10 +179,11 @@ def finalize() -> None:
         if _started:
             check(lib.pc_engine_stop())
             _started = False
-        for obj in _kept:                # communicators of withdrawn executions: now idle
+        for obj in _kept + _free_later:  # communicators of withdrawn executions: now idle
             if isinstance(obj, MPI.Comm) and obj != MPI.COMM_NULL and not MPI.Is_finalized():
                 obj.Free()
         _kept.clear()
+        _free_later.clear()
 
 
 def progress_mode() -> str:

@@ -49,15 +49,18 @@ class OutOfMemory(PartialcollError, MemoryError):
     """The engine could not allocate memory (buffers of a collective, a schedule's tables)."""
 
 
-_BY_CODE = {1: ArgumentError, 2: MPIError, 3: OutOfMemory, 4: StateError, 5: Timeout,
-            6: EngineError, 7: OpError, 8: MPIError}
+from ._lib import lib  # noqa: E402 - after the classes, which the native module does not need
+
+_BY_CODE = {lib.PC_ERR_ARG: ArgumentError, lib.PC_ERR_MPI: MPIError, lib.PC_ERR_NOMEM: OutOfMemory,
+            lib.PC_ERR_STATE: StateError, lib.PC_ERR_TIMEOUT: Timeout, lib.PC_ERR_THREAD: EngineError,
+            lib.PC_ERR_DTYPE_OP: OpError, lib.PC_ERR_TRUNCATE: MPIError}
 
 
 def check(rc: int) -> None:
     """Raise the exception for a non-zero engine return code, with the engine's message."""
     if rc == 0:
         return
-    from ._engine import ffi, lib
+    from ._lib import ffi
     msg = ffi.string(lib.pc_last_error()).decode(errors="replace") or \
         ffi.string(lib.pc_strerror(rc)).decode()
     peer = lib.pc_last_error_peer()
@@ -66,7 +69,7 @@ def check(rc: int) -> None:
     raise _BY_CODE.get(rc, PartialcollError)(msg)
 
 
-TIMEOUT_CODE = 5
+TIMEOUT_CODE = lib.PC_ERR_TIMEOUT
 _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 
 

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
+from ._agree import agree, as_problem
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
                       StateError, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
@@ -30,11 +31,12 @@ from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, tree
 from .algorithms.recursive_doubling import allreduce_packed
-from .schedule import Schedule, _create_native
+from .schedule import Schedule, _create_native, pair_messages
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
-_MODE_CODES = {m: i for i, m in enumerate(MODES)}
+_MODE_CODES = {m: getattr(_engine.lib, "PC_MODE_" + m.upper()) for m in MODES}
 _LATE = ("latest", "fold")
+_LATE_CODES = {"latest": _engine.lib.PC_LATE_LATEST, "fold": _engine.lib.PC_LATE_FOLD}
 _BOR = op_code(MPI.BOR)
 _PACK_BYTES = 8192          # rounds up to this size pack data and bitmasks into one message per step
 
@@ -66,30 +68,36 @@ def _silent_of(c):
 
 
 class Result:
-    """What a round gives back (the same data, round and active set on every rank).
+    """What a round gives back (the same data, round, counts and active set on every rank).
 
     data         the reduction, divided by the collective's divisor (a device array where
                  the post's buffers were on the device)
     round        round number n (the last one, if several are folded)
-    active       ranks whose post #round was included in round `round` (eager-SGD's s_t)
-    nap          number of active processes, summed over every round data covers (what
-                 RNA divides by: data / nap is the average of the contributions in it)
+    active       ranks whose data is inside data: their post #round, or leftovers of
+                 earlier posts that no round had read (eager-SGD's s_t; with several
+                 folded rounds, the ranks active in any of them)
+    nap          len(active) for one round; summed over the rounds data covers (RNA's
+                 number of active processes)
+    posts        how many posts' data is inside data: data / posts is the exact mean of
+                 what was contributed (op SUM, divisor 1); a rank whose accumulator held
+                 two posts adds two
     contributed  whether this post's data is inside data
     rounds       how many rounds data covers (1; 0 or more with late="fold" and at close)
     closing      ranks that had begun close() when the round read their input
     """
 
-    __slots__ = ("data", "round", "active", "nap", "contributed", "rounds", "closing")
+    __slots__ = ("data", "round", "active", "nap", "posts", "contributed", "rounds", "closing")
 
     def __init__(self, data: Buffer, round: int, active: Tuple[int, ...], contributed: bool, rounds: int,
-                 closing: Tuple[int, ...] = (), nap: Optional[int] = None) -> None:
+                 closing: Tuple[int, ...] = (), nap: Optional[int] = None, posts: Optional[int] = None) -> None:
         self.data, self.round, self.active = data, round, active
         self.contributed, self.rounds, self.closing = contributed, rounds, closing
         self.nap = len(active) if nap is None else nap
+        self.posts = self.nap if posts is None else posts
 
     def __repr__(self) -> str:
         return (f"Result(round={self.round}, rounds={self.rounds}, active={self.active}, nap={self.nap}, "
-                f"contributed={self.contributed}, closing={self.closing}, data={self.data!r})")
+                f"posts={self.posts}, contributed={self.contributed}, closing={self.closing}, data={self.data!r})")
 
 
 class PartialRequest:
@@ -140,7 +148,16 @@ class PartialAllreduce:
 
     divisor: every round's result is its reduction divided by this (op SUM of a real
     floating dtype; eager-SGD's average is divisor=P), in the pass that makes the sum, so
-    an average costs no pass of its own."""
+    an average costs no pass of its own.
+
+    Construction is collective over comm, and makes these MPI calls on every rank: one
+    allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
+    communicator) and an allreduce on it (the tag layout); with algorithm "tree", or "auto" where it may pick the tree, a
+    Split_type(COMM_TYPE_SHARED), an allreduce and an allgather (the regions); and once per process,
+    with the idle policy "auto", Split_type(COMM_TYPE_SHARED) and over the node an
+    allgather, a bcast and a barrier (the node's CPUs and a shared memory segment for its
+    interference words). It
+    changes no process-wide setting: the idle policy is partialcoll.rc.idle's."""
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
                  comm: MPI.Comm = MPI.COMM_WORLD, *,
@@ -155,24 +172,12 @@ class PartialAllreduce:
             params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
                                     late, algorithm, size, groups, divisor)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
-            problem, params = exc, None
-            if not isinstance(exc, PartialcollError):
-                problem = ArgumentError(f"PartialAllreduce: invalid arguments ({type(exc).__name__}: {exc})")
-        everyone = comm.allgather((repr(problem) if problem else None, params))
-        if problem is not None:
-            raise problem
+            problem, params = as_problem(exc, "PartialAllreduce"), None
+        node = agree(comm, "PartialAllreduce", problem, params, _engine.node_needed(),
+                     "the same count, dtype, op, mode and options")
+        if any(node):                    # the idle policy auto learns this node (once)
+            _engine.join_node(comm)
         assert params is not None
-        bad = [(r, err) for r, (err, _) in enumerate(everyone) if err]
-        if bad:
-            raise ArgumentError(f"PartialAllreduce: rank {bad[0][0]} rejected its arguments: {bad[0][1]} "
-                                f"(this is rank {rank})")
-        for key in params:
-            values = [p[key] for _, p in everyone]
-            if any(v != values[0] for v in values):
-                differing = [r for r, v in enumerate(values) if v != values[0]]
-                raise ArgumentError(f"PartialAllreduce: {key} differs across ranks: rank 0 has {values[0]!r}, "
-                                    f"rank {differing[0]} has {values[differing[0]]!r} (this is rank {rank}); "
-                                    "every rank must pass the same count, dtype, op, mode and options")
         self.count, self.dtype, self.mode = params["count"], as_dtype(dtype), mode
         self.op, self.late, self.seed = op, late, params["seed"]
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
@@ -245,7 +250,7 @@ class PartialAllreduce:
             go = BUILDERS[activation](s, trigger)
         take = s._take(after=go)
         work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
-        mask = BufRef.slot_ref(SLOT_MASK, 2 * self._mask_words, np.uint64)
+        mask = BufRef.slot_ref(SLOT_MASK, self._mask_len, np.uint64)
         if self.algorithm == "recursive_doubling" and work.nbytes <= _PACK_BYTES:
             # small: data and bitmasks travel in the same messages (half the messages)
             done = [allreduce_packed(s, [(work, op_code(self.op), self.divisor), (mask, _BOR, 1.0)], after=take)]
@@ -258,9 +263,10 @@ class PartialAllreduce:
 
     def _build(self, comm: MPI.Comm) -> None:
         ffi, lib = _engine.ffi, _engine.lib
-        _engine.ensure_started(comm)
-        self._mask_words = max(1, math.ceil(self.size / 64))
-        self._res_len = 6 + 2 * self._mask_words       # pc_coll_wait1's res
+        _engine.ensure_started()
+        self._mask_words = max(1, math.ceil(self.size / 64))     # W: words of active (closing) bits
+        self._mask_len = lib.pc_coll_mask_words(self.size)       # the MASK slot: 2 W, then posts per rank
+        self._res_len = 7 + self._mask_len                       # pc_coll_wait1's res
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_pool: list = []
         ident = identity(op_code(self.op), self.dtype)
@@ -269,10 +275,10 @@ class PartialAllreduce:
         self._variants = tree.rotations(self.count, self.dtype.itemsize, tree.normalize_groups(self.groups, self.size)) \
             if self.algorithm == "tree" else 1
         spec = ffi.new("pc_collspec *", {
-            "mode": _MODE_CODES[self.mode], "late": _LATE.index(self.late),
+            "mode": _MODE_CODES[self.mode], "late": _LATE_CODES[self.late],
             "candidates": self.candidates or 0, "quorum": self.quorum or 0,
             "max_staleness": self.max_staleness or 0,
-            "mask_words": self._mask_words, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
+            "mask_words": self._mask_len, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
             "identity": ffi.cast("void *", ident.ctypes.data)})
         dup = comm.Dup()
@@ -287,11 +293,12 @@ class PartialAllreduce:
             self._schedules: Dict[int, list] = {}
             kinds = {1: "full"} if self.mode == "full" else {0: self._activation_kind(), 1: "full"}
             for kind, activation in kinds.items():
-                self._schedules[kind] = []
-                for v in range(self._variants):
-                    sched = self._round_schedule(activation, v)
-                    self._schedules[kind].append(sched)
-                    check(lib.pc_coll_set_sched(self._coll, kind, v, _create_native(sched, dup, self._coll)))
+                self._schedules[kind] = [self._round_schedule(activation, v) for v in range(self._variants)]
+            every = [sched for scheds in self._schedules.values() for sched in scheds]
+            pairs = dup.allreduce(pair_messages(*every), op=MPI.MAX)      # one tag layout for all ranks
+            for kind, scheds in self._schedules.items():
+                for v, sched in enumerate(scheds):
+                    check(lib.pc_coll_set_sched(self._coll, kind, v, _create_native(sched, dup, self._coll, pairs)))
             check(lib.pc_coll_begin(self._coll))
             self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
         except BaseException:
@@ -449,15 +456,15 @@ class PartialAllreduce:
             data = self._staging.outbox
         else:
             data = out if out is not None else np.empty(self.count, self.dtype)
-        mask = ffi.new("uint64_t[]", 2 * self._mask_words)
+        mask = ffi.new("uint64_t[]", self._mask_len)
         info = ffi.new("pc_result *")
         wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info,
                        peers=self._peers, what=what or f"round {index}")
         self._outs.pop(index, None)       # the engine is done with this request's out
         if on_device:
             data = self._staging.deliver(out)
-        active, closing = self._ranks_of(tuple(mask))
-        return Result(data=data, round=info.round, active=active, nap=info.nap,
+        active, closing = self._ranks_of(tuple(mask[0:2 * self._mask_words]))
+        return Result(data=data, round=info.round, active=active, nap=info.nap, posts=info.posts,
                       contributed=info.post_lo <= index < info.post_hi, rounds=info.rounds, closing=closing)
 
     def _take_host(self, out, fout, index: int, timeout: Optional[float]) -> Result:
@@ -488,11 +495,13 @@ class PartialAllreduce:
                            what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
-        key = (res[6], res[7]) if self._res_len == 8 else tuple(ffi.unpack(res, self._res_len)[6:])
+        w = self._mask_words                     # the active and closing bits: res[7 : 7 + 2 W]
+        key = (res[7], res[8]) if w == 1 else tuple(ffi.unpack(res, 7 + 2 * w)[7:])
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
         r = _new_result(Result)
         r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, res[0], active, res[2], res[1], closing
+        r.posts = res[6]
         r.contributed = res[3] <= index < res[4]
         pool.append(res)
         return r
@@ -533,8 +542,12 @@ class PartialAllreduce:
             self._abandon()              # the final round cannot complete here
             raise
         self._traffic = self.traffic()
+        try:
+            check(lib.pc_coll_free(self._coll))
+        except PartialcollError:
+            self._abandon()              # the engine keeps it until nothing runs
+            raise
         self._closed = True
-        check(lib.pc_coll_free(self._coll))
         self._coll = None
         self._comm.Free()
         self._outs = {}
@@ -564,8 +577,8 @@ class PartialAllreduce:
             _engine.lib.pc_coll_abandon(coll, deferred)
         if deferred[0]:                  # messages still in flight: keep what they may touch
             _engine.keep_until_finalize(self._outs, self._staging, comm)
-        elif comm is not None and not MPI.Is_finalized():
-            comm.Free()
+        else:                            # freed on the next application call (never from __del__)
+            _engine.free_later(comm)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

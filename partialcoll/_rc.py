@@ -29,14 +29,17 @@ class RC:
                   PARTIALCOLL_TIMEOUT.
     idle          what the progress thread does while a round is armed and nothing moves:
                   "sleep" (the policy above: spin, yield, then sleep; for nodes with more
-                  threads than cores), "spin" (poll while a round is armed, and wait()
-                  polls until done: the lowest latency, a core per rank), or "auto"
-                  (default): "spin" where the node has a core for each rank's application
-                  thread and one for its progress thread, else "sleep" (see
-                  partialcoll._engine.idle_policy), and auto's spin only while the machine
-                  has no more runnable threads than cores (a node may share its cores with
-                  ranks MPI cannot see); environment PARTIALCOLL_IDLE.
-                  partialcoll.info()["idle"] says which one runs.
+                  threads than CPUs), "spin" (poll while a round is armed, and wait()
+                  polls too, up to poll_max_us after the last event: the lowest latency,
+                  a core per rank), or "auto" (default): "spin" where the node's ranks may
+                  use two CPUs each (partialcoll.info()["cpu_budget"]: affinity and cgroup
+                  quota) and none of them sees interference (run delay of its threads,
+                  cgroup throttling, steal time), else "sleep"; environment
+                  PARTIALCOLL_IDLE. Read when the engine starts: only this option sets the
+                  policy. partialcoll.info()["idle"] says what runs, "idle_reason" why.
+    poll_max_us   polling (idle "spin", or auto's) goes on at most this long after the last
+                  event (default 20000); the bound adapts to a few times the recent gap
+                  between events, then the engine sleeps as above.
     close_timeout default timeout in seconds of close() (default 300; None: forever), so a
                   peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
@@ -46,7 +49,8 @@ class RC:
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
-                 "timeout": None, "idle": "auto", "close_timeout": 300.0}
+                 "timeout": None, "idle": "auto", "close_timeout": 300.0,
+                 "poll_max_us": 20000.0}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))

@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ._errors import ArgumentError, InvalidBufferError, OpError
+from ._lib import lib
 
 # bfloat16 (mixed-precision gradients): ml_dtypes' NumPy dtype where it is installed; else
 # a 16-bit unsigned view marked as bfloat16 (np.dtype(np.uint16) plus metadata), so raw
@@ -17,13 +18,12 @@ try:
     BFLOAT16 = np.dtype(_ml_dtypes.bfloat16)
 except ImportError:                       # pragma: no cover - depends on the environment
     BFLOAT16 = np.dtype(np.uint16, metadata={"partialcoll": "bfloat16"})
-_BF16_CODE = 14
+_BF16_CODE = lib.PC_DT_BFLOAT16
 
 # numpy dtype -> engine dtype code (PC_DT_* in native/pc_engine.h)
-DTYPES = {np.dtype(np.bool_): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3,
-          np.dtype(np.int64): 4, np.dtype(np.uint8): 5, np.dtype(np.uint16): 6, np.dtype(np.uint32): 7,
-          np.dtype(np.uint64): 8, np.dtype(np.float32): 9, np.dtype(np.float64): 10,
-          np.dtype(np.complex64): 11, np.dtype(np.complex128): 12, np.dtype(np.float16): 13}
+DTYPES = {np.dtype(t): getattr(lib, "PC_DT_" + t.__name__.upper().rstrip("_"))
+          for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+                    np.float32, np.float64, np.complex64, np.complex128, np.float16)}
 if BFLOAT16.metadata is None:
     DTYPES[BFLOAT16] = _BF16_CODE
 
@@ -44,12 +44,15 @@ def dtype_name(dt: np.dtype) -> str:
 
 # mpi4py op -> (engine op code, name); COPY (10) is internal.
 # (mpi4py.MPI.Op objects are not hashable: a list of pairs)
-OPS = [(MPI.SUM, (0, "SUM")), (MPI.PROD, (1, "PROD")), (MPI.MIN, (2, "MIN")), (MPI.MAX, (3, "MAX")),
-       (MPI.LAND, (4, "LAND")), (MPI.LOR, (5, "LOR")), (MPI.LXOR, (6, "LXOR")), (MPI.BAND, (7, "BAND")),
-       (MPI.BOR, (8, "BOR")), (MPI.BXOR, (9, "BXOR"))]
+OPS = [(getattr(MPI, name), (getattr(lib, "PC_OP_" + name), name))
+       for name in ("SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")]
 OP_NAMES = {code: name for _, (code, name) in OPS}
-OP_NAMES[10] = "COPY"
-COPY = 10
+COPY = lib.PC_OP_COPY
+OP_NAMES[COPY] = "COPY"
+# engine op -> the NumPy ufunc (by name: CuPy has the same names) that folds with it
+UFUNCS = {lib.PC_OP_SUM: "add", lib.PC_OP_PROD: "multiply", lib.PC_OP_MIN: "minimum", lib.PC_OP_MAX: "maximum",
+          lib.PC_OP_LAND: "logical_and", lib.PC_OP_LOR: "logical_or", lib.PC_OP_LXOR: "logical_xor",
+          lib.PC_OP_BAND: "bitwise_and", lib.PC_OP_BOR: "bitwise_or", lib.PC_OP_BXOR: "bitwise_xor"}
 
 
 def integer(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:

@@ -104,10 +104,12 @@ from mpi4py import MPI
 
 from . import _engine
 from ._buffers import as_array
-from ._errors import ArgumentError, InvalidBufferError, MPIError, PartialcollError, Peers, StateError, Timeout, check
+from ._agree import agree
+from ._errors import (TIMEOUT_CODE, ArgumentError, InvalidBufferError, MPIError, PartialcollError, Peers, StateError,
+                      Timeout, check)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
-from ._types import OP_NAMES, check_comm, check_op_dtype, dtype_code, integer, op_code
+from ._types import OP_NAMES, UFUNCS, check_comm, check_op_dtype, dtype_code, integer, op_code
 from .schedule import Schedule, _create_native
 
 _HDR = 32                       # header: int64 iteration, data iteration, flags, sender
@@ -115,10 +117,7 @@ _SKIP, _FILLER = 1, 2           # header flags
 _EMPTY, _POSTED, _FULL = 0, 1, 2   # receive slot states
 _WEIGHTS = ("mean", "staleness", None)
 _SLICE = 0.25                   # seconds a blocking engine call lasts before Python looks again
-_TIMEOUT = 5                    # PC_ERR_TIMEOUT
-
-_UFUNCS = {0: np.add, 1: np.multiply, 2: np.minimum, 3: np.maximum, 4: np.logical_and, 5: np.logical_or,
-           6: np.logical_xor, 7: np.bitwise_and, 8: np.bitwise_or, 9: np.bitwise_xor}
+_UFUNCS = {op: getattr(np, name) for op, name in UFUNCS.items()}
 
 # channel kinds
 _RX, _TX, _TRX, _TTX = 0, 1, 2, 3     # data receive, data send, token receive, token send
@@ -255,7 +254,7 @@ class _Channels:
             nat[i] = self.natives[c]
             ex[i] = self.started[c] - 1
         code = lib.pc_sched_wait_some(n, nat, ex, min(need, n), seconds, done)
-        if code != _TIMEOUT:
+        if code != TIMEOUT_CODE:
             check(code)
 
 
@@ -286,21 +285,8 @@ class NeighborAllreduce:
         except PartialcollError as exc:
             problem = exc
             sources, destinations = [], []
-        everyone = comm.allgather((repr(problem) if problem else None, params, sources, destinations))
-        if problem is not None:
-            raise problem
-        bad = [(r, err) for r, (err, *_) in enumerate(everyone) if err]
-        if bad:
-            raise ArgumentError(f"NeighborAllreduce: rank {bad[0][0]} rejected its arguments: {bad[0][1]} "
-                                f"(this is rank {rank})")
-        assert params is not None
-        for key in params:
-            values = [p[key] for _, p, _, _ in everyone]
-            differing = [r for r, v in enumerate(values) if v != values[0]]
-            if differing:
-                raise ArgumentError(f"NeighborAllreduce: {key} differs across ranks: rank 0 has {values[0]!r}, "
-                                    f"rank {differing[0]} has {values[differing[0]]!r} (this is rank {rank}); "
-                                    "every rank must pass the same count, dtype, op and options")
+        graph = agree(comm, "NeighborAllreduce", problem, params, (sources, destinations))
+        everyone = [(None, None, s_r, d_r) for s_r, d_r in graph]
         for r, (_, _, s_r, d_r) in enumerate(everyone):
             for d in d_r:
                 if r not in everyone[d][2]:
@@ -369,7 +355,7 @@ class NeighborAllreduce:
 
     # -- construction ------------------------------------------------------------------
     def _build(self, comm: MPI.Comm) -> None:
-        _engine.ensure_started(comm)
+        _engine.ensure_started()
         R, ch = self.depth, self._ch
         n_in, n_out = len(self.sources), len(self.destinations)
         tokens = self.max_gap is not None
@@ -390,20 +376,20 @@ class NeighborAllreduce:
                 for j, src in enumerate(self.sources):
                     s = Schedule(rank=self.rank, size=self.size)
                     s.recv(self._rx[j, r], source=src, label=f"update of iteration = {r} mod {R}")
-                    self._rx_ch[j][r] = ch.add(_create_native(s, data, None), _RX, j, r, s)
+                    self._rx_ch[j][r] = ch.add(_create_native(s, data, None, 1), _RX, j, r, s)
                 for i, dst in enumerate(self.destinations):
                     s = Schedule(rank=self.rank, size=self.size)
                     s.send(self._tx[r], dest=dst, label=f"update of iteration = {r} mod {R}")
-                    self._tx_ch[i][r] = ch.add(_create_native(s, data, None), _TX, i, r, s)
+                    self._tx_ch[i][r] = ch.add(_create_native(s, data, None, 1), _TX, i, r, s)
                 if tokens:
                     for i, dst in enumerate(self.destinations):      # tokens come from out-neighbours
                         s = Schedule(rank=self.rank, size=self.size)
                         s.recv(self._token, source=dst, label=f"token = {r + 1} mod {R}")
-                        self._trx_ch[i][r] = ch.add(_create_native(s, tok, None), _TRX, i, r, s)
+                        self._trx_ch[i][r] = ch.add(_create_native(s, tok, None, 1), _TRX, i, r, s)
                     for j, src in enumerate(self.sources):           # ... and go to in-neighbours
                         s = Schedule(rank=self.rank, size=self.size)
                         s.send(self._token, dest=src, label=f"token = {r + 1} mod {R}")
-                        self._ttx_ch[j][r] = ch.add(_create_native(s, tok, None), _TTX, j, r, s)
+                        self._ttx_ch[j][r] = ch.add(_create_native(s, tok, None, 1), _TTX, j, r, s)
             ch.freeze()
         except BaseException:
             self._abandon()
@@ -922,9 +908,9 @@ class NeighborAllreduce:
         if deferred_any:
             _engine.keep_until_finalize(getattr(self, "_rx", None), getattr(self, "_tx", None),
                                         getattr(self, "_token", None), *self._comms)
-        elif not MPI.Is_finalized():
+        else:                            # freed on the next application call (never from __del__)
             for c in self._comms:
-                c.Free()
+                _engine.free_later(c)
         self._comms = []
 
     def __del__(self) -> None:

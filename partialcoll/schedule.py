@@ -284,16 +284,18 @@ class Schedule:
 
     # -- running ---------------------------------------------------------------------
     def commit(self, persistent: bool = True) -> "Schedule":
-        """Hand the DAG to the engine (collective over comm: it duplicates comm)."""
+        """Hand the DAG to the engine (collective over comm: an allreduce, which agrees on
+        the tag layout, and comm.Dup())."""
         if self._native is not None:
             raise StateError("the schedule is already committed")
         if self.comm is None:
             raise StateError("a dry-built schedule (no communicator) cannot be committed")
         _engine.ensure_started()
+        pairs = self.comm.allreduce(pair_messages(self), op=MPI.MAX)    # one tag layout for all ranks
         dup = self.comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
         try:
-            self._native = _create_native(self, dup, None)
+            self._native = _create_native(self, dup, None, pairs)
         except BaseException:
             dup.Free()
             raise
@@ -341,8 +343,8 @@ class Schedule:
             if deferred[0]:              # messages still in flight: keep what they may touch
                 _engine.keep_until_finalize(self.ops, self._mirrors, self._dup)
                 self._dup = None
-        if getattr(self, "_dup", None) is not None and not MPI.Is_finalized():
-            self._dup.Free()
+        if getattr(self, "_dup", None) is not None:   # freed on the next application call, not here
+            _engine.free_later(self._dup)
             self._dup = None
 
     def __enter__(self) -> "Schedule":
@@ -358,8 +360,24 @@ class Schedule:
     Free = free
 
 
-def _create_native(sched: Schedule, comm: MPI.Comm, coll):
-    """Build the engine's op table and edge list from a schedule."""
+def pair_messages(*scheds: Schedule) -> int:
+    """The most messages one rank sends to, or receives from, one peer in any of scheds:
+    what the tag's sequence bits must count (every rank's schedules on a communicator
+    must use the same tag layout, so callers agree on the maximum over ranks)."""
+    most = 1
+    for sched in scheds:
+        count: dict = {}
+        for op in sched.ops:
+            if op.kind in (_engine.lib.PC_SEND, _engine.lib.PC_RECV):
+                key = (op.kind, op.peer)
+                count[key] = count.get(key, 0) + 1
+        most = max([most, *count.values()])
+    return most
+
+
+def _create_native(sched: Schedule, comm: MPI.Comm, coll, pairs: int):
+    """Build the engine's op table and edge list from a schedule; pairs: pair_messages()
+    of every schedule on comm, the same on every rank (the tag layout)."""
     ffi, lib = _engine.ffi, _engine.lib
     n = len(sched.ops)
     specs = ffi.new("pc_opspec[]", max(n, 1))
@@ -382,7 +400,7 @@ def _create_native(sched: Schedule, comm: MPI.Comm, coll):
     cedges = ffi.new("int[]", edges or [0])
     out = ffi.new("pc_sched **")
     check(lib.pc_sched_create(_engine.comm_handle(comm), n, specs, len(edges) // 2, cedges,
-                              coll if coll is not None else ffi.NULL, sched._scratch_bytes, out))
+                              coll if coll is not None else ffi.NULL, sched._scratch_bytes, pairs, out))
     return out[0]
 
 

@@ -21,10 +21,27 @@ def test_lifetime(mpirun, nprocs, progress):
 
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-@pytest.mark.parametrize("tag_ub", ["32767", "8388607"])
+@pytest.mark.parametrize("tag_ub", ["255", "2047"])
 def test_small_tag_ub(mpirun, nprocs, tag_ub):
-    """Version wrap-around and the per-pair message limit under Open MPI-sized tag spaces."""
-    mpirun("tag_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_TAG_UB": tag_ub})
+    """Version wrap-around, the per-pair message limit, and no stale match after a
+    withdrawn execution, under small tag spaces."""
+    mpirun("tag_checks.py", nprocs, timeout=180, env={"PARTIALCOLL_TAG_UB": tag_ub})
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("idle", ["spin", "auto"])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
+def test_threads(mpirun, nprocs, idle):
+    """A post never waits behind another thread's wait on another collective; threads on
+    their own collectives (tests/mpi/threads_checks.py)."""
+    mpirun("threads_checks.py", nprocs, timeout=180, env={"PARTIALCOLL_IDLE": idle})
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_chunked_messages(mpirun, nprocs):
+    """Messages in chunks (as past INT_MAX bytes), forced small: PARTIALCOLL_MAX_MESSAGE."""
+    mpirun("allreduce_checks.py", nprocs, env={"PARTIALCOLL_MAX_MESSAGE": "65521"}, timeout=240)
 
 
 @pytest.mark.mpiexec

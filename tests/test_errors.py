@@ -188,3 +188,36 @@ def test_timeout_names_silent_peers():
         pc.finalize()
     """)
     assert p.returncode == 0 and "named" in p.stdout, p.stdout + p.stderr
+
+
+def test_c_api_checks_its_caller():
+    """The engine's C API checks what the caller passes: a collective's mask size, and
+    every op's slot offset and length against the slot's size."""
+    p = run_py("""
+        from mpi4py import MPI
+        import numpy as np, partialcoll as pc
+        from partialcoll import _engine
+        ffi, lib = _engine.ffi, _engine.lib
+        _engine.ensure_started()
+        ident = np.zeros(1, np.float32)
+        spec = ffi.new("pc_collspec *", {"mode": lib.PC_MODE_SOLO, "late": lib.PC_LATE_LATEST,
+            "mask_words": 2, "dtype": lib.PC_DT_FLOAT32, "redop": lib.PC_OP_SUM, "count": 4,
+            "identity": ffi.cast("void *", ident.ctypes.data)})
+        out = ffi.new("pc_coll **")
+        comm = _engine.comm_handle(MPI.COMM_SELF)
+        assert lib.pc_coll_create(spec, comm, out) == lib.PC_ERR_ARG
+        assert "mask_words" in ffi.string(lib.pc_last_error()).decode()
+        spec.mask_words = lib.pc_coll_mask_words(1)
+        assert lib.pc_coll_create(spec, comm, out) == 0
+        op = ffi.new("pc_opspec[1]")
+        op[0].kind, op[0].peer, op[0].nbytes, op[0].need = lib.PC_SEND, 0, 16, 0
+        op[0].slot[0], op[0].off[0] = lib.PC_SLOT_WORK, 8          # 8 + 16 > 16 bytes of work
+        s = ffi.new("pc_sched **")
+        assert lib.pc_sched_create(comm, 1, op, 0, ffi.new("int[1]"), out[0], 0, 1, s) == lib.PC_ERR_ARG
+        assert "of buffer slot" in ffi.string(lib.pc_last_error()).decode()
+        op[0].off[0] = 0
+        op[0].slot[0], op[0].nbytes = lib.PC_SLOT_SCRATCH, 64
+        assert lib.pc_sched_create(comm, 1, op, 0, ffi.new("int[1]"), out[0], 32, 1, s) == lib.PC_ERR_ARG
+        print("checked")
+    """)
+    assert p.returncode == 0 and "checked" in p.stdout, p.stdout + p.stderr

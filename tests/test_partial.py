@@ -14,6 +14,16 @@ def test_partial_allreduce(mpirun, mode, nprocs):
 
 
 @pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [3, 4, 5])
+@pytest.mark.parametrize("late", ["fold", "latest"])
+@pytest.mark.parametrize("mode", ["solo", "majority", "probe", "quorum"])
+def test_counts_exact(mpirun, mode, late, nprocs):
+    """Rank r posts 1000**r: every result's posts, active and nap say exactly whose posts
+    its data holds, leftovers of late posts included."""
+    mpirun("counts_checks.py", nprocs, mode, late, "40", timeout=120)
+
+
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [3, 4])
 def test_partial_inline_progress(mpirun, nprocs):
     """The same semantics when test/wait drive progress (no progress thread)."""

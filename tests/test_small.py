@@ -1,37 +1,80 @@
 """Small messages and the idle policy (issue 13): the auto decision as a pure function,
 rc validation, info(), and post().wait() against MPI_Allreduce under every policy."""
 import os
+import shutil
 import subprocess
 
 import pytest
 
 import partialcoll as pc
-from partialcoll._engine import idle_policy
 
 from conftest import PYTHON
 
 
-@pytest.mark.parametrize("ranks, cores, expect", [
-    (1, 2, "spin"),        # one rank: a core for the application, one for the progress thread
-    (1, 1, "sleep"),       # one core: the progress thread would take it from the application
-    (2, 2, "sleep"),       # this CI machine at P = 2: four threads on two cores
-    (2, 4, "spin"),
-    (3, 5, "sleep"),
-    (8, 16, "spin"),       # one rank per GPU on a 16-core host
-    (8, 2, "sleep"),       # the oversubscribed test runs
-    (64, 128, "spin"),
-    (None, 64, "sleep"),   # node not known yet: sleep
-    (0, 4, "sleep"),
-    (4, 0, "sleep"),
+_DECIDE = """
+import sys, partialcoll as pc
+from partialcoll._engine import ffi, lib
+pc.rc.idle = sys.argv[1]
+pc.allreduce_init(1, "f4").close()          # the engine runs (a singleton node is now known)
+st = ffi.new("pc_idle_info *")
+for ranks, cpus in eval(sys.argv[2]):
+    lib.pc_engine_set_node(ffi.new("int64_t[]", max(ranks, 1)), 0, ranks, cpus)
+    lib.pc_idle_state(st)
+    print(ranks, cpus, "spin" if st.polling else "sleep", ffi.string(st.reason).decode())
+"""
+
+
+@pytest.mark.parametrize("setting", ["auto", "spin", "sleep"])
+def test_auto_decision(setting):
+    """auto polls where the node's ranks may use two CPUs each (an application and a
+    progress thread): the engine's rule (native/idle.c), asked through its C API."""
+    cases = [(1, 2, "spin"), (1, 1, "sleep"), (2, 2, "sleep"), (2, 4, "spin"), (3, 5, "sleep"),
+             (8, 16, "spin"), (8, 2, "sleep"), (64, 128, "spin"), (4, 0, "sleep")]
+    out = subprocess.run([*PYTHON, "-c", _DECIDE, setting, repr([c[:2] for c in cases])], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for line, (ranks, cpus, expect) in zip(out.stdout.splitlines(), cases):
+        got = line.split()[2]
+        assert got == (expect if setting == "auto" else setting), (ranks, cpus, line)
+
+
+@pytest.mark.parametrize("limits, expect", [
+    ([({0, 1}, 0, "/"), ({0, 1}, 0, "/")], 2),            # two ranks sharing two cores
+    ([({0}, 0, "/"), ({1}, 0, "/"), ({2, 3}, 0, "/")], 4),  # pinned ranks: the union
+    ([({0, 1, 2, 3}, 1, "/a"), ({0, 1, 2, 3}, 1, "/a")], 1),  # one cgroup of 1 CPU, counted once
+    ([({0, 1, 2, 3}, 1, "/a"), ({0, 1, 2, 3}, 1, "/b")], 2),  # a cgroup each
+    ([({0, 1, 2, 3}, 1, "/a"), ({0, 1, 2, 3}, 0, "/")], 4),   # one rank without a quota: no cap
 ])
-def test_auto_decision(ranks, cores, expect):
-    assert idle_policy("auto", ranks, cores) == expect
+def test_node_cpus(limits, expect):
+    from partialcoll._engine import node_cpus
+    assert node_cpus([(frozenset(c), q, p) for c, q, p in limits]) == expect
 
 
-@pytest.mark.parametrize("forced", ["spin", "sleep"])
-@pytest.mark.parametrize("ranks, cores", [(1, 64), (64, 1), (None, 1)])
-def test_forced_policy_ignores_the_node(forced, ranks, cores):
-    assert idle_policy(forced, ranks, cores) == forced
+def test_cpu_budget_follows_affinity():
+    """pc.info()["cpu_budget"] is the process's CPUs: under taskset -c 0, one."""
+    code = "import partialcoll as pc; print(pc.info()['cpu_budget'])"
+    out = subprocess.run([*PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and int(out.stdout) == len(os.sched_getaffinity(0)), out
+    if shutil.which("taskset") is None:
+        pytest.skip("no taskset here")
+    out = subprocess.run(["taskset", "-c", "0", *PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and int(out.stdout) == 1, out
+
+
+def test_cpu_budget_follows_the_cgroup_quota():
+    """Inside a cgroup with a 1-CPU quota (made here, as root), cpu_budget is 1 and auto
+    sleeps, saying so; the affinity mask still lists every core."""
+    from cgroup import Unavailable, quota_cgroup
+    code = ("import os, partialcoll as pc; pc.rc.idle = 'auto'; pc.allreduce_init(1, 'f4').close(); i = pc.info();"
+            "print(i['cpu_budget'], len(os.sched_getaffinity(0)), i['idle']); print(i['idle_reason'])")
+    try:
+        with quota_cgroup(1) as inside:
+            out = subprocess.run([*inside, *PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    assert out.returncode == 0, out.stderr
+    budget, affinity, idle = out.stdout.split("\n")[0].split()
+    assert (int(budget), int(affinity), idle) == (1, len(os.sched_getaffinity(0)), "sleep"), out.stdout
 
 
 def test_rc_idle_validation():
@@ -69,16 +112,22 @@ def test_info_reports_the_policy():
             "c = pc.allreduce_init(2, np.float32)\n"
             "assert c.post(np.ones(2, np.float32)).wait().data.tolist() == [1, 1]\n"
             "i = pc.info(); c.close()\n"
-            "print(i['idle'], i['idle_setting'], i['ranks_on_node'], i['cores'])\n")
-    cores = len(os.sched_getaffinity(0))
+            "print(i['idle'], i['idle_setting'], i['ranks_on_node'], i['cpu_budget'], i['node_cpus'])\n"
+            "print(i['idle_reason'])\n")
+    budget = len(os.sched_getaffinity(0))
     for want in ("spin", "sleep", "auto"):
         env = dict(os.environ, WANT=want)
         env.pop("PARTIALCOLL_IDLE", None)
         out = subprocess.run([*PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        active, setting, ranks, ncores = out.stdout.split()
-        expect = idle_policy(want, 1, cores)            # a singleton: one rank on the node
-        assert (active, setting, ranks, int(ncores)) == (expect, want, "1" if want == "auto" else ranks, cores)
+        first, reason = out.stdout.splitlines()[:2]
+        active, setting, ranks, cpus, node_cpus = first.split()
+        # a singleton: one rank on the node, which may use this process's CPUs
+        expect = want if want != "auto" else ("spin" if 2 <= budget else "sleep")
+        assert (active, setting, int(cpus)) == (expect, want, budget), out.stdout
+        assert reason.startswith(expect + ":"), reason
+        if want == "auto":
+            assert (int(ranks), int(node_cpus)) == (1, budget), out.stdout
 
 
 @pytest.mark.mpiexec

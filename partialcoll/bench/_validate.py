@@ -8,9 +8,10 @@ value element e holds base(r, e) * weight(j). Two layouts:
   order, so the posts of rank r that a round read are a contiguous range [lo, hi) of its
   post indices, and from a result's first P elements the checker knows, for every rank,
   how many posts the round read. Then:
-  - the counts are consistent with the round's active set: an active rank's post #n was
-    read by round n, so its cumulative count after round n is exactly n+1; a rank that
-    was not active had not had post #n read, so its count is at most n;
+  - the counts are consistent with the result's active set and posts: a rank is active
+    exactly when the round(s) read at least one of its posts (its post #n, or leftovers
+    of earlier late posts), the posts counted add up to the result's `posts`, and no
+    rank has more than n+1 posts read by round n;
   - every value element equals sum over r of base(r, e) * sum_{j=lo_r}^{hi_r-1} weight(j):
     the reduction of exactly the contributions those counts imply, nothing else;
   - the rounds a rank receives (late="fold" folds missed ones) cover 0, 1, 2, ... once
@@ -18,8 +19,8 @@ value element e holds base(r, e) * weight(j). Two layouts:
   - all ranks see the same counts after the same round (gathered and compared by the
     caller with `disagreement`).
 * uncounted (fewer elements): only value elements. A result in which every rank is active
-  read each rank's posts up to #round (MPI_Allreduce and mode full: every result), so the
-  counts are implied; after a result with a rank not active they are not known, and the
+  read each rank's posts up to #round (MPI_Allreduce and mode full: every result) when
+  its `posts` says so (or it carries none), so the counts are implied; after a result with a rank not active they are not known, and the
   checker stops (`unchecked`).
 
 Values are small integers chosen for the element type (`Values`): a sum within the type's
@@ -121,7 +122,9 @@ class Checker:
         if len(self.errors) < MAX_ERRORS:
             self.errors.append(text)
 
-    def add(self, round: int, rounds: int, active: Sequence[int], data, closing: bool = False) -> None:
+    def add(self, round: int, rounds: int, active: Sequence[int], data, closing: bool = False,
+            posts: Optional[int] = None) -> None:
+        """One result; posts: the result's `posts` (None: an MPI_Allreduce, which reports none)."""
         v, size = self.values, self.values.size
         raw = np.asarray(data)
         where = f"result of round {round} (rounds {rounds}; this is rank {self.rank})"
@@ -137,7 +140,7 @@ class Checker:
         first = round - rounds + 1
         if not closing and first != self.next_round:
             self._error(f"{where}: covers rounds {first}..{round}, expected to start at round {self.next_round}")
-        new = self._counts_after(round, active, raw, closing, where)
+        new = self._counts_after(round, active, raw, closing, posts, where)
         if new is None:
             return
         self.checked += 1
@@ -155,15 +158,16 @@ class Checker:
         self.seen[round] = tuple(int(c) for c in new)
 
     def _counts_after(self, round: int, active: Sequence[int], raw: np.ndarray, closing: bool,
-                      where: str) -> Optional[np.ndarray]:
+                      posts: Optional[int], where: str) -> Optional[np.ndarray]:
         """Every rank's post count after this result: carried (counted) or implied; None
         where the result cannot be checked."""
         size = self.values.size
         if not self.values.counted:
             if closing:
                 return np.array(self.posts, np.int64)
-            if len(set(active)) == size:
-                return np.full(size, round + 1, np.int64)
+            implied = np.full(size, round + 1, np.int64)
+            if len(set(active)) == size and (posts is None or posts == int((implied - self.counts).sum())):
+                return implied
             self.lost = True              # a rank's posts were read without being counted
             self.unchecked += 1
             return None
@@ -174,17 +178,18 @@ class Checker:
             self.checked += 1
             return None
         new = self.counts + got
+        if posts is not None and posts != int(got.sum()):
+            self._error(f"{where}: posts is {posts}, but the data holds {int(got.sum())} posts ({got})")
         for r in range(size):
             if closing:
                 if new[r] != self.posts[r]:
                     self._error(f"{where}: after close() rank {r}'s posts counted {new[r]} times, "
                                 f"it posted {self.posts[r]} times (lost or duplicated data)")
-            elif r in active and new[r] != round + 1:
-                self._error(f"{where}: rank {r} is active, so its posts up to #{round} must have "
-                            f"been read ({round + 1} in all), but the data counts {new[r]}")
-            elif r not in active and new[r] > round:
-                self._error(f"{where}: rank {r} is not active, yet the data counts {new[r]} of its "
-                            f"posts (post #{round} included)")
+            elif (r in active) != (got[r] > 0):
+                self._error(f"{where}: rank {r} is {'' if r in active else 'not '}active, yet the "
+                            f"data holds {got[r]} of its posts")
+            elif new[r] > round + 1:
+                self._error(f"{where}: the data counts {new[r]} posts of rank {r} by round {round}")
         return new
 
 

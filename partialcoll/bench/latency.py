@@ -82,7 +82,7 @@ def _measure(comm, args, mode: str, count: int, dtype, iters: int, warm: int, qu
         t0 = time.perf_counter()
         res, _ = coll.call_result(x, y)
         seconds = time.perf_counter() - t0
-        checker.add(res.round, res.rounds, res.active, to_numpy(res.data))
+        checker.add(res.round, res.rounds, res.active, to_numpy(res.data), posts=getattr(res, "posts", None))
         return seconds, res.nap
 
     for n in range(warm):
@@ -93,7 +93,8 @@ def _measure(comm, args, mode: str, count: int, dtype, iters: int, warm: int, qu
     comm.Barrier()                          # nobody closes while others still iterate
     final = coll.close()
     if checker is not None and final is not None:
-        checker.add(final.round, final.rounds, final.active, to_numpy(final.data), closing=True)
+        checker.add(final.round, final.rounds, final.active, to_numpy(final.data), closing=True,
+                    posts=getattr(final, "posts", None))
     return {"times": times, "nap": float(naps.mean()), "checker": checker}
 
 

@@ -192,7 +192,8 @@ def _run(comm, args, mode: str, count: int, dtype, quorum: int, d: np.ndarray, c
 
     def record(res, closing: bool = False) -> None:
         if checker is not None:
-            checker.add(res.round, res.rounds, res.active, to_numpy(res.data), closing=closing)
+            checker.add(res.round, res.rounds, res.active, to_numpy(res.data), closing=closing,
+                        posts=getattr(res, "posts", None))
 
     for n in range(args.warmup):
         prepare(n)

@@ -92,14 +92,15 @@ def fused_divisor(average: str, size: int, t: torch.Tensor) -> float:
 
 
 def divisor(res: Result, average: str, size: int, fused: float = 1.0) -> int:
-    """What a round's sum is still divided by: P (eager-SGD), its NAP (RNA) or 1; 1 where
-    the collective divided it already (fused: its divisor)."""
+    """What a round's sum is still divided by: P (eager-SGD), the number of posts inside
+    it (RNA's average: res.posts, so sum / posts is the exact mean of what it holds) or 1;
+    1 where the collective divided it already (fused: its divisor)."""
     if fused != 1.0:
         return 1
     if average == "world":
         return size
     if average == "nap":
-        return max(res.nap, 1)
+        return max(res.posts, 1)
     return 1
 
 

@@ -61,7 +61,8 @@ class PartialHookState:
 
     mode, comm, late, max_staleness, ...   options of each bucket's PartialAllreduce
     average      "world": divide the round's sum by P (eager-SGD); "nap": by the number
-                 of active processes (RNA); "none": leave the sum
+                 of posts inside it (RNA's NAP, counting leftovers: the exact mean of
+                 what it holds); "none": leave the sum
     start_iter   iterations reduced by a plain allreduce of ``process_group`` first (as
                  PowerSGD's start_powerSGD_iter): DDP rebuilds its buckets after the
                  first iteration, so collectives made before would be thrown away

@@ -11,11 +11,10 @@ runnable threads than cores (native/progress.c, auto_poll_ok).
 The check: rank 0 computes (pure Python) for a second while the others sleep, first with
 no collective, then with every rank's next round armed (its receives posted, nobody
 posting). Rank 0's application thread must get at least 3/4 of the CPU it got the first
-time. Meaningful where the ranks' threads outnumber the cores (as at P >= 2 on 2 cores).
+time (the mean of two windows), whatever the policy chose.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -47,12 +46,14 @@ def test_armed_ranks_leave_the_cores_to_a_computing_rank(comm):
     coll = pc.PartialAllreduce(2, np.float32, MPI.SUM, comm, mode="solo", late="fold")
     coll.post(np.ones(2, np.float32)).wait(timeout=60)        # the next round is armed now
     armed = [share_of_a_core(comm) for _ in range(2)]
-    policy = comm.allgather((pc.info()["idle"], pc.info()["ranks_on_node"]))
+    policy = comm.allgather((pc.info()["idle"], pc.info()["ranks_on_node"], pc.info()["idle_reason"]))
     coll.close(timeout=60)
-    if 2 * comm.size > (os.cpu_count() or 1):                 # the threads outnumber the cores
-        assert max(armed) >= 0.75 * alone, \
-            f"rank 0 computed on {armed} of a core with the others armed, {alone:.2f} without; " \
-            f"idle policy and ranks seen on the node, per rank: {policy}"
+    # Whatever the policy chose, the armed ranks leave rank 0 its CPU: where the node has
+    # two CPUs per rank they poll on spare ones, elsewhere they sleep. Both windows count.
+    mean = sum(armed) / len(armed)
+    assert mean >= 0.75 * alone, \
+        f"rank 0 computed on {armed} of a core with the others armed, {alone:.2f} without; " \
+        f"idle policy, ranks seen on the node and why, per rank: {policy}"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
+from partialcoll import _engine
 from _util import expect_raises, run_module
 
 COUNT = 1 << 18                     # 1 MiB of float32
@@ -63,7 +64,12 @@ def test_with_block_exception(comm):
         except ValueError:
             pass
         assert time.perf_counter() - t0 < 2.0, "the exception waited for a collective close()"
-        assert comm.size == 1 or True
+        # abandoned on this rank only: unusable, and its communicator is freed later by an
+        # application call, not here (nor from a garbage collector's __del__)
+        expect_raises(pc.StateError, coll.post, np.zeros(4, np.int64), match="closed")
+        assert coll._comm is None
+        pending = list(_engine._free_later) + list(_engine._kept)
+        assert any(c is not None and isinstance(c, MPI.Comm) and c != MPI.COMM_NULL for c in pending), pending
     else:
         time.sleep(0.5)
         del coll                           # the others drop it too (no collective close)

@@ -103,8 +103,10 @@ def test_info_reports_the_idle_policy(comm):
     info = pc.info()
     assert info["idle_setting"] == expect, info
     assert info["idle"] in ("spin", "sleep") and (expect == "auto" or info["idle"] == expect), info
+    assert info["cpu_budget"] >= 1 and info["idle_reason"].startswith(info["idle"] + ":"), info
     if expect == "auto":
         assert info["ranks_on_node"] == comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size(), info
+        assert info["node_from"] == "communicator", info
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ application thread sleeps; sigstop, rank 0 stops the whole process) while the ot
 post and wait. Nothing is lost (every rank's results plus close() equal everything
 posted); with sleep the others' rounds go on during the stall (more than 20 rounds a
 second here), and the victim's first post afterwards folds every round it missed and
-returns at once; its later late posts return at once too, so it is back in step within
-the window or keeping up with the others' rounds.
+returns at once; its later late posts return at once too, so its lag behind the others'
+rounds shrinks after the stall.
 """
 from __future__ import annotations
 
@@ -33,13 +33,9 @@ def test_stalled_rank(comm):
             assert row["during_rounds_per_s"] > 20, row
             first = row["victim_first_result_after"]
             assert first["late"] and first["rounds_folded"] > 20, first
-            # back in step within the window, or not falling further behind: post #n
-            # belongs to round n (DESIGN.md), so it catches up one late post at a time, each
-            # returning at once. How fast depends on the CPU it gets: 3.9x the others' round
-            # rate on Open MPI on a quiet machine, 1.24x on MPICH in a loaded CI run (where
-            # 36k missed rounds take longer than the 1 s window)
-            assert row["victim_back_in_step"] is not None or \
-                row["victim_posts_per_s_after"] >= row["after_rounds_per_s"], row
+            # post #n belongs to round n (DESIGN.md), so it catches up one late post at a
+            # time, each returning at once: its lag behind the others' rounds shrinks
+            assert row["victim_lag_at_end"] < row["victim_lag_after_stall"], row
         assert all(p > 0 for p in row["posts"]), row
 
 

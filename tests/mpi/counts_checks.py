@@ -1,0 +1,73 @@
+"""Exact counts: python counts_checks.py MODE LATE [ROUNDS]
+
+Rank r posts 1000**r (int64, SUM), so a result's data says whose posts it holds: its
+base-1000 digit r is the number of rank r's posts inside. Ranks sleep a random 0-6 ms
+before each post and now and then post twice before waiting, so rounds take leftovers
+of late posts. Every result must report exactly what its data holds: posts (the sum of
+the digits), active (the ranks with a digit) and, for one round, nap == len(active);
+a fold of several rounds reports at least len(active) and at most posts. With
+late="fold", the results plus close() hold every post exactly once.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from _util import ARGS, run_module
+
+MODE = ARGS[0] if ARGS else "majority"
+LATE = ARGS[1] if len(ARGS) > 1 else "fold"
+ROUNDS = int(ARGS[2]) if len(ARGS) > 2 else 60
+
+
+def digits(value: int, p: int):
+    """Rank r's posts inside a result: the base-1000 digits of its data."""
+    return [(value // 1000 ** r) % 1000 for r in range(p)]
+
+
+def check_result(res, p: int):
+    k = digits(int(res.data[0]), p)
+    assert np.all(res.data == res.data[0]), res
+    active = tuple(r for r in range(p) if k[r] > 0)
+    assert res.posts == sum(k), f"posts={res.posts}, but the data holds {k} posts per rank: {res}"
+    assert res.active == active, f"active={res.active}, but the data holds posts of {active}: {res}"
+    if res.rounds == 1:
+        assert res.nap == len(res.active), res
+    else:
+        assert len(res.active) <= res.nap <= res.posts, res
+    return k
+
+
+def test_counts_are_exact(comm):
+    p, r = comm.size, comm.rank
+    opts = {"quorum": {"quorum": max(1, (p + 1) // 2)}, "probe": {"candidates": 2}}.get(MODE, {})
+    coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode=MODE, late=LATE, seed=3, **opts)
+    rng = np.random.default_rng(77 + r)
+    x = np.full(4, 1000 ** r, np.int64)
+    posted, seen = 0, [0] * p
+    multi = 0
+    for i in range(ROUNDS):
+        time.sleep(rng.uniform(0, 0.006))
+        reqs = [coll.post(x) for _ in range(1 + (rng.uniform() < 0.2))]
+        posted += len(reqs)
+        for req in reqs:
+            res = req.wait(timeout=60)
+            k = check_result(res, p)
+            multi += sum(v > 1 for v in k)
+            if LATE == "fold":
+                seen = [a + b for a, b in zip(seen, k)]
+    final = coll.close(timeout=60)
+    k = check_result(final, p)
+    if LATE == "fold":
+        seen = [a + b for a, b in zip(seen, k)]
+        assert seen == comm.allgather(posted), f"results hold {seen} posts per rank, ranks posted " \
+                                               f"{comm.allgather(posted)}"
+    # the run exercised leftovers somewhere: a result with two posts of one rank
+    assert comm.allreduce(multi) > 0 or p == 1, "no round took two posts of one rank: the check saw no leftovers"
+
+
+if __name__ == "__main__":
+    run_module(__file__)
