@@ -95,7 +95,8 @@ def test_process_group_without_env(comm):
     """dist.init_process_group("partialcoll") under mpiexec: nothing in the environment."""
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
-    dist.init_process_group("partialcoll")
+    pct.register_backend()
+    dist.init_process_group("partialcoll", init_method="mpi://")
     assert dist.get_backend() == "partialcoll"
     assert (dist.get_rank(), dist.get_world_size()) == (comm.rank, comm.size)
     t = torch.full((5,), float(comm.rank + 1))
@@ -369,7 +370,7 @@ def test_optimizer_full_equals_ddp(comm, pcg):
     train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 20)
     opt = DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.05), mode="full", comm=comm,
                                bucket_mb=CAP)
-    assert isinstance(opt, torch.optim.SGD) and len(opt._pc_sync.buckets) >= 3
+    assert isinstance(opt, torch.optim.Optimizer) and len(opt._sync.buckets) >= 3
     train(ours, comm.rank, 20, opt=opt)
     opt.close()
     params_close(ref, ours)
@@ -384,7 +385,7 @@ def test_optimizer_solo_nothing_lost(comm, pcg, average):
     opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr), mode="solo", comm=comm,
                                average=average, late="fold", bucket_mb=CAP)
     p_ = comm.size if average == "world" else 1
-    assert all(b.coll.divisor == p_ for b in opt._pc_sync.buckets)
+    assert all(b.coll.divisor == p_ for b in opt._sync.buckets)
     w0 = [p.detach().clone() for p in m.parameters()]
     local = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in m.parameters()}
     def record(p):
@@ -395,7 +396,7 @@ def test_optimizer_solo_nothing_lost(comm, pcg, average):
         p.register_hook(record(p))
     losses = train(m, comm.rank, 30, opt=opt, slow=lambda s: s % (comm.size + 1))
     flushed = {}
-    for b, res in zip(opt._pc_sync.buckets, opt.close()):
+    for b, res in zip(opt._sync.buckets, opt.close()):
         data = torch.from_numpy(np.asarray(res.data, dtype=np.float64))
         off = 0
         for p in b.params:
