@@ -131,6 +131,17 @@ def divisor(res: Result, average: str, size: int, fused: float = 1.0) -> int:
     return 1
 
 
+def settle(res: Result, land: Optional[Callable[[], None]], average: str, size: int, fused: float,
+           dtype: torch.dtype) -> None:
+    """Scale a round's result where it lies (res.data: a view of the bucket, or of its
+    staging copy), then land it in the bucket (buffer_of's land, if any)."""
+    d = divisor(res, average, size, fused)
+    if d != 1:
+        tensor_of(res.data, dtype).div_(d)
+    if land is not None:
+        land()
+
+
 def future(devices: Optional[List[torch.device]] = None) -> torch.futures.Future:
     """A torch future for values on `devices` (CUDA tensors need theirs named: the future
     then records an event on the current stream when it completes, and its waiters

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .._partial import PartialAllreduce, Result
 from . import _torch_comm
-from ._torch_common import Completer, buffer_of, check_average, divisor, fused_divisor, np_dtype, tensor_of
+from ._torch_common import Completer, buffer_of, check_average, divisor, fused_divisor, np_dtype, settle, tensor_of
 from ._torch_optim import sync_parameters
 from ._torch_pg import init_process_group
 
@@ -164,12 +164,8 @@ def partial_allreduce_hook(state: PartialHookState,
 
     def finish() -> torch.Tensor:
         res = req.wait()
-        if land is not None:
-            land()
+        settle(res, land, state.average, state.size, entry.coll.divisor, buf.dtype)
         state.last[index] = res
-        d = divisor(res, state.average, state.size, entry.coll.divisor)
-        if d != 1:
-            buf.div_(d)
         if state._carry:
             state._apply_carry(entry, buf)
         return buf

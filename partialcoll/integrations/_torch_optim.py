@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from .._errors import ArgumentError, StateError
 from .._partial import PartialAllreduce, Result
-from ._torch_common import buffer_of, check_average, divisor, fused_divisor, host_copy, host_view, np_dtype
+from ._torch_common import buffer_of, check_average, fused_divisor, host_copy, host_view, np_dtype, settle
 
 
 class _Bucket:
@@ -101,12 +101,8 @@ class _Bucket:
         """Wait for the round; the gradients become views of its result."""
         res = self.request.wait()
         self.request = None
-        if self.land is not None:
-            self.land()
-            self.land = None
-        d = divisor(res, average, size, self.coll.divisor)
-        if d != 1:
-            self.flats[self.dst].div_(d)
+        settle(res, self.land, average, size, self.coll.divisor, self.params[0].dtype)
+        self.land = None
         for p, view in zip(self.params, self.views(self.dst)):
             p.grad = view
         self.shown = self.dst

@@ -48,7 +48,7 @@ from mpi4py import MPI
 from .._errors import ArgumentError, StateError, Timeout
 from .._partial import PartialAllreduce
 from . import _torch_comm
-from ._torch_common import Completer, buffer_of, future, host_copy, host_view, np_dtype, on_device
+from ._torch_common import Completer, buffer_of, future, host_copy, host_view, np_dtype
 
 NAME = "partialcoll"
 ENGINE_MIN_BYTES = 64 << 10          # smaller allreduces go to MPI directly (latency)
