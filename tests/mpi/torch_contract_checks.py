@@ -109,19 +109,35 @@ def loss_of(m, x, y, amp):
     return torch.nn.functional.cross_entropy(out.float(), y)
 
 
-def reference_step(m, opt, scaler, x, y, amp, clip, comm):
-    opt.zero_grad()
+def amp_step(m, opt, scaler, x, y, amp, clip, after_backward=None, stepping=contextlib.nullcontext):
+    """backward (scaled), after_backward(), unscale_, clip_grad_norm_, step (inside stepping())."""
     loss = loss_of(m, x, y, amp)
     (scaler.scale(loss) if scaler else loss).backward()
-    mpi_average_grads(m, comm)
+    if after_backward is not None:
+        after_backward()
     if scaler:
         scaler.unscale_(opt)
     torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
-    if scaler:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
+    with stepping():
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
+
+def plain_step(m, opt, x, y, comm=None):
+    """zero_grad, backward, (gradients averaged with mpi4py over comm), step."""
+    opt.zero_grad()
+    loss_of(m, x, y, "fp32").backward()
+    if comm is not None:
+        mpi_average_grads(m, comm)
+    opt.step()
+
+
+def reference_step(m, opt, scaler, x, y, amp, clip, comm):
+    opt.zero_grad()
+    amp_step(m, opt, scaler, x, y, amp, clip, after_backward=lambda: mpi_average_grads(m, comm))
 
 
 @pytest.fixture(scope="module")
@@ -152,26 +168,20 @@ def test_optimizer_clip_amp_equals_mpi4py(comm, pcg, amp, set_to_none):
         x, y = batch(comm.rank, step)
         reference_step(ref, ref_opt, ref_scaler, x, y, amp, clip, comm)
         opt.zero_grad(set_to_none=set_to_none)
+        expected = None
         if step < 2:          # this rank's own gradient, computed aside (no hook runs)
             loss = loss_of(ours, x, y, amp)
             expected = torch.autograd.grad(scaler.scale(loss) if scaler else loss, list(ours.parameters()))
-        loss = loss_of(ours, x, y, amp)
-        (scaler.scale(loss) if scaler else loss).backward()
-        if step < 2:          # until synchronize(), p.grad is the local gradient
-            for p, e in zip(ours.parameters(), expected):
-                assert torch.equal(p.grad, e)
-        for p in ours.parameters():
-            p.grad.zero_()                                # the user's memory, never the engine's
-        opt.synchronize()
-        if scaler:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(ours.parameters(), clip)
-        with opt.skip_synchronize():
-            if scaler:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+
+        def then_synchronize(expected=expected):
+            if expected is not None:      # until synchronize(), p.grad is the local gradient
+                for p, e in zip(ours.parameters(), expected):
+                    assert torch.equal(p.grad, e)
+            for p in ours.parameters():
+                p.grad.zero_()            # the user's memory, never the engine's
+            opt.synchronize()
+
+        amp_step(ours, opt, scaler, x, y, amp, clip, after_backward=then_synchronize, stepping=opt.skip_synchronize)
     if scaler:
         assert scaler.get_scale() == ref_scaler.get_scale()
     opt.close()
@@ -197,16 +207,7 @@ def test_hook_clip_amp_equals_mpi4py(comm, pcg, amp):
         x, y = batch(comm.rank, step)
         reference_step(ref, ref_opt, ref_scaler, x, y, amp, clip, comm)
         opt.zero_grad()
-        loss = loss_of(ddp, x, y, amp)
-        (scaler.scale(loss) if scaler else loss).backward()
-        if scaler:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
+        amp_step(ddp, opt, scaler, x, y, amp, clip)
     assert len(state.colls) >= 3, f"expected several buckets, got {len(state.colls)}"
     state.close()
     assert_params_close(ref, ours)
@@ -228,11 +229,7 @@ def test_optimizer_wraps_the_instance(comm, pcg):
     sched = torch.optim.lr_scheduler.StepLR(base, step_size=3, gamma=0.5)
     for step in range(3):                         # plain training: momentum buffers appear
         for m, o, s in ((ref, ref_opt, ref_sched), (ours, base, sched)):
-            x, y = batch(comm.rank, step)
-            o.zero_grad()
-            loss_of(m, x, y, "fp32").backward()
-            mpi_average_grads(m, comm)
-            o.step()
+            plain_step(m, o, *batch(comm.rank, step), comm)
             s.step()
     buffers = {id(p): base.state[p]["momentum_buffer"] for p in ours.parameters()}
     opt = pct.DistributedOptimizer(base, mode="full", comm=comm, bucket_mb=CAP)
@@ -241,15 +238,9 @@ def test_optimizer_wraps_the_instance(comm, pcg):
         "the momentum buffers were dropped"
     assert opt.state_dict()["state"].keys() == base.state_dict()["state"].keys()
     for step in range(3, 9):
-        x, y = batch(comm.rank, step)
-        ref_opt.zero_grad()
-        loss_of(ref, x, y, "fp32").backward()
-        mpi_average_grads(ref, comm)
-        ref_opt.step()
+        plain_step(ref, ref_opt, *batch(comm.rank, step), comm)
         ref_sched.step()
-        opt.zero_grad()
-        loss_of(ours, x, y, "fp32").backward()
-        opt.step()
+        plain_step(ours, opt, *batch(comm.rank, step))
         sched.step()                              # made on the instance before wrapping
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 0.05 * 0.5 ** 3
     assert_params_close(ref, ours)
@@ -316,14 +307,9 @@ def test_two_dp_groups(comm, pcg, backend):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(12):
         x, y = batch(comm.rank, step)
-        for m, o, c in ((ref, ref_opt, sub), (world_ref, world_opt, comm)):
-            o.zero_grad()
-            loss_of(m, x, y, "fp32").backward()
-            mpi_average_grads(m, c)
-            o.step()
-        opt.zero_grad()
-        loss_of(ddp, x, y, "fp32").backward()
-        opt.step()
+        plain_step(ref, ref_opt, x, y, sub)
+        plain_step(world_ref, world_opt, x, y, comm)
+        plain_step(ddp, opt, x, y)
     assert len(state.colls) >= 2, "the hook never left its warm-up iterations"
     state.close()
     assert_params_close(ref, ours)
