@@ -5,7 +5,7 @@
 # and with NumPy buffers (each against MPI_Allreduce measured in the same run).
 set -euo pipefail
 python -c "import json, partialcoll as pc; print(json.dumps(pc.info(), indent=1))"
-python -m pytest -m gpu -v -rs tests/test_device.py
+python -m pytest -m gpu -v -rs tests/test_device.py tests/test_torch.py
 for buffers in cupy host; do
     mpiexec -n 2 partialcoll-bench latency -m 64M:64M -i 30 -x 3 --modes mpi,full --buffers "$buffers"
 done

@@ -76,7 +76,7 @@ class Work(dist.Work):
     """The Work of one call: done when its future is (torch's public way for a Python
     process group: a ``dist.Work`` subclass with ``wait`` and ``get_future``)."""
 
-    def __init__(self, fut: torch.futures.Future, source: int = -1) -> None:
+    def __init__(self, fut: torch.futures.Future, source: "int | Callable[[], int]" = -1) -> None:
         super().__init__()
         self._fut = fut
         self._source = source
@@ -88,7 +88,8 @@ class Work(dist.Work):
         return cls(fut)
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        self._fut.wait()                 # raises what the call raised
+        """Block until done (the group's own timeout bounds every call); raises what the call raised."""
+        self._fut.wait()
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -107,6 +108,8 @@ class Work(dist.Work):
             return False
 
     def exception(self):
+        if not self._fut.done():
+            return None
         try:
             self._fut.value()
         except Exception as exc:         # noqa: BLE001

@@ -35,6 +35,8 @@ if KIND in ("emulated", "fakecupy"):
     if KIND == "fakecupy":
         assert _torch_common.gpu_usable(), "PC_TEST_TORCH_DEVICE=fakecupy needs tests/fakecupy on PYTHONPATH"
 DEV = torch.device("cuda" if KIND == "cuda" else "cpu")
+if KIND == "cuda":                        # one GPU per rank where there are several
+    torch.cuda.set_device(pct.local_rank() % torch.cuda.device_count())
 
 
 def host(data) -> np.ndarray:

@@ -39,6 +39,8 @@ KIND = os.environ.get("PC_TEST_TORCH_DEVICE", "cpu")
 if KIND in ("emulated", "fakecupy"):      # CPU tensors through the device path (see torch_checks.py)
     _torch_common.DEVICE_TYPES.append("cpu")
 DEV = torch.device("cuda" if KIND == "cuda" else "cpu")
+if KIND == "cuda":                        # one GPU per rank where there are several
+    torch.cuda.set_device(pct.local_rank() % torch.cuda.device_count())
 D, H, C = 12, 32, 5
 CAP = 0.0002                              # MiB: several DDP buckets
 STEPS = 20
