@@ -249,6 +249,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     state = property(lambda self: self._optim.state, lambda self, v: setattr(self._optim, "state", v))
     defaults = property(lambda self: self._optim.defaults, lambda self, v: setattr(self._optim, "defaults", v))
 
+    # GradScaler.step hands a fused optimizer its scale and inf flags as these two
+    # attributes (and deletes them after the step): they are the wrapped optimizer's
+    grad_scale = property(lambda self: getattr(self._optim, "grad_scale"),
+                          lambda self, v: setattr(self._optim, "grad_scale", v),
+                          lambda self: delattr(self._optim, "grad_scale"))
+    found_inf = property(lambda self: getattr(self._optim, "found_inf"),
+                         lambda self, v: setattr(self._optim, "found_inf", v),
+                         lambda self: delattr(self._optim, "found_inf"))
+
     def __getattr__(self, name: str):
         optim = self.__dict__.get("_optim")
         if optim is None:

@@ -112,14 +112,16 @@ def loss_of(m, x, y, amp):
 
 
 def amp_step(m, opt, scaler, x, y, amp, clip, after_backward=None, stepping=contextlib.nullcontext):
-    """backward (scaled), after_backward(), unscale_, clip_grad_norm_, step (inside stepping())."""
+    """backward (scaled), after_backward(), unscale_ and clip_grad_norm_ (unless clip is
+    None), step (inside stepping())."""
     loss = loss_of(m, x, y, amp)
     (scaler.scale(loss) if scaler else loss).backward()
     if after_backward is not None:
         after_backward()
-    if scaler:
-        scaler.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+    if clip is not None:
+        if scaler:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
     with stepping():
         if scaler:
             scaler.step(opt)
@@ -192,6 +194,31 @@ def test_optimizer_clip_amp_equals_mpi4py(comm, pcg, amp, set_to_none):
     # momentum was used and kept by the wrapped instance
     for p in ours.parameters():
         assert opt.state[p]["momentum_buffer"] is opt.optimizer.state[p]["momentum_buffer"]
+
+
+def test_optimizer_fused_adam_grad_scaler(comm, pcg):
+    """A fused Adam under GradScaler without unscale_: the scaler hands the optimizer its
+    scale and inf flags as attributes (grad_scale, found_inf), which must reach the wrapped
+    instance: it unscales, and skips the step whose gradients overflowed (step 7, rank 0's
+    input blown up); == the mpi4py reference after 20 steps (float16 autocast)."""
+    amp = "float16"
+    ref, ours = model(), model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, fused=True)
+    opt = pct.DistributedOptimizer(torch.optim.Adam(ours.parameters(), lr=0.01, fused=True), mode="full",
+                                   comm=comm, bucket_mb=CAP)
+    ref_scaler, scaler = scaler_for(amp), scaler_for(amp)
+    for step in range(STEPS):
+        x, y = batch(comm.rank, step)
+        if step == 7 and comm.rank == 0:
+            x = x * 1e6                               # float16 overflows: every rank must skip
+        reference_step(ref, ref_opt, ref_scaler, x, y, amp, None, comm)
+        opt.zero_grad()
+        amp_step(ours, opt, scaler, x, y, amp, None, after_backward=opt.synchronize, stepping=opt.skip_synchronize)
+    assert scaler.get_scale() == ref_scaler.get_scale() < 2.0 ** 10 * 2 ** 6, "no step was skipped"
+    assert not hasattr(opt.optimizer, "grad_scale"), "GradScaler's attributes were left behind"
+    opt.close()
+    assert all(torch.isfinite(p).all() for p in ours.parameters())
+    assert_params_close(ref, ours, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("amp", list(AMP))
