@@ -1,4 +1,4 @@
-"""Balanced data-parallel training throughput of the 2.9M-parameter MLP (issue 12).
+"""Balanced data-parallel training throughput of the 2.9M-parameter MLP.
 
     flock /tmp/pc-bench.lock mpiexec -n 2 python bench/torch_mlp.py --json mlp_p2.json
 

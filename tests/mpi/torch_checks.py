@@ -1,4 +1,4 @@
-"""PyTorch integration (issues 6, 12): python torch_checks.py
+"""PyTorch integration: python torch_checks.py
 
 The partialcoll process group comes up with no address, port or gloo; then gloo (its
 store found over MPI) is the reference: DDP's default reduction and gloo's collectives.
