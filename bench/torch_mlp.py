@@ -1,4 +1,4 @@
-"""Balanced data-parallel training throughput of the 2.9M-parameter MLP (issue 12).
+"""Balanced data-parallel training throughput of the 2.9M-parameter MLP.
 
     flock /tmp/pc-bench.lock mpiexec -n 2 python bench/torch_mlp.py --json mlp_p2.json
 
@@ -15,6 +15,8 @@ over MPI):
   hook-solo     DDP + partial_allreduce_hook, mode="solo"
   optim-full    DistributedOptimizer(SGD), mode="full"
   optim-solo    DistributedOptimizer(SGD), mode="solo"
+  sync-full     GradientSynchronizer, mode="full": every bucket posted after backward (no
+                overlap), as the mpi4py loop does
 
 Printed: steps/s and the ratio to the best synchronous peer (gloo, mpi4py, pc-group).
 --repeat R runs the whole list R times, each time in a rotated order (so no variant is
@@ -32,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import partialcoll
 import partialcoll.integrations.torch as pct
 
-VARIANTS = ("gloo", "mpi4py", "pc-group", "hook-full", "hook-solo", "optim-full", "optim-solo")
+VARIANTS = ("gloo", "mpi4py", "pc-group", "hook-full", "hook-solo", "optim-full", "optim-solo", "sync-full")
 PEERS = ("gloo", "mpi4py", "pc-group")
 
 
@@ -46,7 +48,7 @@ def mlp():
 def run(comm, variant, args, pcg):
     model = mlp()
     params = list(model.parameters())
-    state = opt = None
+    state = opt = sync = None
     if variant in ("gloo", "pc-group", "hook-full", "hook-solo"):
         net = DDP(model, process_group=pcg if variant == "pc-group" else None,
                   gradient_as_bucket_view=args.bucket_view)
@@ -60,6 +62,8 @@ def run(comm, variant, args, pcg):
     else:
         net = model
         opt = torch.optim.SGD(params, lr=0.01)
+        if variant == "sync-full":
+            sync = pct.GradientSynchronizer(params, mode="full", comm=comm, first_bucket_mb=1.0)
     g = torch.Generator().manual_seed(comm.rank)
     x = torch.randn(args.batch, 784, generator=g)
     y = torch.randint(0, 10, (args.batch,), generator=g)
@@ -72,6 +76,8 @@ def run(comm, variant, args, pcg):
                 a = p.grad.numpy()
                 comm.Allreduce(MPI.IN_PLACE, a)
                 a /= comm.size
+        elif sync is not None:
+            sync.sync()
         opt.step()
 
     for _ in range(args.warmup):
@@ -85,6 +91,8 @@ def run(comm, variant, args, pcg):
         state.close()
     if variant.startswith("optim"):
         opt.close()
+    if sync is not None:
+        sync.close()
     return args.steps / elapsed
 
 

@@ -120,8 +120,14 @@ class PartialRequest:
         if self._result is not None:
             return True
         done = _engine.ffi.new("int *")
-        check_round(_engine.lib.pc_coll_test(self._coll._native_coll(), self.index, done), self._coll._peers,
-                    f"round {self.index}")
+        coll = self._coll
+        coll._waiting.append(None)        # the ownership rule: see PartialAllreduce
+        try:
+            coll._check_not_closing()
+            check_round(_engine.lib.pc_coll_test(coll._native_coll(), self.index, done), coll._peers,
+                        f"round {self.index}")
+        finally:
+            coll._waiting.pop()
         return bool(done[0])
 
     def wait(self, timeout: Optional[float] = None) -> Result:
@@ -132,10 +138,17 @@ class PartialRequest:
                 timeout = _rc_values["timeout"]
             elif type(timeout) is not float or timeout != timeout:
                 timeout = as_timeout(timeout, "wait()'s timeout")
-            if self._on_device:
-                result = self._coll._take(self._out, self.index, timeout, True)
-            else:
-                result = self._coll._take_host(self._out, self._fout, self.index, timeout)
+            coll = self._coll
+            coll._waiting.append(None)    # the ownership rule: see PartialAllreduce
+            try:
+                if coll._closing:
+                    coll._check_not_closing()
+                if self._on_device:
+                    result = coll._take(self._out, self.index, timeout, True)
+                else:
+                    result = coll._take_host(self._out, self._fout, self.index, timeout)
+            finally:
+                coll._waiting.pop()
             self._result = result
         return result
 
@@ -152,12 +165,20 @@ class PartialAllreduce:
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
-    communicator) and an allreduce on it (the tag layout); with algorithm "tree", or "auto" where it may pick the tree, a
-    Split_type(COMM_TYPE_SHARED), an allreduce and an allgather (the regions); and once per process,
-    with the idle policy "auto", Split_type(COMM_TYPE_SHARED) and over the node an
-    allgather, a bcast and a barrier (the node's CPUs and a shared memory segment for its
-    interference words). It
-    changes no process-wide setting: the idle policy is partialcoll.rc.idle's."""
+    communicator) and an allreduce on it (the tag layout); with algorithm "tree", or
+    "auto" where it may pick the tree, a Split_type(COMM_TYPE_SHARED), an allreduce and
+    an allgather (the regions); and once per process, with the idle policy "auto",
+    Split_type(COMM_TYPE_SHARED) and over the node an allgather, a bcast and a barrier
+    (the node's CPUs and a shared memory segment for its interference words). It changes
+    no process-wide setting: the idle policy is partialcoll.rc.idle's.
+
+    Threads: the collective belongs to the thread that posts to it and closes it; its
+    requests may be waited for (or tested) on other threads, as a framework's completion
+    thread does. close() never runs under such a wait: while another thread is inside
+    wait() or test() of one of its requests, close() raises StateError (it would free
+    what that wait reads), and a wait that starts once close() has begun raises
+    StateError. Close after the other thread's waits are over (join it, or close on it).
+    """
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
                  comm: MPI.Comm = MPI.COMM_WORLD, *,
@@ -193,6 +214,10 @@ class PartialAllreduce:
         self._traffic: Optional[np.ndarray] = None     # kept at close()
         self.size, self.rank = size, rank
         self._closed = True              # until _build has made the native collective
+        # threads inside wait()/test() of a request (one entry each), and whether close()
+        # has begun: each side writes its own before it reads the other's (class docstring)
+        self._waiting: list = []
+        self._closing = False
         self._mask_cache: dict = {}
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
@@ -312,6 +337,11 @@ class PartialAllreduce:
         if self._closed:
             raise StateError("this PartialAllreduce is closed")
         return self._coll
+
+    def _check_not_closing(self) -> None:
+        if self._closing or self._closed:
+            raise StateError("this PartialAllreduce is closed (close() began while this request "
+                             "was not waited for)")
 
     # -- use -------------------------------------------------------------------------
     def _check_input(self, x, what: str, writable: bool, backend=None):
@@ -535,6 +565,12 @@ class PartialAllreduce:
         c = self._native_coll()
         lib = _engine.lib
         timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
+        self._closing = True             # no wait() starts from now on (class docstring) ...
+        if self._waiting:                # ... and none may be under way
+            self._closing = False
+            raise StateError("close() while another thread waits for a request of this PartialAllreduce: "
+                             "close it once that wait is over (the thread that waits owns the requests "
+                             "until then)")
         try:
             check_round(lib.pc_coll_close(c), self._peers, "close()")     # an error met since the last wait
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")

@@ -1,12 +1,88 @@
-"""PyTorch integration (issues 6, 12) under mpiexec: the DDP hook in every mode, the
-partialcoll process group against gloo, the optimizer wrapper, half precision.
+"""PyTorch integration under mpiexec: the DDP hook in every mode, the partialcoll process
+group against gloo, the optimizer wrapper, half precision (torch_checks.py); the
+contracts of Horovod's DistributedOptimizer, DDP's process group and PyTorch's Python
+process-group tests (torch_contract_checks.py); the CUDA path without a GPU (device
+tensors emulated by CPU ones, through host staging and through the stand-in CuPy) and on
+a GPU where there is one; importing the integration leaves torch as it was.
 Skipped, with the reason printed, where torch is not installed."""
+import json
+import os
+import subprocess
+
 import pytest
 
+from conftest import PYTHON
+
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]' installs its CPU build)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKECUPY = os.path.join(HERE, "fakecupy")
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_torch_integration(mpirun, nprocs):
     mpirun("torch_checks.py", nprocs, timeout=240)
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_torch_contracts(mpirun, nprocs):
+    mpirun("torch_contract_checks.py", nprocs, timeout=240)
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("kind,script,nprocs", [("emulated", "torch_contract_checks.py", 2),
+                                                ("fakecupy", "torch_checks.py", 3)],
+                         ids=["emulated-contracts-2", "fakecupy-checks-3"])
+def test_torch_device_path_without_gpu(mpirun, kind, script, nprocs):
+    """CPU tensors sent down the CUDA path: staged host copies (emulated), or CuPy views and
+    partialcoll's device staging run by the stand-in CuPy (fakecupy)."""
+    env = {"PC_TEST_TORCH_DEVICE": kind}
+    if kind == "fakecupy":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [FAKECUPY, os.environ.get("PYTHONPATH")]))
+    mpirun(script, nprocs, env=env, timeout=240)
+
+
+@pytest.mark.mpiexec
+@pytest.mark.gpu
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_torch_contracts_on_gpu(mpirun, nprocs):
+    """CUDA models through partial_ddp, the process group and DistributedOptimizer (every
+    rank on the one GPU, or one each where there are several)."""
+    if not _cuda():
+        pytest.skip("torch finds no CUDA GPU")
+    mpirun("torch_contract_checks.py", nprocs, env={"PC_TEST_TORCH_DEVICE": "cuda"}, timeout=300)
+
+
+def test_import_changes_nothing_in_torch():
+    """`import partialcoll.integrations.torch` registers no backend or rendezvous handler
+    and sets no environment variable; register_backend() then adds exactly the backend and
+    the mpi:// scheme, replacing none of torch's handlers."""
+    probe = r"""
+import json, os, sys
+import torch.distributed as dist
+import torch.distributed.rendezvous
+rdzv = sys.modules["torch.distributed.rendezvous"]
+handlers, env = dict(rdzv._rendezvous_handlers), dict(os.environ)
+plugins, devices = dict(dist.Backend._plugins), dict(dist.Backend.default_device_backend_map)
+import partialcoll.integrations.torch as pct
+same = [rdzv._rendezvous_handlers == handlers, dict(os.environ) == env,
+        dict(dist.Backend._plugins) == plugins, dict(dist.Backend.default_device_backend_map) == devices]
+pct.register_backend()
+added = sorted(set(rdzv._rendezvous_handlers) - set(handlers))
+kept = all(rdzv._rendezvous_handlers[k] is v for k, v in handlers.items())
+print(json.dumps({"same": same, "added": added, "kept": kept, "backend": "PARTIALCOLL" in dist.Backend._plugins,
+                  "devices": dict(dist.Backend.default_device_backend_map) == devices}))
+"""
+    out = subprocess.run([*PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["same"] == [True, True, True, True], got
+    assert got == {"same": [True] * 4, "added": ["mpi"], "kept": True, "backend": True, "devices": True}, got
+

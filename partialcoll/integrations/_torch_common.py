@@ -1,18 +1,27 @@
-"""What the torch integrations share: tensors as library buffers without copies, a
-thread that completes torch futures, and the averaging of a round's result.
+"""What the torch integrations share: tensors as library buffers, device tensors staged
+through the host, a thread that completes torch futures, and the averaging of a round.
 
-A contiguous CPU tensor is handed to the library as a NumPy view of its memory
-(``Tensor.numpy()`` shares it; bfloat16 through a 16-bit view, see ``_types.BFLOAT16``),
-so ``post(x, out=x)`` reduces a gradient bucket where it lies: the full mode runs the
-round in it, the partial modes copy it into the accumulator once and write the result
-back into it. A CUDA tensor goes to the library as a CuPy view (DLPack) where CuPy can
-use the GPU, else through a host copy.
+Buffers. A contiguous CPU tensor reaches the library as a NumPy view of its memory
+(``Tensor.numpy()`` shares it; bfloat16 through a 16-bit view, see ``_types.BFLOAT16``).
+A CUDA tensor reaches it as a CuPy view (DLPack, no copy) where CuPy can use the GPU:
+the library then stages it through pinned host memory itself (``_device.py``); without
+CuPy (and for bfloat16, which CuPy lacks) it is copied into pinned host memory here and
+the result copied back after the wait (``buffer_of``). MPI calls of the process group
+take host memory: ``host_copy`` stages a device tensor for them.
+
+Which tensors take the device path is ``DEVICE_TYPES``: tests add "cpu" to run the
+device path on machines without a GPU (tests/mpi/torch_checks.py, PC_TEST_TORCH_DEVICE).
+
+Threads. ``Completer`` is one thread that waits for rounds in the order they were
+posted and completes their futures; it owns those waits. A collective whose requests
+it waits for is closed only by a job on the same thread, or after ``stop()`` has
+joined it (PartialAllreduce: close() refuses to run while another thread waits).
 """
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -23,6 +32,7 @@ from .._partial import Result
 from .._types import BFLOAT16
 
 AVERAGES = ("world", "nap", "none")
+DEVICE_TYPES = ["cuda"]          # tensors of these device types take the device path
 
 
 def check_average(average: str) -> str:
@@ -43,6 +53,11 @@ def np_dtype(t: torch.Tensor) -> np.dtype:
 _INTS = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
+def on_device(t: torch.Tensor) -> bool:
+    """Whether t takes the device path (a CUDA tensor; see DEVICE_TYPES)."""
+    return t.device.type in DEVICE_TYPES
+
+
 def host_view(t: torch.Tensor) -> np.ndarray:
     """A NumPy array sharing the memory of a contiguous CPU tensor (no copy)."""
     t = t.detach()
@@ -51,6 +66,19 @@ def host_view(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
+
+
+def host_copy(t: torch.Tensor, write_back: bool) -> Tuple[torch.Tensor, Optional[Callable[[], None]]]:
+    """(a contiguous host tensor with t's values, what copies it back into t or None).
+
+    A contiguous host tensor is itself (nothing to copy back). A device tensor is copied
+    into pinned host memory (the copy waits for the work queued on the current stream);
+    a non-contiguous one into a contiguous copy."""
+    if not on_device(t) and t.is_contiguous():
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+    host.copy_(t.detach())
+    return host, ((lambda: t.copy_(host)) if write_back else None)
 
 
 def tensor_of(data, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -74,14 +102,14 @@ def gpu_usable() -> bool:
 def buffer_of(t: torch.Tensor) -> Tuple[object, Optional[Callable[[], None]]]:
     """(what to post as x and out=, what to run after the wait to land the result in t).
 
-    CPU: a NumPy view (nothing to run). CUDA: a CuPy view where CuPy can use the GPU,
-    else a host copy that is copied back after the wait."""
-    if not t.is_cuda:
+    Host: a NumPy view (nothing to run). Device: a CuPy view where CuPy can use the GPU
+    (the library stages it), else a pinned host copy that is copied back after the wait."""
+    if not on_device(t):
         return host_view(t), None
-    if gpu_usable() and t.dtype != torch.bfloat16:
+    if t.dtype != torch.bfloat16 and gpu_usable():
         return _device.cupy_backend().adopt(t.detach()), None
-    host = t.detach().cpu()
-    return host_view(host), lambda: t.copy_(host)
+    host, land = host_copy(t, write_back=True)
+    return host_view(host), land
 
 
 def fused_divisor(average: str, size: int, t: torch.Tensor) -> float:
@@ -104,12 +132,34 @@ def divisor(res: Result, average: str, size: int, fused: float = 1.0) -> int:
     return 1
 
 
+def settle(res: Result, land: Optional[Callable[[], None]], average: str, size: int, fused: float,
+           dtype: torch.dtype) -> None:
+    """Scale a round's result where it lies (res.data: a view of the bucket, or of its
+    staging copy), then land it in the bucket (buffer_of's land, if any)."""
+    d = divisor(res, average, size, fused)
+    if d != 1:
+        tensor_of(res.data, dtype).div_(d)
+    if land is not None:
+        land()
+
+
+def future(devices: Optional[List[torch.device]] = None) -> torch.futures.Future:
+    """A torch future for values on `devices` (CUDA tensors need theirs named: the future
+    then records an event on the current stream when it completes, and its waiters
+    synchronize with it)."""
+    cuda = [d for d in devices or () if d.type == "cuda"]
+    return torch.futures.Future(devices=cuda) if cuda else torch.futures.Future()
+
+
 class Completer:
     """One daemon thread that runs jobs in submission order and completes their futures.
 
     A job waits for a round (the engine's wait releases the GIL, so backward goes on in
     the meantime) and returns the future's value. Rounds are waited for in the order
     they were posted, which is the order DDP and the optimizer wrapper wait for them.
+    The thread owns the waits it runs: a job submitted after them (``submit``) runs once
+    they are over, which is how a collective they wait on is closed (``later``).
+    ``abort`` fails the futures not yet completed, at once, without waiting.
     """
 
     def __init__(self, name: str) -> None:
@@ -117,15 +167,22 @@ class Completer:
         self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._pending: set = set()          # futures submitted and not completed (under _lock)
 
-    def submit(self, job: Callable[[], object]) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+    def submit(self, job: Callable[[], object], devices: Optional[List[torch.device]] = None
+               ) -> torch.futures.Future:
+        fut = future(devices)
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+            self._pending.add(fut)
             self._jobs.put((job, fut))
         return fut
+
+    def later(self, job: Callable[[], object]) -> None:
+        """Run job on the thread after every job submitted so far (its result is dropped)."""
+        self.submit(job)
 
     def _run(self) -> None:
         while True:
@@ -136,9 +193,19 @@ class Completer:
             try:
                 value = job()
             except BaseException as exc:      # noqa: BLE001 - handed to the waiter
-                fut.set_exception(exc)
+                self._complete(fut, exc, failed=True)
             else:
-                fut.set_result(value)
+                self._complete(fut, value, failed=False)
+
+    def _complete(self, fut: torch.futures.Future, value, failed: bool) -> None:
+        with self._lock:
+            if fut not in self._pending:     # aborted meanwhile
+                return
+            self._pending.discard(fut)
+        if failed:
+            fut.set_exception(value)
+        else:
+            fut.set_result(value)
 
     def stop(self) -> None:
         """Finish the jobs already submitted, then end the thread."""
@@ -148,3 +215,18 @@ class Completer:
                 self._jobs.put(None)
         if thread is not None:
             thread.join()
+
+    def abort(self, exc: BaseException, last: Optional[Callable[[], None]] = None) -> None:
+        """Fail every future not completed yet with exc, now; the thread runs the jobs it
+        has (their results dropped), then `last`, then ends. Never blocks."""
+        with self._lock:
+            pending, self._pending = self._pending, set()
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                if last is not None:
+                    self._jobs.put((last, future()))
+                self._jobs.put(None)
+        for fut in pending:
+            fut.set_exception(exc)
+        if thread is None and last is not None:
+            last()

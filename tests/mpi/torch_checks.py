@@ -1,12 +1,17 @@
-"""PyTorch integration (issues 6, 12): python torch_checks.py
+"""PyTorch integration: python torch_checks.py
 
 The partialcoll process group comes up with no address, port or gloo; then gloo (its
 store found over MPI) is the reference: DDP's default reduction and gloo's collectives.
 Models have several buckets (a tiny bucket_cap_mb), so DDP's bucket rebuild after the
 first iteration changes them.
 
-PC_TEST_TORCH_DEVICE=cuda runs the hook checks on the GPU (gradients reach the library
-as CuPy views, issue 7)."""
+PC_TEST_TORCH_DEVICE selects the device path:
+  cpu       (default) host tensors, NumPy views
+  cuda      a real GPU: CUDA tensors, CuPy views where CuPy is installed, else pinned copies
+  emulated  CPU tensors sent down the device path (_torch_common.DEVICE_TYPES gets "cpu"):
+            pinned-style host copies and their write-back, on machines without a GPU
+  fakecupy  the same with tests/fakecupy on PYTHONPATH: CuPy views (DLPack) of the tensors
+            and partialcoll's device staging, run by the stand-in CuPy on host memory"""
 from __future__ import annotations
 
 import os
@@ -19,11 +24,24 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import partialcoll.integrations.torch as pct
+from partialcoll.integrations import _torch_common
 from partialcoll.integrations.torch import (DistributedOptimizer, GradientSynchronizer, PartialHookState,
                                             partial_allreduce_hook, sync_parameters)
 from _util import run_module
 
-DEV = torch.device(os.environ.get("PC_TEST_TORCH_DEVICE", "cpu"))
+KIND = os.environ.get("PC_TEST_TORCH_DEVICE", "cpu")
+if KIND in ("emulated", "fakecupy"):
+    _torch_common.DEVICE_TYPES.append("cpu")
+    if KIND == "fakecupy":
+        assert _torch_common.gpu_usable(), "PC_TEST_TORCH_DEVICE=fakecupy needs tests/fakecupy on PYTHONPATH"
+DEV = torch.device("cuda" if KIND == "cuda" else "cpu")
+if KIND == "cuda":                        # one GPU per rank where there are several
+    torch.cuda.set_device(pct.local_rank() % torch.cuda.device_count())
+
+
+def host(data) -> np.ndarray:
+    """A result's data (NumPy, CuPy or its stand-in) as a NumPy array."""
+    return data.get() if hasattr(data, "get") else np.asarray(data)
 D, H, C = 12, 24, 5
 CAP = 0.0002                      # MiB: one or two tensors per bucket -> 3 buckets after the rebuild
 MODES = [("solo", {}), ("majority", {}), ("probe", {"candidates": 2}), ("quorum", {"quorum": 2}),
@@ -95,7 +113,8 @@ def test_process_group_without_env(comm):
     """dist.init_process_group("partialcoll") under mpiexec: nothing in the environment."""
     for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         os.environ.pop(var, None)
-    dist.init_process_group("partialcoll")
+    pct.register_backend()
+    dist.init_process_group("partialcoll", init_method="mpi://")
     assert dist.get_backend() == "partialcoll"
     assert (dist.get_rank(), dist.get_world_size()) == (comm.rank, comm.size)
     t = torch.full((5,), float(comm.rank + 1))
@@ -118,6 +137,27 @@ def pcg(comm):
     pct.init_process_group(comm, backend="gloo")
     yield dist.new_group(backend="partialcoll")
     dist.destroy_process_group()
+
+
+def test_device_path_taken(comm, pcg):
+    """The buckets took the path this run asks for: NumPy views (cpu), staged host copies
+    (emulated, or CUDA without CuPy), CuPy views (fakecupy, or CUDA with CuPy)."""
+    x, land = _torch_common.buffer_of(torch.zeros(8, device=DEV))
+    cupy_path = KIND == "fakecupy" or (KIND == "cuda" and _torch_common.gpu_usable())
+    if cupy_path:
+        assert type(x).__module__.split(".")[0] == "cupy" and land is None, type(x)
+    elif KIND == "cpu":
+        assert type(x) is np.ndarray and land is None
+    else:
+        assert type(x) is np.ndarray and land is not None
+    m = model()
+    ddp = DDP(m, bucket_cap_mb=CAP)
+    state = PartialHookState(mode="full", comm=comm, start_iter=0)
+    ddp.register_comm_hook(state, partial_allreduce_hook)
+    train(ddp, comm.rank, 2)
+    kinds = {type(r.data).__module__.split(".")[0] for r in state.last.values()}
+    assert kinds == ({"cupy"} if cupy_path else {"numpy"}), kinds
+    state.close()
 
 
 def test_collectives_match_gloo(comm, pcg):
@@ -263,7 +303,7 @@ def flushed_by_param(state):
     results = state.close()
     out = {}
     for i, e in enumerate(entries):
-        data = torch.from_numpy(np.asarray(results[i].data, dtype=np.float64))
+        data = torch.from_numpy(host(results[i].data).astype(np.float64))
         for p, off in zip(e.params, e.offsets):
             out[id(p)] = data[off:off + p.numel()].reshape(p.shape)
     return out
@@ -369,7 +409,7 @@ def test_optimizer_full_equals_ddp(comm, pcg):
     train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 20)
     opt = DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.05), mode="full", comm=comm,
                                bucket_mb=CAP)
-    assert isinstance(opt, torch.optim.SGD) and len(opt._pc_sync.buckets) >= 3
+    assert isinstance(opt, torch.optim.Optimizer) and len(opt._sync.buckets) >= 3
     train(ours, comm.rank, 20, opt=opt)
     opt.close()
     params_close(ref, ours)
@@ -384,7 +424,7 @@ def test_optimizer_solo_nothing_lost(comm, pcg, average):
     opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr), mode="solo", comm=comm,
                                average=average, late="fold", bucket_mb=CAP)
     p_ = comm.size if average == "world" else 1
-    assert all(b.coll.divisor == p_ for b in opt._pc_sync.buckets)
+    assert all(b.coll.divisor == p_ for b in opt._sync.buckets)
     w0 = [p.detach().clone() for p in m.parameters()]
     local = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in m.parameters()}
     def record(p):
@@ -395,8 +435,8 @@ def test_optimizer_solo_nothing_lost(comm, pcg, average):
         p.register_hook(record(p))
     losses = train(m, comm.rank, 30, opt=opt, slow=lambda s: s % (comm.size + 1))
     flushed = {}
-    for b, res in zip(opt._pc_sync.buckets, opt.close()):
-        data = torch.from_numpy(np.asarray(res.data, dtype=np.float64))
+    for b, res in zip(opt._sync.buckets, opt.close()):
+        data = torch.from_numpy(host(res.data).astype(np.float64))
         off = 0
         for p in b.params:
             flushed[id(p)] = data[off:off + p.numel()].reshape(p.shape) * p_
@@ -421,12 +461,12 @@ def test_synchronizer_nap_and_model_sync(comm, pcg):
         res = sync.sync()[0]
         assert 1 <= res.nap <= comm.size * res.rounds
         flat = torch.cat([p.grad.reshape(-1) for p in sync.buckets[0].params])
-        assert np.array_equal(flat.numpy(), res.data), "the result is not the gradients' buffer"
+        assert np.array_equal(flat.cpu().numpy(), host(res.data)), "the result is not the gradients"
         # a round's sum is the same everywhere: grad * nap agrees among ranks given the same round
-        everyone = comm.allgather((res.round, res.rounds, flat.double().numpy() * res.nap))
+        everyone = comm.allgather((res.round, res.rounds, flat.double().cpu().numpy() * res.nap))
         for rnd, rounds, summed in everyone:
             if (rnd, rounds) == (res.round, res.rounds):
-                assert np.allclose(summed, flat.double().numpy() * res.nap, rtol=1e-5, atol=1e-6)
+                assert np.allclose(summed, flat.double().cpu().numpy() * res.nap, rtol=1e-5, atol=1e-6)
         with torch.no_grad():
             for p in m.parameters():
                 p -= 0.01 * p.grad

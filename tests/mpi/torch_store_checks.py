@@ -1,7 +1,7 @@
-"""torch.distributed over MPI without an address (issue 12, across hosts): python torch_store_checks.py
+"""torch.distributed over MPI without an address (across hosts): python torch_store_checks.py
 
-``init_process_group(comm, backend="gloo")`` and a bare ``dist.init_process_group("gloo")``
-(env:// with no MASTER_ADDR) find rank 0's TCPStore over MPI. Across hosts that store
+``init_process_group(comm, backend="gloo")`` and ``dist.init_process_group("gloo",
+init_method="mpi://")`` (no MASTER_ADDR) find rank 0's TCPStore over MPI. Across hosts that store
 must be reached at one of rank 0's real addresses: its host name resolved to loopback
 there (tests/hosts.py gives the emulated hosts one name, as Debian's /etc/hosts maps a
 node's name to 127.0.1.1), and every other rank waited for the store's timeout."""
@@ -32,10 +32,11 @@ def test_gloo_store_found_over_mpi(comm):
         dist.destroy_process_group()
 
 
-def test_env_rendezvous_without_master_addr(comm):
+def test_mpi_rendezvous_without_master_addr(comm):
     for key in ("MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(key, None)
-    dist.init_process_group("gloo")          # env:// over MPI (partialcoll's rendezvous)
+    pct.register_backend()
+    dist.init_process_group("gloo", init_method="mpi://")     # partialcoll's rendezvous scheme
     try:
         assert dist.get_world_size() == comm.size
         allreduce_against_mpi(comm)

@@ -1,0 +1,203 @@
+"""The DDP communication hook: each gradient bucket reduced by a persistent partial
+allreduce over the MPI communicator of DDP's process group (PowerSGD's shape: a small
+function of (state, bucket), everything else in the state object).
+
+The communicator comes from the torch process group (``_torch_comm.comm_of_group``):
+the partialcoll backend's group gives its own; another backend's group (gloo, nccl) a
+communicator of the same processes in the same order, checked over the group itself.
+A ``comm=`` that is not that communicator is an error on every member.
+
+Threads: the hook posts on the thread that runs it (autograd's) and returns a future;
+the state's Completer thread waits for the rounds and completes the futures. The
+state's collectives are closed (a bucket rebuild, ``close()``) only after that thread
+has been joined, so no close runs under one of its waits.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .._partial import PartialAllreduce, Result
+from . import _torch_comm
+from ._torch_common import Completer, buffer_of, check_average, divisor, fused_divisor, np_dtype, settle, tensor_of
+from ._torch_optim import sync_parameters
+from ._torch_pg import init_process_group
+
+_HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
+                 "model_sync_every")
+
+
+class _BucketColl:
+    """One DDP bucket's collective, and where each of its parameters lies in the bucket."""
+
+    __slots__ = ("coll", "params", "offsets", "iteration")
+
+    def __init__(self, coll: PartialAllreduce, params: List[torch.Tensor], offsets: List[int],
+                 iteration: int) -> None:
+        self.coll, self.params, self.offsets, self.iteration = coll, params, offsets, iteration
+
+
+class PartialHookState:
+    """Options and per-bucket collectives of ``partial_allreduce_hook`` (PowerSGDState's role).
+
+    process_group  DDP's process group (default: the default group): its processes are
+                   the ones the hook reduces over, through their MPI communicator
+    comm           optional: that communicator itself (checked against the group)
+    mode, late, max_staleness, ...   options of each bucket's PartialAllreduce
+    average      "world": divide the round's sum by P (eager-SGD); "nap": by the number
+                 of posts inside it (RNA's NAP, counting leftovers: the exact mean of
+                 what it holds); "none": leave the sum
+    start_iter   iterations reduced by a plain allreduce of ``process_group`` first (as
+                 PowerSGD's start_powerSGD_iter): DDP rebuilds its buckets after the
+                 first iteration, so collectives made before would be thrown away
+    model_sync_every  k: every k iterations, the parameters are averaged over the group
+                 before the forward pass (``sync_hook``, a forward pre-hook of the DDP
+                 module; partial_ddp registers it), which bounds how far the partial
+                 modes let the models drift apart
+
+    Collectives are keyed by the bucket's parameters, never by ``bucket.index()``: a
+    bucket that changes (DDP rebuilt its buckets) gets a new collective, and the old
+    ones are closed (collectively, every rank sees the same change at the same bucket);
+    what their accumulators still held is added to the next results of the same
+    parameters, so nothing is lost or lands on another parameter. Collective to make
+    (over the group's members).
+    """
+
+    def __init__(self, mode: str = "solo", comm: Optional[MPI.Comm] = None, average: str = "world",
+                 start_iter: int = 2, process_group: Optional[dist.ProcessGroup] = None,
+                 model_sync_every: Optional[int] = None, **options) -> None:
+        self.mode, self.average, self.options = mode, check_average(average), options
+        self.start_iter, self.process_group = int(start_iter), process_group
+        self.comm, self._owns_comm = _torch_comm.comm_of_group(process_group, comm)
+        self.size = self.comm.Get_size()
+        self.model_sync_every = int(model_sync_every) if model_sync_every else None
+        self.iter = 0
+        self._synced_at = 0
+        self.colls: Dict[Tuple[int, ...], _BucketColl] = {}
+        self.last: Dict[int, Result] = {}                 # bucket index -> its latest result
+        self.flushed: List[Result] = []                   # results of collectives closed on a rebuild
+        self._carry: Dict[int, torch.Tensor] = {}         # id(param) -> flushed data still to apply
+        self._completer = Completer("partialcoll-ddp-hook")
+
+    # -- iterations (PowerSGD's maybe_increase_iter) -----------------------------------
+    def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:
+        if bucket.is_last():
+            self.iter += 1
+
+    # -- collectives --------------------------------------------------------------------
+    def coll_for(self, bucket: dist.GradBucket, buf: torch.Tensor) -> _BucketColl:
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        entry = self.colls.get(key)
+        if entry is None:
+            if any(e.iteration < self.iter for e in self.colls.values()):
+                self._flush()            # buckets changed since those were made
+            base, item = buf.data_ptr(), buf.element_size()
+            offsets = [(g.data_ptr() - base) // item for g in bucket.gradients()]
+            coll = PartialAllreduce(buf.numel(), np_dtype(buf), MPI.SUM, self.comm, mode=self.mode,
+                                    divisor=fused_divisor(self.average, self.size, buf), **self.options)
+            entry = _BucketColl(coll, list(params), offsets, self.iter)
+            self.colls[key] = entry
+        return entry
+
+    def _flush(self) -> None:
+        """Close every collective (collective); keep what they held for their parameters."""
+        self._completer.stop()           # DDP waited for every round already; be sure
+        for entry in list(self.colls.values()):
+            res = entry.coll.close()
+            self.flushed.append(res)
+            like = entry.params[0] if entry.params else None
+            data = tensor_of(res.data, like.dtype if like is not None else None)
+            data = data / divisor(res, self.average, self.size, entry.coll.divisor)
+            for p, off in zip(entry.params, entry.offsets):
+                piece = data[off:off + p.numel()]
+                self._carry[id(p)] = self._carry[id(p)] + piece if id(p) in self._carry else piece.clone()
+        self.colls.clear()
+
+    def _apply_carry(self, entry: _BucketColl, buf: torch.Tensor) -> None:
+        for p, off in zip(entry.params, entry.offsets):
+            piece = self._carry.pop(id(p), None)
+            if piece is not None:
+                buf[off:off + p.numel()] += piece.to(device=buf.device, dtype=buf.dtype)
+
+    # -- drift ---------------------------------------------------------------------------
+    def sync_hook(self, module: torch.nn.Module, args) -> None:
+        """Forward pre-hook of the DDP module: every model_sync_every iterations, average
+        the parameters over the group (collective; training forward passes only)."""
+        every = self.model_sync_every
+        if every and module.training and torch.is_grad_enabled() and self.iter - self._synced_at >= every:
+            self._synced_at = self.iter
+            sync_parameters([p for p in module.parameters() if p.requires_grad], self.comm)
+
+    def close(self) -> Dict[int, Result]:
+        """Collective: flush every bucket's collective; returns the final results by bucket
+        position (0 = the first bucket DDP reduced)."""
+        self._completer.stop()
+        out = {i: e.coll.close() for i, e in enumerate(self.colls.values())}
+        self.colls.clear()
+        if self._owns_comm and not MPI.Is_finalized():
+            self.comm.Free()
+            self._owns_comm = False
+        return out
+
+
+# No `from __future__ import annotations` in this module: DDP checks these annotations as objects.
+def partial_allreduce_hook(state: PartialHookState,
+                           bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: reduce the bucket with its persistent partial allreduce.
+
+    Posts the bucket's buffer (in place, no copy in the full mode) and returns at once; a
+    thread completes the future when the round completes, after scaling the result in
+    the bucket, so later buckets are posted while earlier rounds are in flight."""
+    buf = bucket.buffer()
+    if state.iter < state.start_iter:             # before DDP's rebuild: plain allreduce
+        state.maybe_increase_iter(bucket)
+        group = state.process_group if state.process_group is not None else dist.group.WORLD
+        fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+        size = state.size if state.average != "none" else 1   # every rank is active
+        return fut.then(lambda f: f.value()[0].div_(size))
+    entry = state.coll_for(bucket, buf)
+    state.maybe_increase_iter(bucket)
+    index = bucket.index()
+    x, land = buffer_of(buf)
+    req = entry.coll.post(x, out=x)
+
+    def finish() -> torch.Tensor:
+        res = req.wait()
+        settle(res, land, state.average, state.size, entry.coll.divisor, buf.dtype)
+        state.last[index] = res
+        if state._carry:
+            state._apply_carry(entry, buf)
+        return buf
+
+    return state._completer.submit(finish, [buf.device])
+
+
+def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.Comm] = None,
+                average: str = "world", hook_options: Optional[dict] = None,
+                **ddp_options) -> Tuple[torch.nn.parallel.DistributedDataParallel, PartialHookState]:
+    """The common case in one call: the ``partialcoll`` process group (if none is set up
+    yet), DistributedDataParallel(module, **ddp_options) and the partial hook over DDP's
+    process group.
+
+        ddp, state = partial_ddp(model, mode="solo", late="fold")   # late= goes to the hook
+        ...
+        state.close()                                               # collective
+
+    Returns (the DDP module, its PartialHookState). Keyword arguments that
+    PartialAllreduce takes (late, max_staleness, seed, ...) and model_sync_every go to
+    the hook; the others (process_group, device_ids, bucket_cap_mb, ...) to
+    DistributedDataParallel."""
+    hook = dict(hook_options or {})
+    for key in _HOOK_OPTIONS:
+        if key in ddp_options:
+            hook[key] = ddp_options.pop(key)
+    if not dist.is_initialized():
+        init_process_group(comm)
+    ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
+    state = PartialHookState(mode=mode, comm=comm, average=average, process_group=ddp.process_group, **hook)
+    ddp.register_comm_hook(state, partial_allreduce_hook)
+    if state.model_sync_every:
+        ddp.register_forward_pre_hook(state.sync_hook)
+    return ddp, state

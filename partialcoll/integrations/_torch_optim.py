@@ -1,0 +1,373 @@
+"""Partial-allreduce gradient averaging without DDP: Horovod's DistributedOptimizer,
+and the same machinery driven by hand (GradientSynchronizer).
+
+Parameters are fused into buckets (reverse registration order: roughly the order in
+which backward produces their gradients). Each bucket is reduced by one persistent
+PartialAllreduce, posted by a post-accumulate-grad hook as soon as backward has
+accumulated the bucket's last gradient, while backward goes on with earlier layers.
+
+Whose memory is whose. Each bucket has two flat buffers of its own. The gradients the
+user sees (``p.grad``) are never memory the engine is reducing into:
+
+- until ``synchronize()``, ``p.grad`` holds this rank's local gradients. The bucket
+  posts a flat buffer that no ``p.grad`` views (their values copied into it, and the
+  round runs in it: ``post(x, out=x)``), or, where backward accumulated into views of
+  the buffer the user was given last time (``zero_grad(set_to_none=False)``), posts that
+  buffer with the other one as ``out=`` (the engine reads it during the post only);
+- ``synchronize()`` waits for every round, and the gradients become views of the buffer
+  the result landed in, which the engine no longer touches: ``clip_grad_norm_``,
+  ``GradScaler.unscale_`` or logging may then read and write them;
+- the next backward's post uses the buffers by the same rule.
+
+So the engine reads and writes a buffer only between its post and synchronize(), and
+the user's gradients are views of a buffer only after synchronize(). In the full mode a
+step costs one pass over the gradients (the copy into the bucket, or the post's copy
+into out=), as DDP's does.
+
+Threads: a bucket is posted on the thread that runs its hook (autograd's; for CUDA
+gradients its device thread) and waited for in synchronize(), on the caller's thread;
+close() runs after those waits (PartialAllreduce: close() refuses while another thread
+waits).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from .._errors import ArgumentError, StateError
+from .._partial import PartialAllreduce, Result
+from ._torch_common import buffer_of, check_average, fused_divisor, host_copy, host_view, np_dtype, settle
+
+
+class _Bucket:
+    """Parameters whose gradients are reduced together, through two flat buffers of the
+    bucket's own (module docstring: whose memory is whose)."""
+
+    def __init__(self, params: List[torch.nn.Parameter], coll_args: dict, average: str) -> None:
+        self.params = params
+        p0 = params[0]
+        self.numel = sum(p.numel() for p in params)
+        self.flats: List[Optional[torch.Tensor]] = [None, None]
+        self._views: List[Optional[List[torch.Tensor]]] = [None, None]
+        self.shown: Optional[int] = None      # the flat whose views are the params' .grad
+        self.dst = 0                          # the flat the posted round's result lands in
+        size = coll_args.get("comm", MPI.COMM_WORLD).Get_size()
+        like = torch.empty(0, dtype=p0.dtype, device=p0.device)
+        self.coll = PartialAllreduce(self.numel, np_dtype(like), MPI.SUM,
+                                     divisor=fused_divisor(average, size, like), **coll_args)
+        self.pending = 0                  # parameters of this step still to be accumulated
+        self.request = None
+        self.land = None
+
+    def views(self, i: int) -> List[torch.Tensor]:
+        """Each parameter's view of flat buffer i (made on first use)."""
+        if self._views[i] is None:
+            p0 = self.params[0]
+            flat = self.flats[i] = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
+            out, offset = [], 0
+            for p in self.params:
+                out.append(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+            self._views[i] = out
+        return self._views[i]
+
+    def post(self) -> None:
+        """Post this rank's gradients (a None gradient counts as zeros)."""
+        src = self.shown if self.shown is not None else 0
+        lend = True                       # may the round run in flat src?
+        for p, view in zip(self.params, self.views(src)):
+            g = p.grad
+            if g is None:
+                view.zero_()
+            elif g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+                lend = False              # backward accumulated into what the user sees
+            else:
+                view.copy_(g)
+        self.dst = src if lend else 1 - src
+        self.views(self.dst)
+        x, land = buffer_of(self.flats[src])
+        if not lend:
+            out, land = buffer_of(self.flats[self.dst])
+        else:
+            out = x
+        self.land = land
+        self.request = self.coll.post(x, out=out)
+
+    def finish(self, average: str, size: int) -> Result:
+        """Wait for the round; the gradients become views of its result."""
+        res = self.request.wait()
+        self.request = None
+        settle(res, self.land, average, size, self.coll.divisor, self.params[0].dtype)
+        self.land = None
+        for p, view in zip(self.params, self.views(self.dst)):
+            p.grad = view
+        self.shown = self.dst
+        return res
+
+
+def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args: dict, average: str,
+                  first_bucket_mb: Optional[float] = None) -> List[_Bucket]:
+    """Buckets in reverse registration order (roughly the order backward produces the
+    gradients): the first of at most first_bucket_mb (DDP's 1 MiB, so the first round
+    starts early in backward), the others of at most bucket_mb; one dtype and device each."""
+    groups: List[List[torch.nn.Parameter]] = [[]]
+    first = bucket_mb if first_bucket_mb is None else min(first_bucket_mb, bucket_mb)
+    limit, size = first * (1 << 20), 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        last = groups[-1]
+        if last and (size + nbytes > limit or p.dtype != last[0].dtype or p.device != last[0].device):
+            groups.append([])
+            size, limit = 0, bucket_mb * (1 << 20)
+        groups[-1].append(p)
+        size += nbytes
+    return [_Bucket(g, coll_args, average) for g in groups if g]
+
+
+def _unique_params(params: Iterable[torch.nn.Parameter]) -> List[torch.nn.Parameter]:
+    seen, out = set(), []
+    for p in params:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+class GradientSynchronizer:
+    """Partial-allreduce gradient averaging for models trained without DDP, by hand:
+
+        sync = GradientSynchronizer(model.parameters(), mode="solo", average="nap")
+        loss.backward(); sync.sync(); optimizer.step()
+
+    (``DistributedOptimizer`` does the same while backward runs.)"""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "solo",
+                 comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
+                 model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
+                 **options) -> None:
+        self.params = _unique_params(params)
+        self.comm, self.average, self.every = comm, check_average(average), model_sync_every
+        self.size = comm.Get_size()
+        self.steps = 0
+        self.last: List[Result] = []
+        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, mode=mode, **options), self.average,
+                                     first_bucket_mb)
+
+    @property
+    def colls(self) -> List[PartialAllreduce]:
+        return [b.coll for b in self.buckets]
+
+    def in_flight(self) -> bool:
+        return any(b.request is not None for b in self.buckets)
+
+    def _post_unposted(self) -> None:
+        for b in self.buckets:
+            if b.request is None:
+                b.post()
+
+    def _finish_all(self) -> List[Result]:
+        self.last = [b.finish(self.average, self.size) for b in self.buckets]
+        self.steps += 1
+        if self.every and self.steps % self.every == 0:
+            sync_parameters(self.params, self.comm)
+        return self.last
+
+    def sync(self) -> List[Result]:
+        """Post every bucket; the gradients become the averaged round results."""
+        self._post_unposted()
+        return self._finish_all()
+
+    def close(self) -> List[Result]:
+        """Collective: flush the accumulators (gradients not yet applied anywhere)."""
+        for b in self.buckets:
+            if b.request is not None:
+                b.request.wait()
+                b.request = None
+        out = [b.coll.close() for b in self.buckets]
+        self.buckets = []
+        return out
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer instance (Horovod's DistributedOptimizer contract): gradients
+    are averaged by partial allreduces, each bucket posted while backward runs.
+
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="solo")
+        loss.backward(); opt.step()              # step() synchronizes, then steps
+        ...
+        loss.backward()
+        opt.synchronize()                        # the averaged gradients, in p.grad
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with opt.skip_synchronize():
+            opt.step()
+        opt.close()                              # collective: flush the accumulators
+
+    The wrapped optimizer is kept as it is (``opt.optimizer``): its ``state``,
+    ``param_groups``, ``defaults``, ``state_dict()`` and ``load_state_dict()`` are the
+    wrapper's, so learning-rate schedulers made on either keep working, whatever its
+    constructor took. With ``torch.amp.GradScaler``: ``scaler.scale(loss).backward();
+    opt.synchronize(); scaler.unscale_(opt); clip...; with opt.skip_synchronize():
+    scaler.step(opt)``. Every rank must wrap the same parameters in the same order.
+    ``opt.last`` holds the latest step's Results.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, mode: str = "solo",
+                 comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
+                 backward_passes_per_step: int = 1, model_sync_every: Optional[int] = None,
+                 first_bucket_mb: Optional[float] = 1.0, **options) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ArgumentError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        self._optim = optimizer
+        params = ([p for _, p in named_parameters] if named_parameters is not None else
+                  [p for group in optimizer.param_groups for p in group["params"]])
+        self._sync = GradientSynchronizer(params, mode=mode, comm=comm, average=average, bucket_mb=bucket_mb,
+                                          model_sync_every=model_sync_every, first_bucket_mb=first_bucket_mb,
+                                          **options)
+        self._passes = max(1, int(backward_passes_per_step))
+        self._counts: Dict[int, int] = {}
+        self._synchronized = False        # synchronize() ran, and no gradient arrived since
+        self._skip = False                # inside skip_synchronize()
+        where = {}
+        for b in self._sync.buckets:
+            for p in b.params:
+                where[id(p)] = b
+            b.pending = len(b.params)
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook_of(where[id(p)]))
+                         for p in self._sync.params]
+
+    # -- the wrapped optimizer ------------------------------------------------------------
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._optim
+
+    param_groups = property(lambda self: self._optim.param_groups,
+                            lambda self, v: setattr(self._optim, "param_groups", v))
+    state = property(lambda self: self._optim.state, lambda self, v: setattr(self._optim, "state", v))
+    defaults = property(lambda self: self._optim.defaults, lambda self, v: setattr(self._optim, "defaults", v))
+
+    # GradScaler.step hands a fused optimizer its scale and inf flags as these two
+    # attributes (and deletes them after the step): they are the wrapped optimizer's
+    grad_scale = property(lambda self: getattr(self._optim, "grad_scale"),
+                          lambda self, v: setattr(self._optim, "grad_scale", v),
+                          lambda self: delattr(self._optim, "grad_scale"))
+    found_inf = property(lambda self: getattr(self._optim, "found_inf"),
+                         lambda self, v: setattr(self._optim, "found_inf", v),
+                         lambda self: delattr(self._optim, "found_inf"))
+
+    def __getattr__(self, name: str):
+        optim = self.__dict__.get("_optim")
+        if optim is None:
+            raise AttributeError(name)
+        return getattr(optim, name)
+
+    def state_dict(self) -> dict:
+        return self._optim.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._optim.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise ArgumentError("DistributedOptimizer reduces the parameters it was made with (its buckets are made "
+                            "collectively): add every param group before wrapping the optimizer")
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._optim!r})"
+
+    # -- gradients --------------------------------------------------------------------------
+    def _hook_of(self, bucket: _Bucket):
+        def hook(p: torch.Tensor) -> None:
+            self._synchronized = False
+            n = self._counts.get(id(p), 0) + 1
+            self._counts[id(p)] = n
+            if n < self._passes:
+                return
+            if n > self._passes or bucket.request is not None:
+                raise StateError("gradients were computed more than backward_passes_per_step times before "
+                                 "step() or synchronize(): raise backward_passes_per_step to accumulate "
+                                 "gradients locally")
+            bucket.pending -= 1
+            if bucket.pending == 0:      # the bucket's last gradient: post it now
+                bucket.post()
+        return hook
+
+    def synchronize(self) -> List[Result]:
+        """Wait for every bucket's round (posting those backward did not reach) and make
+        the averaged gradients the parameters' .grad. Until the next backward, a second
+        call returns the same results and posts nothing."""
+        sync = self._sync
+        if self._synchronized:
+            return sync.last
+        sync._post_unposted()
+        res = sync._finish_all()
+        for b in sync.buckets:
+            b.pending = len(b.params)
+        self._counts.clear()
+        self._synchronized = True
+        return res
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``with opt.skip_synchronize(): opt.step()`` steps without synchronizing (after an
+        explicit synchronize())."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def step(self, closure=None, **kwargs):
+        if closure is not None:
+            raise ArgumentError("DistributedOptimizer.step(closure): the closure's backward would run inside "
+                                "the step, after the gradients were averaged; call backward and step apart")
+        if not self._skip:
+            self.synchronize()
+        elif self._sync.in_flight():
+            raise StateError("step() inside skip_synchronize() while gradients are still being averaged: "
+                             "call synchronize() first")
+        try:
+            return self._optim.step(**kwargs)
+        finally:
+            self._synchronized = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._sync.in_flight():
+            raise StateError("zero_grad() after backward() but before step() or synchronize(): the gradients "
+                             "of this step are still being averaged")
+        self._optim.zero_grad(set_to_none=set_to_none)
+
+    def close(self) -> List[Result]:
+        """Collective: flush the accumulators; removes the gradient hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return self._sync.close()
+
+    @property
+    def last(self) -> List[Result]:
+        return self._sync.last
+
+
+def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average") -> None:
+    """Make every rank's parameters identical: their average, or rank 0's (how="broadcast")."""
+    if how not in ("average", "broadcast"):
+        raise ArgumentError(f"how must be 'average' or 'broadcast', not {how!r}")
+    with torch.no_grad():
+        for p in params:
+            host, land = host_copy(p.detach(), write_back=True)
+            arr = host_view(host)
+            if how == "average":
+                if host.dtype in (torch.float16, torch.bfloat16):
+                    wide = host.double().numpy()
+                    comm.Allreduce(MPI.IN_PLACE, wide)
+                    host.copy_(torch.from_numpy(wide / comm.size))
+                else:
+                    comm.Allreduce(MPI.IN_PLACE, arr)
+                    arr /= comm.size
+            else:
+                comm.Bcast(arr.view(np.uint8), root=0)
+            if land is not None:
+                land()

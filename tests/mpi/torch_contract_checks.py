@@ -1,0 +1,558 @@
+"""The contracts PyTorch and Horovod users know, on the torch integration: python torch_contract_checks.py
+
+- Horovod's DistributedOptimizer: synchronize() / clip / skip_synchronize(), AMP's
+  GradScaler, the wrapped instance kept (momentum, schedulers, state_dict), gradients
+  the user sees never being the engine's memory; each against a plain loop whose
+  gradients are averaged with mpi4py's Allreduce.
+- DDP's process group: the hook reduces over DDP's group (two data-parallel groups of
+  2 give the within-group average), a communicator that is not the group's is an error.
+- model_sync_every: the models are identical after a synchronisation.
+- PyTorch's test_c10d_pypg.py checks that apply to a Python process group (DDP on it
+  equals training on the global batch, Work objects, init_sync=False, attributes,
+  functional collectives, batch_isend_irecv, abort); the group's timeout; the engine
+  allreduces evicted from the group's cache while their rounds are waited for.
+
+The default group is gloo (its store found over MPI); ``pcg`` is a partialcoll group.
+PC_TEST_TORCH_DEVICE as in torch_checks.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import partialcoll as pc
+import partialcoll.integrations.torch as pct
+from partialcoll.integrations import _torch_common
+from _util import expect_raises, run_module
+
+KIND = os.environ.get("PC_TEST_TORCH_DEVICE", "cpu")
+if KIND in ("emulated", "fakecupy"):      # CPU tensors through the device path (see torch_checks.py)
+    _torch_common.DEVICE_TYPES.append("cpu")
+DEV = torch.device("cuda" if KIND == "cuda" else "cpu")
+if KIND == "cuda":                        # one GPU per rank where there are several
+    torch.cuda.set_device(pct.local_rank() % torch.cuda.device_count())
+D, H, C = 12, 32, 5
+CAP = 0.0002                              # MiB: several DDP buckets
+STEPS = 20
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, H),
+                                        torch.nn.ReLU(), torch.nn.Linear(H, C))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def model():
+    torch.manual_seed(0)
+    return Net().to(DEV)
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, D, generator=g) * (1 + rank)          # ranks' gradients differ
+    y = (x[:, :C] * 2).argmax(1)
+    return x.to(DEV), y.to(DEV)
+
+
+def flat_params(m):
+    return torch.cat([p.detach().float().cpu().reshape(-1) for p in m.parameters()])
+
+
+def assert_params_close(ref, ours, rtol=1e-5, atol=1e-6):
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        diff = (p.detach().float() - q.detach().float()).abs().max().item()
+        assert torch.allclose(p.detach().float(), q.detach().float(), rtol=rtol, atol=atol), (name, diff)
+
+
+def same_everywhere(comm, m):
+    everyone = comm.allgather(flat_params(m).numpy())
+    return all(np.array_equal(everyone[0], f) for f in everyone)
+
+
+def mpi_average_grads(m, comm):
+    """The reference's gradient averaging: one MPI Allreduce per gradient, then / P."""
+    for p in m.parameters():
+        g = p.grad.detach().cpu().numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, g)
+        p.grad.copy_(torch.from_numpy(g / comm.size).to(p.grad.device))
+
+
+AMP = {"fp32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast(amp):
+    if AMP[amp] is None:
+        return contextlib.nullcontext()
+    return torch.autocast(DEV.type, dtype=AMP[amp])
+
+
+def scaler_for(amp):
+    # GradScaler on CPU exists in this torch; growth_interval small so the scale moves
+    return torch.amp.GradScaler(DEV.type, init_scale=2.0 ** 10, growth_interval=3) if amp != "fp32" else None
+
+
+def loss_of(m, x, y, amp):
+    with autocast(amp):
+        out = m(x)
+    return torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def amp_step(m, opt, scaler, x, y, amp, clip, after_backward=None, stepping=contextlib.nullcontext):
+    """backward (scaled), after_backward(), unscale_ and clip_grad_norm_ (unless clip is
+    None), step (inside stepping())."""
+    loss = loss_of(m, x, y, amp)
+    (scaler.scale(loss) if scaler else loss).backward()
+    if after_backward is not None:
+        after_backward()
+    if clip is not None:
+        if scaler:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+    with stepping():
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
+
+def plain_step(m, opt, x, y, comm=None):
+    """zero_grad, backward, (gradients averaged with mpi4py over comm), step."""
+    opt.zero_grad()
+    loss_of(m, x, y, "fp32").backward()
+    if comm is not None:
+        mpi_average_grads(m, comm)
+    opt.step()
+
+
+def reference_step(m, opt, scaler, x, y, amp, clip, comm):
+    opt.zero_grad()
+    amp_step(m, opt, scaler, x, y, amp, clip, after_backward=lambda: mpi_average_grads(m, comm))
+
+
+@pytest.fixture(scope="module")
+def pcg(comm):
+    pct.init_process_group(comm, backend="gloo")
+    yield dist.new_group(backend="partialcoll")
+    dist.destroy_process_group()
+
+
+# -- DistributedOptimizer: Horovod's contract ---------------------------------------------------
+@pytest.mark.parametrize("amp", list(AMP))
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zero_"])
+def test_optimizer_clip_amp_equals_mpi4py(comm, pcg, amp, set_to_none):
+    """synchronize() / clip_grad_norm_ / GradScaler.unscale_ / skip_synchronize() through
+    DistributedOptimizer (full mode, momentum SGD) == the same steps with gradients averaged
+    by mpi4py, after 20 steps. Before synchronize() each p.grad is this rank's local
+    gradient, and zeroing it then changes nothing the ranks average: the engine never
+    reduces in the user's gradients. zero_grad(set_to_none=False) makes backward
+    accumulate into the views synchronize() gave out (the other buffer path)."""
+    ref, ours = model(), model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = pct.DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9), mode="full",
+                                   comm=comm, bucket_mb=CAP)
+    assert len(opt._sync.buckets) >= 3
+    ref_scaler, scaler = scaler_for(amp), scaler_for(amp)
+    clip = 0.5
+    for step in range(STEPS):
+        x, y = batch(comm.rank, step)
+        reference_step(ref, ref_opt, ref_scaler, x, y, amp, clip, comm)
+        opt.zero_grad(set_to_none=set_to_none)
+        expected = None
+        if step < 2:          # this rank's own gradient, computed aside (no hook runs)
+            loss = loss_of(ours, x, y, amp)
+            expected = torch.autograd.grad(scaler.scale(loss) if scaler else loss, list(ours.parameters()))
+
+        def then_synchronize(expected=expected):
+            if expected is not None:      # until synchronize(), p.grad is the local gradient
+                for p, e in zip(ours.parameters(), expected):
+                    assert torch.equal(p.grad, e)
+            for p in ours.parameters():
+                p.grad.zero_()            # the user's memory, never the engine's
+            opt.synchronize()
+
+        amp_step(ours, opt, scaler, x, y, amp, clip, after_backward=then_synchronize, stepping=opt.skip_synchronize)
+    if scaler:
+        assert scaler.get_scale() == ref_scaler.get_scale()
+    opt.close()
+    assert_params_close(ref, ours)
+    assert same_everywhere(comm, ours)
+    # momentum was used and kept by the wrapped instance
+    for p in ours.parameters():
+        assert opt.state[p]["momentum_buffer"] is opt.optimizer.state[p]["momentum_buffer"]
+
+
+def test_optimizer_fused_adam_grad_scaler(comm, pcg):
+    """A fused Adam under GradScaler without unscale_: the scaler hands the optimizer its
+    scale and inf flags as attributes (grad_scale, found_inf), which must reach the wrapped
+    instance: it unscales, and skips the step whose gradients overflowed (step 7, rank 0's
+    input blown up); == the mpi4py reference after 20 steps (float16 autocast)."""
+    amp = "float16"
+    ref, ours = model(), model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, fused=True)
+    opt = pct.DistributedOptimizer(torch.optim.Adam(ours.parameters(), lr=0.01, fused=True), mode="full",
+                                   comm=comm, bucket_mb=CAP)
+    ref_scaler, scaler = scaler_for(amp), scaler_for(amp)
+    for step in range(STEPS):
+        x, y = batch(comm.rank, step)
+        if step == 7 and comm.rank == 0:
+            x = x * 1e6                               # float16 overflows: every rank must skip
+        reference_step(ref, ref_opt, ref_scaler, x, y, amp, None, comm)
+        opt.zero_grad()
+        amp_step(ours, opt, scaler, x, y, amp, None, after_backward=opt.synchronize, stepping=opt.skip_synchronize)
+    assert scaler.get_scale() == ref_scaler.get_scale() < 2.0 ** 10 * 2 ** 6, "no step was skipped"
+    assert not hasattr(opt.optimizer, "grad_scale"), "GradScaler's attributes were left behind"
+    opt.close()
+    assert all(torch.isfinite(p).all() for p in ours.parameters())
+    assert_params_close(ref, ours, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("amp", list(AMP))
+def test_hook_clip_amp_equals_mpi4py(comm, pcg, amp):
+    """The same through DDP and the hook (partial_ddp, full mode, several buckets): DDP
+    has waited for every bucket when backward returns, so unscale_ and clipping follow
+    as without partialcoll; == the mpi4py reference after 20 steps."""
+    ref, ours = model(), model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    ddp, state = pct.partial_ddp(ours, mode="full", bucket_cap_mb=CAP)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    ref_scaler, scaler = scaler_for(amp), scaler_for(amp)
+    clip = 0.5
+    for step in range(STEPS):
+        x, y = batch(comm.rank, step)
+        reference_step(ref, ref_opt, ref_scaler, x, y, amp, clip, comm)
+        opt.zero_grad()
+        amp_step(ddp, opt, scaler, x, y, amp, clip)
+    assert len(state.colls) >= 3, f"expected several buckets, got {len(state.colls)}"
+    state.close()
+    assert_params_close(ref, ours)
+    assert same_everywhere(comm, ours)
+
+
+def test_optimizer_wraps_the_instance(comm, pcg):
+    """The user's optimizer instance is kept: momentum buffers made before wrapping, a
+    scheduler made on it, state_dict(), and an optimizer whose constructor needs arguments.
+    Training on equals the mpi4py reference with the same history."""
+    class NeedsArgs(torch.optim.SGD):            # a required constructor argument
+        def __init__(self, params, lr, label):
+            super().__init__(params, lr=lr, momentum=0.9)
+            self.label = label
+
+    ref, ours = model(), model()
+    ref_opt, base = NeedsArgs(ref.parameters(), 0.05, "ref"), NeedsArgs(ours.parameters(), 0.05, "ours")
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=3, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=3, gamma=0.5)
+    for step in range(3):                         # plain training: momentum buffers appear
+        for m, o, s in ((ref, ref_opt, ref_sched), (ours, base, sched)):
+            plain_step(m, o, *batch(comm.rank, step), comm)
+            s.step()
+    buffers = {id(p): base.state[p]["momentum_buffer"] for p in ours.parameters()}
+    opt = pct.DistributedOptimizer(base, mode="full", comm=comm, bucket_mb=CAP)
+    assert opt.optimizer is base and opt.label == "ours" and opt.param_groups is base.param_groups
+    assert all(opt.state[p]["momentum_buffer"] is buffers[id(p)] for p in ours.parameters()), \
+        "the momentum buffers were dropped"
+    assert opt.state_dict()["state"].keys() == base.state_dict()["state"].keys()
+    for step in range(3, 9):
+        plain_step(ref, ref_opt, *batch(comm.rank, step), comm)
+        ref_sched.step()
+        plain_step(ours, opt, *batch(comm.rank, step))
+        sched.step()                              # made on the instance before wrapping
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 0.05 * 0.5 ** 3
+    assert_params_close(ref, ours)
+    sd = opt.state_dict()
+    opt.load_state_dict(sd)                       # round trip through the wrapper
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], sd["state"][i]["momentum_buffer"])
+               for i, p in enumerate(ours.parameters()))
+    # a scheduler made on the wrapper works too
+    sched2 = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt.zero_grad()
+    loss_of(ours, *batch(comm.rank, 9), "fp32").backward()
+    opt.step()
+    sched2.step()
+    assert opt.param_groups[0]["lr"] == 0.05 * 0.5 ** 4
+    opt.close()
+
+
+def test_optimizer_horovod_rules(comm, pcg):
+    """synchronize() twice, or synchronize() then step() without skip_synchronize(), posts
+    nothing twice; zero_grad() with rounds in flight, step() under skip_synchronize() with
+    rounds in flight, a second backward before step(), and step(closure) are errors."""
+    m = model()
+    opt = pct.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01), mode="full", comm=comm,
+                                   bucket_mb=CAP)       # full: round n is every rank's post n
+    x, y = batch(comm.rank, 0)
+    opt.zero_grad()
+    loss_of(m, x, y, "fp32").backward()
+    first = opt.synchronize()
+    again = opt.synchronize()
+    assert [r.round for r in first] == [r.round for r in again] and again is first
+    opt.step()                                    # no skip_synchronize(): still no second post
+    opt.zero_grad()
+    loss_of(m, x, y, "fp32").backward()
+    expect_raises(pc.StateError, opt.zero_grad, match="still being averaged")
+    with opt.skip_synchronize():
+        expect_raises(pc.StateError, opt.step, match="synchronize() first")
+    expect_raises(pc.StateError, loss_of(m, x, y, "fp32").backward, match="backward_passes_per_step")
+    res = opt.synchronize()
+    assert [r.round for r in first] == [0] * len(first) and [r.round for r in res] == [1] * len(res), \
+        "a post was counted twice"
+    expect_raises(pc.ArgumentError, opt.step, lambda: 0.0, match="closure")
+    opt.close()
+
+
+# -- DDP's process group -----------------------------------------------------------------------
+def dp_groups(comm):
+    """Data-parallel groups of 2 (the last of 1 at odd P): [[0, 1], [2, 3], ...]."""
+    return [list(range(i, min(i + 2, comm.size))) for i in range(0, comm.size, 2)]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "partialcoll"])
+def test_two_dp_groups(comm, pcg, backend):
+    """partial_ddp(model, mode="full", process_group=g) with data-parallel groups of 2
+    equals the within-group reference (MPI Allreduce over the group) after 12 steps, and
+    differs from the world-wide average (so averaging across groups would fail here)."""
+    groups = [dist.new_group(r, backend=backend) for r in dp_groups(comm)]     # every rank makes every group
+    mine = next(i for i, r in enumerate(dp_groups(comm)) if comm.rank in r)
+    sub = comm.Split(mine, comm.rank)
+    ref, world_ref, ours = model(), model(), model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    world_opt = torch.optim.SGD(world_ref.parameters(), lr=0.1)
+    ddp, state = pct.partial_ddp(ours, mode="full", process_group=groups[mine], bucket_cap_mb=CAP)
+    assert state.comm.Get_size() == sub.Get_size()
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(12):
+        x, y = batch(comm.rank, step)
+        plain_step(ref, ref_opt, x, y, sub)
+        plain_step(world_ref, world_opt, x, y, comm)
+        plain_step(ddp, opt, x, y)
+    assert len(state.colls) >= 2, "the hook never left its warm-up iterations"
+    state.close()
+    assert_params_close(ref, ours)
+    if comm.size > 2:
+        assert not torch.allclose(flat_params(world_ref), flat_params(ours), rtol=1e-4, atol=1e-5)
+    sub.Free()
+
+
+def test_group_comm_mismatch_is_an_error(comm, pcg):
+    """A communicator that is not the process group's is an ArgumentError on every member
+    (not a silent average over other processes): another size, or the same size with
+    other processes."""
+    groups = [dist.new_group(r) for r in dp_groups(comm)]
+    ours = [dist.new_group(r, backend="partialcoll") for r in dp_groups(comm)]
+    mine = next(i for i, r in enumerate(dp_groups(comm)) if comm.rank in r)
+    if comm.size > 2:
+        for g in (groups[mine], ours[mine]):
+            expect_raises(pc.ArgumentError, pct.PartialHookState, mode="full", process_group=g, comm=comm,
+                          match="comm")
+    if comm.size >= 4:        # same size, other processes: {0, 2}, {1, 3} against {0, 1}, {2, 3}
+        other = comm.Split(comm.rank % 2 if comm.rank < 4 else comm.rank, comm.rank)
+        if comm.rank < 4:
+            expect_raises(pc.ArgumentError, pct.PartialHookState, mode="full", process_group=groups[mine],
+                          comm=other, match="does not match")
+            expect_raises(pc.ArgumentError, pct.PartialHookState, mode="full", process_group=ours[mine],
+                          comm=other, match="comm")
+        other.Free()
+    st = pct.PartialHookState(mode="full", process_group=groups[mine])     # derived: fine
+    assert st.comm.Get_size() == len(dp_groups(comm)[mine])
+    st.close()
+
+
+def test_model_sync_every(comm, pcg):
+    """partial_ddp(..., model_sync_every=4) in solo mode with a late rank: the models are
+    identical right after each synchronisation (the forward pass that follows 4 steps)."""
+    m = model()
+    ddp, state = pct.partial_ddp(m, mode="solo", model_sync_every=4, late="latest", bucket_cap_mb=CAP)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    synced = 0
+    for step in range(13):
+        if comm.rank == step % comm.size:
+            time.sleep(0.004)
+        x, y = batch(comm.rank, step)
+        opt.zero_grad()
+        before = state._synced_at
+        out = ddp(x)
+        if state._synced_at != before:               # this forward synchronised the models
+            synced += 1
+            assert same_everywhere(comm, m), f"models differ right after the sync at step {step}"
+        torch.nn.functional.cross_entropy(out, y).backward()
+        opt.step()
+    assert synced == 3, synced                       # after iterations 4, 8, 12
+    state.close()
+
+
+# -- PyTorch's test_c10d_pypg.py, on the partialcoll group -----------------------------------------
+class Tiny(torch.nn.Module):
+    """test_c10d_common's Net."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(2, 10, bias=False)
+        self.fc2 = torch.nn.Linear(10, 50, bias=False)
+        self.fc3 = torch.nn.Linear(50, 4, bias=False)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return torch.softmax(self.fc3(x), dim=1)
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["copies", "gradient_as_bucket_view"])
+def test_pypg_ddp_equals_global_batch(comm, pcg, views):
+    """test_c10d_pypg's test_ddp_with_pypg(_with_grad_views): DDP over the group on this
+    rank's shard == one model on the global batch, for 2 iterations."""
+    torch.manual_seed(123)
+    local = Tiny().to(DEV)
+    ddp = DDP(copy.deepcopy(local), process_group=pcg, bucket_cap_mb=0.001, gradient_as_bucket_view=views)
+    g = torch.Generator().manual_seed(7)
+    inp, target = torch.randn(comm.size, 2, generator=g).to(DEV), torch.randn(comm.size, 4, generator=g).to(DEV)
+    for it in range(2):
+        for m, xs, ts in ((local, inp, target), (ddp, inp[comm.rank:comm.rank + 1], target[comm.rank:comm.rank + 1])):
+            torch.nn.functional.mse_loss(m(xs), ts).backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= p.grad
+                    p.grad = None
+        for p, q in zip(local.parameters(), ddp.module.parameters()):
+            assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), it
+        torch.manual_seed(1337 + it)             # as the original: a new permutation each iteration
+        perm = torch.randperm(comm.size)
+        inp, target = inp[perm], target[perm]
+
+
+def test_pypg_work_and_attributes(comm, pcg):
+    """Work objects of the public API (wait, get_future, is_completed, result), the group's
+    name/rank/size, and DDP(init_sync=False) making no collective call."""
+    assert pcg.name() == "partialcoll" and pcg.rank() == comm.rank and pcg.size() == comm.size
+    t = torch.full((70000,), 1.0, device=DEV)          # the engine's allreduce, completed by a thread
+    work = dist.all_reduce(t, group=pcg, async_op=True)
+    assert isinstance(work, dist.Work)
+    fut = work.get_future()
+    assert work.wait() and work.is_completed() and work.is_success() and work.exception() is None
+    assert fut.value()[0] is t and torch.all(t == comm.size)
+    small = torch.ones(3, device=DEV)
+    w2 = dist.all_reduce(small, group=pcg, async_op=True)
+    assert w2.is_completed() and w2.result()[0] is small
+
+    class Spy(pct.ProcessGroupPartialcoll):
+        calls: list = []
+
+        def broadcast(self, *args):
+            self.calls.append("broadcast")
+            return super().broadcast(*args)
+
+        def allgather(self, *args):
+            self.calls.append("allgather")
+            return super().allgather(*args)
+
+    spy = Spy(comm)
+    DDP(Tiny().to(DEV), process_group=spy, init_sync=False)
+    assert Spy.calls == [], Spy.calls
+    DDP(Tiny().to(DEV), process_group=spy)         # and with it, the group is used
+    assert Spy.calls, "DDP's init sync did not reach the group"
+    spy.shutdown()
+
+
+def test_pypg_gather_scatter_and_p2p(comm, pcg):
+    """all_gather_single and reduce_scatter_tensor reach the group's overrides, and a ring
+    of dist.batch_isend_irecv (send and recv). (torch 2.13's functional collectives look
+    for a C++ backend in the group and do not reach a Python one: not ported.)"""
+    P, r = comm.size, comm.rank
+    got = torch.empty(2 * P, device=DEV)
+    pcg.all_gather_single(got, torch.full((2,), float(r), device=DEV)).wait()     # the override itself
+    assert got.cpu().tolist() == [float(q) for q in range(P) for _ in range(2)]
+    rs = torch.empty(3, device=DEV)
+    dist.reduce_scatter_tensor(rs, torch.arange(3 * P, dtype=torch.float32, device=DEV), group=pcg)
+    assert rs.cpu().tolist() == [P * float(3 * r + i) for i in range(3)]
+    send = torch.full((4,), float(r), device=DEV)
+    recv = torch.zeros(4, device=DEV)
+    right, left = (r + 1) % P, (r - 1) % P
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right, group=pcg),
+                                   dist.P2POp(dist.irecv, recv, left, group=pcg)])
+    for req in reqs:
+        req.wait()
+    assert recv.cpu().tolist() == [float(left)] * 4
+    if P > 1:                                           # recv from any source names it
+        if r == 0:
+            w = pcg.recv_anysource([recv], 5)
+            w.wait()
+            assert w._source_rank() == P - 1
+        elif r == P - 1:
+            pcg.send([send], 0, 5).wait()
+    dist.barrier(group=pcg)
+
+
+def test_pg_timeout_and_abort(comm, pcg):
+    """A collective that cannot complete raises Timeout after the group's timeout (MPI's
+    own calls have none) and the group refuses further calls; abort() returns at once on
+    one rank, failing its Works, while the other ranks do nothing."""
+    if comm.size < 2:
+        return
+    g = dist.new_group(backend="partialcoll", timeout=timedelta(seconds=1))
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        expect_raises(pc.Timeout, dist.barrier, group=g, match="timeout")
+        assert time.monotonic() - t0 < 10
+        expect_raises(pc.StateError, dist.all_reduce, torch.ones(2), group=g, match="timed out")
+    comm.Barrier()
+    if comm.rank != 0:
+        g.comm.Ibarrier().Wait()          # the barrier rank 0 left behind (non-blocking: MPI matches it only so)
+    comm.Barrier()
+    g2 = dist.new_group(backend="partialcoll")
+    if comm.rank == 0:
+        buf = torch.zeros(4)
+        work = g2.recv([buf], 1, 9)                  # rank 1 sends it only after the abort
+        t0 = time.monotonic()
+        g2.abort()
+        assert time.monotonic() - t0 < 1.0, "abort() blocked"
+        expect_raises(pc.StateError, work.wait, match="aborted")
+        expect_raises(pc.StateError, dist.barrier, group=g2, match="aborted")
+    comm.Barrier()
+    if comm.rank == 1:
+        g2.send([torch.ones(4)], 0, 9).wait()       # ends rank 0's receive (its thread then ends)
+    comm.Barrier()
+
+
+def test_pg_eviction_while_waited(comm, pcg):
+    """More allreduce sizes than the group caches, all in flight at once: evicted
+    collectives are closed after their rounds, never under a wait (every result right)."""
+    from partialcoll.integrations._torch_pg import ENGINE_MIN_BYTES, MAX_CACHED
+    base = ENGINE_MIN_BYTES // 4
+    tensors = [torch.full((base + i,), float(comm.rank + i), device=DEV) for i in range(MAX_CACHED + 6)]
+    works = [dist.all_reduce(t, group=pcg, async_op=True) for t in tensors]
+    for i, (w, t) in enumerate(zip(works, tensors)):
+        w.wait()
+        assert torch.all(t == sum(r + i for r in range(comm.size))), i
+
+
+def test_local_rank_and_env(comm, pcg):
+    """local_rank()/local_size() from the node's shared-memory communicator; init set
+    LOCAL_RANK, LOCAL_WORLD_SIZE, RANK, WORLD_SIZE without overwriting the user's."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    assert (pct.local_rank(), pct.local_size()) == (node.rank, node.size)
+    node.Free()
+    assert os.environ["LOCAL_RANK"] == str(pct.local_rank())
+    assert os.environ["LOCAL_WORLD_SIZE"] == str(pct.local_size())
+    assert os.environ["RANK"] == str(comm.rank) and os.environ["WORLD_SIZE"] == str(comm.size)
+    from partialcoll.integrations import _torch_comm
+    os.environ["LOCAL_RANK"] = "77"
+    _torch_comm.set_launch_env(comm)
+    assert os.environ["LOCAL_RANK"] == "77"
+    os.environ["LOCAL_RANK"] = str(pct.local_rank())
+
+
+if __name__ == "__main__":
+    run_module(__file__)
