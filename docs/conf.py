@@ -6,6 +6,7 @@ the test suite, warnings as errors).
 """
 import importlib.util
 import os
+import re
 import sys
 
 # The installed partialcoll (pip install -e . makes it this tree); the source tree itself only
@@ -50,7 +51,37 @@ autodoc_default_options = {"members": True, "undoc-members": False, "show-inheri
 # is built from mocks (the reference of partialcoll.integrations.torch then still renders).
 autodoc_mock_imports = [m for m in ("torch", "cupy") if importlib.util.find_spec(m) is None]
 
-suppress_warnings = ["toc.empty_glob"]  # pages the index names by pattern may not exist yet
+
+
+def _index_lists_what_exists(app, docname, source):
+    """The index's toctree names pages in reading order, some of which may not exist yet in
+    a checkout (pages are added alongside the code): entries without a page are dropped, and
+    pages it does not name are listed before the API reference, so the build never fails on
+    the index alone. Rows of the index's table that link a missing page are left out too."""
+    if docname != "index":
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    pages = {os.path.splitext(f)[0] for f in os.listdir(here) if f.endswith(".md")} - {"index"}
+    text = source[0]
+    start = text.index("```{toctree}")
+    end = text.index("```", start + 3)
+    lines = text[start:end].split("\n")
+    entries = [ln.strip() for ln in lines[1:] if ln.strip() and not ln.strip().startswith(":")]
+    kept = [e for e in entries if e in pages]
+    extra = sorted(pages - set(kept))
+    at = kept.index("api") if "api" in kept else len(kept)
+    kept[at:at] = extra
+    options = [ln for ln in lines[1:] if ln.strip().startswith(":")]
+    block = "\n".join([lines[0], *options, "", *kept, ""])
+    text = text[:start] + block + text[end:]
+    # and the table above it: a row that links a page not in this checkout is left out
+    rows = [ln for ln in text.split("\n")
+            if not any(m not in pages for m in re.findall(r"\]\(([\w-]+)\.md\)", ln))]
+    source[0] = "\n".join(rows)
+
+
+def setup(app):
+    app.connect("source-read", _index_lists_what_exists)
 
 html_theme = "alabaster"
 html_title = f"partialcoll {release}"
