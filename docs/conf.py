@@ -45,7 +45,10 @@ napoleon_numpy_docstring = False
 napoleon_use_ivar = True  # "Attributes:" as a field list: the __slots__ are not described twice
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+autodoc_default_options = {"members": True}
+autodoc_preserve_defaults = True      # MPI.SUM, MPI.COMM_WORLD as written, not their reprs
+# the package's type aliases (partialcoll/_typing.py) by name, not expanded
+autodoc_type_aliases = {name: name for name in ("Buffer", "ReduceOp", "ComputeOp", "DTypeLike")}
 
 # Optional dependencies of the integrations: where they are not installed the reference
 # is built from mocks (the reference of partialcoll.integrations.torch then still renders).
