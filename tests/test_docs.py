@@ -33,7 +33,8 @@ def _hits(paths, pattern):
 
 
 @pytest.mark.parametrize("what,pattern", [("issue numbers", ISSUE), ("commit hashes", HASH),
-                                          ("paths outside the repository", OUTSIDE)])
+                                          ("paths outside the repository", OUTSIDE)],
+                         ids=["issue-numbers", "commit-hashes", "outside-paths"])
 def test_docs_are_for_users(what, pattern):
     """README, CHANGELOG and docs/*.md name no issue, no commit and nothing outside the repository."""
     hits = _hits([p for p in PAGES if os.path.exists(p)], pattern)
@@ -63,4 +64,6 @@ def test_sphinx_builds_without_warnings(tmp_path):
     for name in ("partialcoll.PartialAllreduce", "partialcoll.Result", "partialcoll.rc",
                  "partialcoll.integrations.torch.partial_ddp"):
         assert f'id="{name}"' in api, name
-    assert "the latest completed round" in api or "late=" in api
+    # napoleon turned the Google-style "Attributes:" of Result into a field list, and the
+    # type hints became parameter types
+    assert ">Variables<" in api and ">Parameters<" in api
