@@ -160,9 +160,28 @@ class PartialRequest:
 class PartialAllreduce:
     """A persistent partial allreduce over comm (created collectively).
 
-    divisor: every round's result is its reduction divided by this (op SUM of a real
-    floating dtype; eager-SGD's average is divisor=P), in the pass that makes the sum, so
-    an average costs no pass of its own.
+    Args:
+        count: elements per rank in every round.
+        dtype: element type: any NumPy number type, float16, bfloat16 (ml_dtypes or the
+            name "bfloat16"), complex.
+        op: the reduction, an MPI.Op (MPI.SUM ... MPI.BXOR) or its name.
+        comm: an intracommunicator; the collective runs on its own duplicate.
+        mode: who may start a round: "solo" (any rank's post), "majority" (the round's
+            one designated rank, chosen from seed), "probe" (the first of q designated
+            ranks), "quorum" (the k-th post) or "full" (every rank's post).
+        candidates: probe's q (default 2).
+        quorum: quorum's k (required there).
+        seed: chooses the designated ranks of majority and probe (the same on every rank).
+        max_staleness: s makes every s-th round full, so no rank falls more than s rounds
+            behind.
+        late: what a late post's wait returns: "latest" (the latest completed round) or
+            "fold" (every round completed since this rank's last result, folded).
+        algorithm: "auto", "recursive_doubling", "ring" or "tree".
+        groups: the tree's regions (one list per level, or one list): default the
+            shared-memory nodes.
+        divisor: every round's result is its reduction divided by this (op SUM of a real
+            floating dtype; eager-SGD's average is divisor=P), in the pass that makes the
+            sum, so an average costs no pass of its own.
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
