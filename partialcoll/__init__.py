@@ -41,6 +41,6 @@ __all__ = [
     "PartialcollError", "ArgumentError", "InvalidBufferError", "OpError", "StateError", "MPIError",
     "Timeout", "EngineError", "OutOfMemory", "__version__",
 ]
-from .neighbor import NeighborAllreduce, NeighborRequest, NeighborResult  # noqa: E402
-from .topology import double_ring_graph, ring_based_graph, ring_graph  # noqa: E402
+from .neighbor import NeighborAllreduce, NeighborRequest, NeighborResult
+from .topology import double_ring_graph, ring_based_graph, ring_graph
 __all__ += ["NeighborAllreduce", "NeighborRequest", "NeighborResult", "ring_graph", "ring_based_graph", "double_ring_graph"]

@@ -70,20 +70,21 @@ def _silent_of(c):
 class Result:
     """What a round gives back (the same data, round, counts and active set on every rank).
 
-    data         the reduction, divided by the collective's divisor (a device array where
-                 the post's buffers were on the device)
-    round        round number n (the last one, if several are folded)
-    active       ranks whose data is inside data: their post #round, or leftovers of
-                 earlier posts that no round had read (eager-SGD's s_t; with several
-                 folded rounds, the ranks active in any of them)
-    nap          len(active) for one round; summed over the rounds data covers (RNA's
-                 number of active processes)
-    posts        how many posts' data is inside data: data / posts is the exact mean of
-                 what was contributed (op SUM, divisor 1); a rank whose accumulator held
-                 two posts adds two
-    contributed  whether this post's data is inside data
-    rounds       how many rounds data covers (1; 0 or more with late="fold" and at close)
-    closing      ranks that had begun close() when the round read their input
+    Attributes:
+        data: the reduction, divided by the collective's divisor (a device array where
+            the post's buffers were on the device)
+        round: round number n (the last one, if several are folded)
+        active: ranks whose data is inside data: their post #round, or leftovers of
+            earlier posts that no round had read (eager-SGD's s_t; with several
+            folded rounds, the ranks active in any of them)
+        nap: len(active) for one round; summed over the rounds data covers (RNA's
+            number of active processes)
+        posts: how many posts' data is inside data: data / posts is the exact mean of
+            what was contributed (op SUM, divisor 1); a rank whose accumulator held
+            two posts adds two
+        contributed: whether this post's data is inside data
+        rounds: how many rounds data covers (1; 0 or more with late="fold" and at close)
+        closing: ranks that had begun close() when the round read their input
     """
 
     __slots__ = ("data", "round", "active", "nap", "posts", "contributed", "rounds", "closing")
@@ -159,9 +160,28 @@ class PartialRequest:
 class PartialAllreduce:
     """A persistent partial allreduce over comm (created collectively).
 
-    divisor: every round's result is its reduction divided by this (op SUM of a real
-    floating dtype; eager-SGD's average is divisor=P), in the pass that makes the sum, so
-    an average costs no pass of its own.
+    Args:
+        count: elements per rank in every round.
+        dtype: element type: any NumPy number type, float16, bfloat16 (ml_dtypes or the
+            name "bfloat16"), complex.
+        op: the reduction, an MPI.Op (MPI.SUM ... MPI.BXOR) or its name.
+        comm: an intracommunicator; the collective runs on its own duplicate.
+        mode: who may start a round: "solo" (any rank's post), "majority" (the round's
+            one designated rank, chosen from seed), "probe" (the first of q designated
+            ranks), "quorum" (the k-th post) or "full" (every rank's post).
+        candidates: probe's q (default 2).
+        quorum: quorum's k (required there).
+        seed: chooses the designated ranks of majority and probe (the same on every rank).
+        max_staleness: s makes every s-th round full, so no rank falls more than s rounds
+            behind.
+        late: what a late post's wait returns: "latest" (the latest completed round) or
+            "fold" (every round completed since this rank's last result, folded).
+        algorithm: "auto", "recursive_doubling", "ring" or "tree".
+        groups: the tree's regions (one list per level, or one list): default the
+            shared-memory nodes.
+        divisor: every round's result is its reduction divided by this (op SUM of a real
+            floating dtype; eager-SGD's average is divisor=P), in the pass that makes the
+            sum, so an average costs no pass of its own.
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
@@ -308,7 +328,7 @@ class PartialAllreduce:
             "identity": ffi.cast("void *", ident.ctypes.data)})
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm = dup
+        self._comm: Optional[MPI.Comm] = dup
         out = ffi.new("pc_coll **")
         self._coll = None
         try:
@@ -482,8 +502,10 @@ class PartialAllreduce:
         A peer the MPI reports as failed raises MPIError naming it (checked every slice of
         the wait); a Timeout names the peers not heard from in the armed round."""
         ffi = _engine.ffi
+        staging = self._staging
         if on_device:
-            data = self._staging.outbox
+            assert staging is not None        # posts to the device path made it
+            data = staging.outbox
         else:
             data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", self._mask_len)
@@ -491,8 +513,8 @@ class PartialAllreduce:
         wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info,
                        peers=self._peers, what=what or f"round {index}")
         self._outs.pop(index, None)       # the engine is done with this request's out
-        if on_device:
-            data = self._staging.deliver(out)
+        if staging is not None and on_device:
+            data = staging.deliver(out)
         active, closing = self._ranks_of(tuple(mask[0:2 * self._mask_words]))
         return Result(data=data, round=info.round, active=active, nap=info.nap, posts=info.posts,
                       contributed=info.post_lo <= index < info.post_hi, rounds=info.rounds, closing=closing)
@@ -585,7 +607,9 @@ class PartialAllreduce:
             raise
         self._closed = True
         self._coll = None
-        self._comm.Free()
+        comm = self._comm
+        assert comm is not None           # cleared only by _abandon(), which marks it closed
+        comm.Free()
         self._outs = {}
         self._fb = (None, None, None, None)
         return result

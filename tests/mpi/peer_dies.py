@@ -126,7 +126,8 @@ def body():
     # a survivor that hangs anyway shows where (every thread's stack) and exits
     faulthandler.dump_traceback_later(3 * TIMEOUT + 20, exit=True)
     if os.environ.get("PC_TEST_GDB"):
-        import subprocess, threading
+        import subprocess
+        import threading
         def native_stacks():
             subprocess.run(["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt"],
                            stdin=subprocess.DEVNULL)
@@ -159,7 +160,7 @@ def body():
             schedule_survive(comm, victim)
         else:
             survive(comm, coll, victim)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure is reported, then the rank exits 1
         import traceback
         traceback.print_exc()
         sys.stdout.flush()
