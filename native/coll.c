@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ candidates */
 static uint64_t splitmix64(uint64_t x)
@@ -256,6 +257,7 @@ static void coll_round_done(pc_owner *o)
         c->errpeer = pc_last_error_peer();
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
         STORE(c->err, rc);
+        mpi_alarm_deaf(&c->alarm);
     }
 }
 
@@ -266,6 +268,26 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
     c->errpeer = peer;
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     STORE(c->err, code);
+    mpi_alarm_deaf(&c->alarm);     /* no round runs any more: nothing to be told */
+}
+
+/* [pass] A peer's report (pc_coll_abort on that rank): the collective fails here with
+ * PC_ERR_PEER, its armed round is withdrawn, and waiters wake. Unit lock held. */
+static int coll_poll(pc_unit *u)
+{
+    pc_coll *c = (pc_coll *)u;
+    if (!mpi_alarm_heard(&c->alarm)) return 0;
+    if (c->err || c->reported || LOAD(c->finished)) return 1;
+    memcpy(&c->peer, c->alarm.in, sizeof c->peer);
+    c->peer.type[sizeof c->peer.type - 1] = c->peer.message[sizeof c->peer.message - 1] = 0;
+    c->errpeer = c->peer.rank;
+    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->peer.rank,
+             c->peer.type, c->peer.message, c->rank);
+    STORE(c->err, PC_ERR_PEER);
+    if (c->armed && c->armed->running) sched_withdraw(c->armed);
+    note_event();
+    notify_done();
+    return 1;
 }
 
 static void coll_destroy(pc_coll *c)
@@ -280,6 +302,7 @@ static void coll_destroy(pc_coll *c)
         free(c->mask_slot);
     }
     free(c->res_mask); free((void *)c->spec.identity);
+    mpi_alarm_free(&c->alarm);
     pthread_mutex_destroy(&c->owner.unit.lock);
     free(c);
 }
@@ -293,6 +316,7 @@ static void coll_unit_abandon(pc_unit *u)
     pc_coll *c = (pc_coll *)u;
     pc_sched *s = c->armed;
     if (s && s->running && !s->live) sched_withdraw(s);
+    mpi_alarm_deaf(&c->alarm);
 }
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
@@ -317,6 +341,8 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     pc_coll *c = calloc(1, sizeof *c);
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
     unit_init(&c->owner.unit, coll_unit_destroy, coll_unit_abandon);
+    c->owner.unit.poll = coll_poll;
+    c->alarm.comm = *(MPI_Comm *)comm_handle;
     c->rank = rank;
     c->size = size;
     c->spec = *spec;
@@ -369,6 +395,7 @@ int pc_coll_begin(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
     int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
+    if (rc == PC_OK && c->size > 1) rc = mpi_alarm_listen(&c->alarm, c->alarm.comm);
     unit_unlock(&c->owner.unit);
     return rc;
 }
@@ -609,7 +636,10 @@ int pc_coll_free(pc_coll *c)
     unit_lock(&c->owner.unit);
     int rc = !coll_idle(c) && !c->owner.unit.leaked
              ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
-    if (rc == PC_OK) unit_doom(&c->owner.unit);
+    if (rc == PC_OK) {
+        mpi_alarm_deaf(&c->alarm);
+        unit_doom(&c->owner.unit);
+    }
     unit_unlock(&c->owner.unit);
     if (rc == PC_OK) reap_units();
     return rc;
@@ -637,6 +667,56 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
     reap_units();
     if (*deferred) kick();
     return PC_OK;
+}
+
+int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
+{
+    if (!c) return PC_OK;
+    unit_lock(&c->owner.unit);
+    int rc = PC_OK;
+    if (!c->reported && c->err != PC_ERR_PEER && !LOAD(c->finished) && !c->abandoned && c->size > 1) {
+        pc_alarm_msg m;
+        memset(&m, 0, sizeof m);
+        m.rank = c->rank;
+        snprintf(m.type, sizeof m.type, "%s", type ? type : "");
+        snprintf(m.message, sizeof m.message, "%s", message ? message : "");
+        mpi_alarm_deaf(&c->alarm);       /* this rank is done with the collective */
+        rc = mpi_alarm_send(&c->alarm, &m);
+        c->reported = 1;
+        if (!c->err) {
+            c->errpeer = -1;
+            snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers: the collective "
+                     "cannot be used any more", c->rank, m.type);
+            STORE(c->err, PC_ERR_STATE);
+        }
+        if (c->armed && c->armed->running) sched_withdraw(c->armed);
+        notify_done();
+    }
+    unit_unlock(&c->owner.unit);
+    /* the sends: eager everywhere (512 bytes), but a network may need MPI progress */
+    double until = now_us() + (timeout_s > 0 ? timeout_s * 1e6 : 0);
+    for (;;) {
+        unit_lock(&c->owner.unit);
+        int sent = mpi_alarm_sent(&c->alarm);
+        unit_unlock(&c->owner.unit);
+        if (sent || now_us() >= until) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return rc;
+}
+
+int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
+{
+    unit_lock(&c->owner.unit);
+    int rc = c->err == PC_ERR_PEER ? PC_OK : fail(PC_ERR_STATE, "no peer reported an error");
+    if (rc == PC_OK) {
+        *rank = c->peer.rank;
+        snprintf(type, (size_t)tlen, "%s", c->peer.type);
+        snprintf(message, (size_t)mlen, "%s", c->peer.message);
+    }
+    unit_unlock(&c->owner.unit);
+    return rc;
 }
 
 /* traffic: the bytes of the sends each schedule posted to peer i since creation */

@@ -14,16 +14,17 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine
+from . import _device, _engine, _propagate
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._agree import agree, as_problem
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
-                      StateError, as_timeout, check, check_round, wait_in_slices)
+                      StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -65,6 +66,16 @@ def _silent_of(c):
         check(_engine.lib.pc_coll_silent(c, ranks, 64, rnd, n))
         return f"round {rnd[0]}", tuple(ranks[0:n[0]])
     return silent
+
+
+def _peer_error_of(c):
+    """For a wait that the engine failed with a peer's report: (rank, type, message)."""
+    def peer_error():
+        ffi = _engine.ffi
+        rank, kind, msg = ffi.new("int *"), ffi.new("char[64]"), ffi.new("char[512]")
+        check(_engine.lib.pc_coll_peer_error(c, rank, kind, 64, msg, 512))
+        return rank[0], ffi.string(kind).decode(errors="replace"), ffi.string(msg).decode(errors="replace")
+    return peer_error
 
 
 class Result:
@@ -225,6 +236,8 @@ class PartialAllreduce:
         self._fb: tuple = (None, None, None, None)    # x, its cffi view, out, its view (post)
         self._build(comm)
         self._closed = False
+        self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
+        _propagate.register(self)
 
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None,
@@ -325,7 +338,8 @@ class PartialAllreduce:
                 for v, sched in enumerate(scheds):
                     check(lib.pc_coll_set_sched(self._coll, kind, v, _create_native(sched, dup, self._coll, pairs)))
             check(lib.pc_coll_begin(self._coll))
-            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
+            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll),
+                                _peer_error_of(self._coll))
         except BaseException:
             self._abandon()
             raise
@@ -574,7 +588,9 @@ class PartialAllreduce:
         try:
             check_round(lib.pc_coll_close(c), self._peers, "close()")     # an error met since the last wait
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
-        except PartialcollError:
+        except PartialcollError as exc:
+            if isinstance(exc, Timeout):     # the peers may be alive, in rounds: tell them
+                self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
             self._abandon()              # the final round cannot complete here
             raise
         self._traffic = self.traffic()
@@ -585,6 +601,7 @@ class PartialAllreduce:
             raise
         self._closed = True
         self._coll = None
+        _propagate.forget(self)
         self._comm.Free()
         self._outs = {}
         self._fb = (None, None, None, None)
@@ -599,6 +616,16 @@ class PartialAllreduce:
         check(_engine.lib.pc_traffic(self._native_coll(), _engine.ffi.NULL,
                                      _engine.ffi.cast("int64_t *", sent.ctypes.data), self.size))
         return sent
+
+    def _report(self, exc_type: str, message: str, seconds: float) -> int:
+        """Tell every peer that this rank failed with exc_type: message (their calls on this
+        collective then raise PeerError); the collective cannot be used here after. 1 if
+        told (0: closed, or a peer's own report came first)."""
+        if self._closed or getattr(_engine, "lib", None) is None:
+            return 0
+        check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
+                                        message.encode(errors="replace")[:447], seconds))
+        return 1
 
     def _abandon(self) -> None:
         """Drop the collective without the collective close(): this rank only. The engine
@@ -630,8 +657,11 @@ class PartialAllreduce:
             self.close()
         else:
             # close() is collective: running it while other ranks may not reach it would
-            # hang them; the exception propagates here and the others time out instead.
-            self._abandon()
+            # hang them; the exception propagates here, and the peers hear of it (PeerError).
+            try:
+                self._report(exc_type.__name__, _propagate.describe(exc[0]), _propagate.REPORT_SECONDS)
+            finally:
+                self._abandon()
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "
