@@ -273,9 +273,16 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
 
 /* [pass] A peer's report (pc_coll_abort on that rank): the collective fails here with
  * PC_ERR_PEER, its armed round is withdrawn, and waiters wake. Unit lock held. */
+static void coll_send_report(pc_coll *c);
+
 static int coll_poll(pc_unit *u)
 {
     pc_coll *c = (pc_coll *)u;
+    if (c->report_pending) {             /* recorded where no MPI call may be made (abandon) */
+        coll_send_report(c);
+        return 1;
+    }
+    if (c->alarm.nsend) mpi_alarm_sent(&c->alarm);
     if (!mpi_alarm_heard(&c->alarm)) return 0;
     if (c->err || c->reported || LOAD(c->finished)) return 1;
     memcpy(&c->peer, c->alarm.in, sizeof c->peer);
@@ -651,7 +658,8 @@ int pc_coll_free(pc_coll *c)
  * rank's input yet (its receives cancelled); a round already moving data finishes, so
  * peers are not left with half a message. The collective is freed once none of its
  * schedules runs and no pass holds it: the engine never points at freed memory. Peers
- * still using the collective time out, as with any collective call one rank never makes. */
+ * still using the collective hear of it where Python reported it first (pc_coll_abort
+ * with a negative timeout: the pass sends it), else they time out. */
 int pc_coll_abandon(pc_coll *c, int *deferred)
 {
     *deferred = 0;
@@ -669,28 +677,47 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
     return PC_OK;
 }
 
+/* Record this rank's report (unit lock held): the collective stops here; 1 if it is to
+ * be sent (not after a peer's report, the final round, or a report already made). */
+static int coll_report(pc_coll *c, const char *type, const char *message)
+{
+    if (c->reported || c->err == PC_ERR_PEER || LOAD(c->finished) || c->size < 2) return 0;
+    memset(&c->report, 0, sizeof c->report);
+    c->report.rank = c->rank;
+    snprintf(c->report.type, sizeof c->report.type, "%s", type ? type : "");
+    snprintf(c->report.message, sizeof c->report.message, "%s", message ? message : "");
+    c->reported = 1;
+    if (!c->err) {
+        c->errpeer = -1;
+        snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers: the collective "
+                 "cannot be used any more", c->rank, c->report.type);
+        STORE(c->err, PC_ERR_STATE);
+    }
+    notify_done();
+    return 1;
+}
+
+/* Send the recorded report to every peer (unit lock held; MPI calls). */
+static void coll_send_report(pc_coll *c)
+{
+    c->report_pending = 0;
+    mpi_alarm_deaf(&c->alarm);           /* this rank is done with the collective */
+    mpi_alarm_send(&c->alarm, &c->report);
+    if (c->armed && c->armed->running) sched_withdraw(c->armed);
+}
+
 int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
 {
     if (!c) return PC_OK;
     unit_lock(&c->owner.unit);
-    int rc = PC_OK;
-    if (!c->reported && c->err != PC_ERR_PEER && !LOAD(c->finished) && !c->abandoned && c->size > 1) {
-        pc_alarm_msg m;
-        memset(&m, 0, sizeof m);
-        m.rank = c->rank;
-        snprintf(m.type, sizeof m.type, "%s", type ? type : "");
-        snprintf(m.message, sizeof m.message, "%s", message ? message : "");
-        mpi_alarm_deaf(&c->alarm);       /* this rank is done with the collective */
-        rc = mpi_alarm_send(&c->alarm, &m);
-        c->reported = 1;
-        if (!c->err) {
-            c->errpeer = -1;
-            snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers: the collective "
-                     "cannot be used any more", c->rank, m.type);
-            STORE(c->err, PC_ERR_STATE);
+    if (coll_report(c, type, message)) {
+        if (timeout_s < 0) {             /* no MPI call here: the next progress pass sends it */
+            c->report_pending = 1;
+            unit_unlock(&c->owner.unit);
+            kick();
+            return PC_OK;
         }
-        if (c->armed && c->armed->running) sched_withdraw(c->armed);
-        notify_done();
+        coll_send_report(c);
     }
     unit_unlock(&c->owner.unit);
     /* the sends: eager everywhere (512 bytes), but a network may need MPI progress */
@@ -703,7 +730,7 @@ int pc_coll_abort(pc_coll *c, const char *type, const char *message, double time
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
-    return rc;
+    return PC_OK;
 }
 
 int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)

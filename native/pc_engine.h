@@ -201,7 +201,9 @@ int pc_coll_abandon(pc_coll *c, int *deferred);
  * collective here (later calls: PC_ERR_STATE), and wait up to timeout_s for the sends.
  * A peer's pending and later posts, tests and waits on it then fail with PC_ERR_PEER,
  * and pc_coll_peer_error() says who failed and how. Nothing is sent after a peer's own
- * report (the first report is the one every rank hears) or after the final round. */
+ * report (the first report is the one every rank hears) or after the final round.
+ * timeout_s < 0: no MPI call here (a garbage collector's thread): the next progress pass
+ * sends it. */
 int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s);
 int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen);
 /* traffic: add the bytes of the sends each schedule posted to peer i since creation

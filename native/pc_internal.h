@@ -222,7 +222,9 @@ struct pc_coll {
     char errmsg[384];
     int errpeer;
     pc_alarm alarm;          /* (unit) peer errors: pc_coll_abort, coll_poll */
-    int reported;            /* (unit) this rank sent its report (pc_coll_abort) */
+    int reported;            /* (unit) this rank made its report (pc_coll_abort) ... */
+    int report_pending;      /* (unit) ... which the next pass sends (made where no MPI call may be) */
+    pc_alarm_msg report;     /* (unit) that report */
     pc_alarm_msg peer;       /* (unit) the report heard, when err is PC_ERR_PEER */
 };
 

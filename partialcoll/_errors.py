@@ -210,7 +210,7 @@ class _Stall:
         rank = f" at rank {self.peers.rank}" if self.peers is not None else ""
         heard = f": no message from {_ranks(silent)} in {where}" if silent else ""
         logging.getLogger("partialcoll").warning(
-            "%s has waited %.0f s%s%s (stall warning after %g s: partialcoll.rc.stall_warning)",
+            "partialcoll: %s has waited %.1f s%s%s (stall warning after %g s: partialcoll.rc.stall_warning)",
             self.what, waited, rank, heard, limit)
 
 

@@ -620,7 +620,8 @@ class PartialAllreduce:
     def _report(self, exc_type: str, message: str, seconds: float) -> int:
         """Tell every peer that this rank failed with exc_type: message (their calls on this
         collective then raise PeerError); the collective cannot be used here after. 1 if
-        told (0: closed, or a peer's own report came first)."""
+        told (0: closed, or a peer's own report came first). seconds: how long to wait for
+        the messages to leave; negative: no MPI call here, the engine's next pass sends them."""
         if self._closed or getattr(_engine, "lib", None) is None:
             return 0
         check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
@@ -645,6 +646,11 @@ class PartialAllreduce:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
+            try:    # no MPI call here (any thread): the engine's next pass sends the report
+                self._report("dropped", "the collective was dropped without close() (garbage-collected, "
+                             "or left behind by an exception or sys.exit())", -1.0)
+            except Exception:       # noqa: BLE001 - __del__ must not raise
+                pass
             self._abandon()
 
     def __enter__(self) -> "PartialAllreduce":
