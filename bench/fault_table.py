@@ -7,6 +7,14 @@ it named, and what close() raised.
                                 [--timeout 3] [--cannot-tell] [--expect Timeout]
 
 --cannot-tell hides MPIX_Comm_get_failed from the engine (PARTIALCOLL_NO_FAILED_QUERY=1).
+
+A rank that fails and can say so (tests/mpi/peer_fails.py: rank 0 raises, gets SIGINT or
+SIGTERM, exits, drops or closes its collectives early, or never posts):
+
+    python bench/fault_table.py --failures [--P 2 3 5] [--cases badbuf raise ... inproc]
+
+prints one row per (case, mode, P): what the survivors raised, after how long from the
+failure, which rank they named, what close() then did, and the whole job's wall time.
 """
 from __future__ import annotations
 
@@ -55,6 +63,51 @@ def row(mpi: str, how: str, mode: str, p: int, timeout: float, cannot_tell: bool
             f"{'; '.join(closed)} | {took:.1f} s |")
 
 
+PEER_FAULT = re.compile(r"FAULT rank=(\d+) case=(\w+) mode=(\w+) raised=(\w+) named=([\d,-]+) exc_type=(\S+) "
+                        r"at=([\d.]+) close=(\S+) close_s=([\d.]+)")
+FAILING = re.compile(r"FAILING case=(\w+) at=([\d.]+)")
+FAILURE_CASES = ("badbuf", "raise", "sigint", "sigterm", "exit", "inproc")
+CASE_TEXT = {"badbuf": "bad buffer (uncaught `InvalidBufferError`)", "raise": "user exception between posts",
+             "sigint": "SIGINT (`KeyboardInterrupt`)", "sigterm": "SIGTERM", "exit": "`sys.exit()`, no close()",
+             "with": "exception leaves `with` blocks", "thread": "exception ends the thread that made them", "drop": "collective dropped without close()",
+             "close": "closes early (close() times out, 1.5 s)", "never": "never posts (timeout 2 s)"}
+
+
+def failure_rows(mpi: str, case: str, p: int) -> list:
+    """Run peer_fails.py CASE at P ranks; one Markdown row per (case, mode)."""
+    argv = [sys.executable, os.path.join(HERE, "..", "tests", "mpi", "peer_fails.py"), case]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PARTIALCOLL_TIMEOUT="2", PARTIALCOLL_STALL_WARNING="0.5",
+               **launch_env())
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(launch(p, argv, keep_going=case == "sigterm"), capture_output=True, text=True,
+                             env=env, timeout=120).stdout
+    except subprocess.TimeoutExpired:
+        return [f"| {mpi} | {case} | - | {p} | hang (killed after 120 s) | | | | |"]
+    took = time.monotonic() - t0
+    failing = {m[0]: float(m[1]) for m in FAILING.findall(out)}
+    got: dict = {}
+    for m in PEER_FAULT.findall(out):
+        got.setdefault((m[1], m[2]), []).append(m)
+    rows = []
+    for (sub, mode), ms in sorted(got.items(), key=lambda kv: (list(CASE_TEXT).index(kv[0][0]),
+                                                               ("solo", "majority", "probe", "quorum",
+                                                                "full").index(kv[0][1]))):
+        survivors = [m for m in ms if m[0] != "0"]
+        if not survivors:
+            continue
+        raised = sorted({m[3] + (f" ({m[5]})" if m[5] != "-" else "") for m in survivors})
+        named = sorted({m[4] for m in survivors})
+        after = sorted(float(m[6]) - failing[sub] for m in survivors if m[3] != "nothing")
+        span = "-" if not after else f"{after[0]:.3f} - {after[-1]:.3f} s"
+        closes = sorted({m[7] for m in survivors})
+        close_s = max(float(m[8]) for m in survivors)
+        rows.append(f"| {mpi} | {CASE_TEXT[sub]} | {mode} | {p} | {'; '.join(raised)} | {span} | "
+                    f"{', '.join(named)} | {'; '.join(closes)}{f', {close_s:.3f} s' if closes != ['-'] else ''} | "
+                    f"{took:.1f} s |")
+    return rows or [f"| {mpi} | {case} | - | {p} | no report | | | | {took:.1f} s |"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--P", type=int, nargs="+", default=[3, 4])
@@ -64,9 +117,21 @@ def main() -> None:
     ap.add_argument("--cannot-tell", action="store_true")
     ap.add_argument("--expect", choices=["MPIError", "Timeout"], default="MPIError",
                     help="what the survivors must raise (else they print no row: 'nothing')")
+    ap.add_argument("--failures", action="store_true", help="the table of ranks that fail and say so")
+    ap.add_argument("--cases", nargs="+", default=list(FAILURE_CASES), choices=FAILURE_CASES)
     a = ap.parse_args()
     import partialcoll as pc
     mpi = pc.info()["mpi_library"].split(",")[0].split("\n")[0].replace("Version:", "").strip()
+    if a.failures:
+        print(f"# {mpi} ({mpi_flavour()}), rank 0 fails, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        print("| MPI | rank 0 | mode | P | each survivor raised (type named) | after the failure | rank named | "
+              "close() then | job took |")
+        print("|---|---|---|---:|---|---|---|---|---:|")
+        for case in a.cases:
+            for p in (a.P if a.P != [3, 4] else [2, 3, 5]):
+                for r in failure_rows(mpi, case, p):
+                    print(r, flush=True)
+        return
     print(f"# {mpi} ({mpi_flavour()}), timeout {a.timeout} s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print("| MPI | where | how the peer died | mode | P | each survivor's wait raised | after | "
           "ranks named (by survivor 0, 1, ...) | close() raised, after | job took |")

@@ -103,7 +103,7 @@ PEER_FAULT = re.compile(r"FAULT rank=(\d+) case=(\w+) mode=(\w+) raised=(\w+) na
 FAILING = re.compile(r"FAILING case=(\w+) at=([\d.]+)")
 MODES = ("solo", "majority", "probe", "quorum", "full")
 EXPECTED_TYPE = {"badbuf": "InvalidBufferError", "raise": "RuntimeError", "sigint": "KeyboardInterrupt",
-                 "sigterm": "SIGTERM", "exit": "exit", "with": "RuntimeError", "drop": "dropped", "close": "Timeout"}
+                 "sigterm": "SIGTERM", "exit": "exit", "with": "RuntimeError", "thread": "RuntimeError", "drop": "dropped", "close": "Timeout"}
 
 
 def peer_faults(out):
@@ -143,14 +143,15 @@ def test_failure_reaches_every_peer(mpirun, case, nprocs):
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
 def test_failure_in_process(mpirun, nprocs):
     """The failures that leave rank 0 running, each in every mode: an exception leaves
-    `with` blocks (PeerError at every survivor); rank 0 drops its collectives without
+    `with` blocks (PeerError at every survivor); a thread of rank 0 that made and used
+    collectives dies of an exception (PeerError); rank 0 drops its collectives without
     close() (PeerError, "dropped"); rank 0 closes early and its close()
     times out (PeerError, exc_type Timeout); rank 0 never posts: solo, probe and quorum go
     on without it, majority and full time out (2 s) naming the ranks not heard from (0
     among them), after the stall inspector (0.5 s) logged them, and rank 0 hears of it."""
     out = mpirun("peer_fails.py", nprocs, "inproc", timeout=120,
                  env={"PARTIALCOLL_TIMEOUT": "2", "PARTIALCOLL_STALL_WARNING": "0.5"})
-    for case in ("with", "drop", "close"):
+    for case in ("with", "thread", "drop", "close"):
         check_peer_error(out, case, nprocs)
     got, _ = peer_faults(out)
     named = set()

@@ -25,6 +25,8 @@ collectives (mpiexec's PARTIALCOLL_TIMEOUT: the wait timeout, 2 s in the tests):
 
   with     rank 0 raises RuntimeError inside ``with`` blocks of all five collectives (it
            catches it outside): each __exit__ reports it; survivors raise PeerError
+  thread   rank 0's collectives are made and used on a thread that dies of an exception:
+           threading.excepthook reports on them: PeerError, RuntimeError
   drop     rank 0 drops all five collectives without close() (the garbage collector
            abandons them; the engine's next pass sends the report): PeerError, "dropped"
   close    rank 0 closes every collective early (close(timeout=1.5) on five threads) while
@@ -66,6 +68,14 @@ EXC_TYPE = {"badbuf": "InvalidBufferError", "raise": "RuntimeError", "sigint": "
 def make(comm, mode):
     kw = {"candidates": 2} if mode == "probe" else {"quorum": max(1, comm.size - 1)} if mode == "quorum" else {}
     return pc.PartialAllreduce(4, np.float64, MPI.SUM, comm, mode=mode, seed=7, **kw)
+
+
+def opened(comm):
+    """One collective per mode, each after one round on every rank."""
+    colls = {mode: make(comm, mode) for mode in MODES}
+    for coll in colls.values():
+        coll.post(np.full(4, float(comm.rank))).wait()
+    return colls
 
 
 def say(line):
@@ -152,10 +162,8 @@ def exits(comm):
 
 
 def phase_with(comm):
-    colls = {mode: make(comm, mode) for mode in MODES}
+    colls = opened(comm)
     if comm.rank == 0:
-        for mode in MODES:
-            colls[mode].post(np.ones(4)).wait()
         say(f"FAILING case=with at={time.time():.4f}")
         try:
             with colls["solo"], colls["majority"], colls["probe"], colls["quorum"], colls["full"]:
@@ -172,11 +180,27 @@ def phase_with(comm):
     close_at_once(comm, colls, survive(comm, colls, "RuntimeError"), "with")
 
 
+def phase_thread(comm):
+    """Rank 0 makes and uses the collectives on a thread, which then dies of an exception:
+    threading.excepthook reports on the collectives that thread made."""
+    if comm.rank != 0:
+        colls = opened(comm)
+        close_at_once(comm, colls, survive(comm, colls, "RuntimeError"), "thread")
+        return
+    kept = []
+
+    def worker():
+        kept.append(opened(comm))
+        say(f"FAILING case=thread at={time.time():.4f}")
+        raise RuntimeError("the worker thread failed")
+    t = threading.Thread(target=worker, name="worker")
+    t.start()
+    t.join()
+
+
 def phase_drop(comm):
-    colls = {mode: make(comm, mode) for mode in MODES}
+    colls = opened(comm)
     if comm.rank == 0:
-        for mode in MODES:
-            colls[mode].post(np.ones(4)).wait()
         say(f"FAILING case=drop at={time.time():.4f}")
         del colls
         gc.collect()
@@ -185,10 +209,8 @@ def phase_drop(comm):
 
 
 def phase_close(comm):
-    colls = {mode: make(comm, mode) for mode in MODES}
+    colls = opened(comm)
     if comm.rank == 0:
-        for mode in MODES:
-            colls[mode].post(np.ones(4)).wait()
         errors = {}
 
         def close(mode):
@@ -208,11 +230,9 @@ def phase_close(comm):
 
 
 def phase_never(comm):
-    colls = {mode: make(comm, mode) for mode in MODES}
+    colls = opened(comm)
     stalls = ("majority", "full")
     x = np.full(4, float(comm.rank))
-    for mode in MODES:
-        colls[mode].post(x).wait()
     comm.Barrier()
     timeout = pc.rc.timeout
     if comm.rank == 0:
@@ -261,7 +281,7 @@ def body():
     if CASE != "inproc":
         exits(comm)
         return
-    for phase in (phase_with, phase_drop, phase_close, phase_never):
+    for phase in (phase_with, phase_thread, phase_drop, phase_close, phase_never):
         phase(comm)
         comm.Barrier()
     say(f"PASSED {comm.rank}")
