@@ -13,8 +13,9 @@ SIGTERM, exits, drops or closes its collectives early, or never posts):
 
     python bench/fault_table.py --failures [--P 2 3 5] [--cases badbuf raise ... inproc]
 
-prints one row per (case, mode, P): what the survivors raised, after how long from the
-failure, which rank they named, what close() then did, and the whole job's wall time.
+prints one row per way rank 0 fails and a column per mode: what the survivors raised (and
+the exception type the PeerError names), how long after the failure (over survivors and
+P), what close() then did, and the jobs' wall times.
 """
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ CASE_TEXT = {"badbuf": "bad buffer (uncaught `InvalidBufferError`)", "raise": "u
              "close": "closes early (close() times out, 1.5 s)", "never": "never posts (timeout 2 s)"}
 
 
-def failure_rows(mpi: str, case: str, p: int) -> list:
-    """Run peer_fails.py CASE at P ranks; one Markdown row per (case, mode)."""
+def failure_runs(case: str, p: int) -> tuple:
+    """Run peer_fails.py CASE at P ranks: ([(sub-case, rank, mode, raised, named, exc_type,
+    seconds after the failure, close, close seconds)], the job's wall time, timed out)."""
     argv = [sys.executable, os.path.join(HERE, "..", "tests", "mpi", "peer_fails.py"), case]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PARTIALCOLL_TIMEOUT="2", PARTIALCOLL_STALL_WARNING="0.5",
                **launch_env())
@@ -83,29 +85,47 @@ def failure_rows(mpi: str, case: str, p: int) -> list:
         out = subprocess.run(launch(p, argv, keep_going=case == "sigterm"), capture_output=True, text=True,
                              env=env, timeout=120).stdout
     except subprocess.TimeoutExpired:
-        return [f"| {mpi} | {case} | - | {p} | hang (killed after 120 s) | | | | |"]
-    took = time.monotonic() - t0
+        return [], time.monotonic() - t0, True
     failing = {m[0]: float(m[1]) for m in FAILING.findall(out)}
+    runs = [(m[1], int(m[0]), m[2], m[3], m[4], m[5], float(m[6]) - failing[m[1]], m[7], float(m[8]))
+            for m in PEER_FAULT.findall(out)]
+    return runs, time.monotonic() - t0, False
+
+
+def failure_table(mpi: str, cases, ps) -> None:
+    """One row per way rank 0 fails, one column per mode: what the survivors raised (and
+    the type they name), the range over survivors and P of the time from the failure."""
+    modes = ("solo", "majority", "probe", "quorum", "full")
     got: dict = {}
-    for m in PEER_FAULT.findall(out):
-        got.setdefault((m[1], m[2]), []).append(m)
-    rows = []
-    for (sub, mode), ms in sorted(got.items(), key=lambda kv: (list(CASE_TEXT).index(kv[0][0]),
-                                                               ("solo", "majority", "probe", "quorum",
-                                                                "full").index(kv[0][1]))):
-        survivors = [m for m in ms if m[0] != "0"]
-        if not survivors:
+    jobs: dict = {}
+    for case in cases:
+        for p in ps:
+            runs, took, hung = failure_runs(case, p)
+            for r in runs:
+                got.setdefault(r[0], []).append((p, *r[1:]))
+                jobs.setdefault(r[0], []).append(took)
+            if hung:
+                print(f"<!-- {case} at P = {p}: killed after 120 s -->", flush=True)
+    print(f"| rank 0 ({mpi}, P = {', '.join(map(str, ps))}) | " + " | ".join(modes) + " | close() then | job took |")
+    print("|---|" + "---|" * len(modes) + "---|---:|")
+    for sub in CASE_TEXT:
+        rows = [r for r in got.get(sub, []) if r[1] != 0]          # the survivors
+        if not rows:
             continue
-        raised = sorted({m[3] + (f" ({m[5]})" if m[5] != "-" else "") for m in survivors})
-        named = sorted({m[4] for m in survivors})
-        after = sorted(float(m[6]) - failing[sub] for m in survivors if m[3] != "nothing")
-        span = "-" if not after else f"{after[0]:.3f} - {after[-1]:.3f} s"
-        closes = sorted({m[7] for m in survivors})
-        close_s = max(float(m[8]) for m in survivors)
-        rows.append(f"| {mpi} | {CASE_TEXT[sub]} | {mode} | {p} | {'; '.join(raised)} | {span} | "
-                    f"{', '.join(named)} | {'; '.join(closes)}{f', {close_s:.3f} s' if closes != ['-'] else ''} | "
-                    f"{took:.1f} s |")
-    return rows or [f"| {mpi} | {case} | - | {p} | no report | | | | {took:.1f} s |"]
+        cells = []
+        for mode in modes:
+            rs = [r for r in rows if r[2] == mode]
+            raised = sorted({r[3] + (f" ({r[5]})" if r[5] != "-" else "") + (f" naming {r[4]}" if r[3] == "Timeout" else "")
+                             for r in rs})
+            after = sorted(r[6] for r in rs if r[3] != "nothing")
+            span = "" if not after else f", {after[0] * 1e3:.0f} - {after[-1] * 1e3:.0f} ms" if after[-1] < 1 \
+                else f", {after[0]:.2f} - {after[-1]:.2f} s"
+            cells.append("; ".join(raised) + span if rs else "-")
+        closes = sorted({r[7] for r in rows if r[7] != "-"})
+        close = f"{'; '.join(closes)}, <= {max(r[8] for r in rows) * 1e3:.0f} ms" if closes else "-"
+        took = jobs[sub]
+        print(f"| {CASE_TEXT[sub]} | " + " | ".join(cells) + f" | {close} | {min(took):.1f} - {max(took):.1f} s |",
+              flush=True)
 
 
 def main() -> None:
@@ -124,13 +144,7 @@ def main() -> None:
     mpi = pc.info()["mpi_library"].split(",")[0].split("\n")[0].replace("Version:", "").strip()
     if a.failures:
         print(f"# {mpi} ({mpi_flavour()}), rank 0 fails, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-        print("| MPI | rank 0 | mode | P | each survivor raised (type named) | after the failure | rank named | "
-              "close() then | job took |")
-        print("|---|---|---|---:|---|---|---|---|---:|")
-        for case in a.cases:
-            for p in (a.P if a.P != [3, 4] else [2, 3, 5]):
-                for r in failure_rows(mpi, case, p):
-                    print(r, flush=True)
+        failure_table(mpi.replace("  ", " "), a.cases, a.P if a.P != [3, 4] else [2, 3, 5])
         return
     print(f"# {mpi} ({mpi_flavour()}), timeout {a.timeout} s, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print("| MPI | where | how the peer died | mode | P | each survivor's wait raised | after | "

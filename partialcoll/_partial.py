@@ -619,9 +619,10 @@ class PartialAllreduce:
 
     def _report(self, exc_type: str, message: str, seconds: float) -> int:
         """Tell every peer that this rank failed with exc_type: message (their calls on this
-        collective then raise PeerError); the collective cannot be used here after. 1 if
-        told (0: closed, or a peer's own report came first). seconds: how long to wait for
-        the messages to leave; negative: no MPI call here, the engine's next pass sends them."""
+        collective then raise PeerError); the collective cannot be used here after. 0 where
+        it is closed, else 1 (the engine sends nothing where a peer's report came first, or
+        after the final round). seconds: how long to wait for the messages to leave;
+        negative: no MPI call here, the engine's next pass sends them."""
         if self._closed or getattr(_engine, "lib", None) is None:
             return 0
         check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],

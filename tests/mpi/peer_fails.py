@@ -71,10 +71,13 @@ def make(comm, mode):
 
 
 def opened(comm):
-    """One collective per mode, each after one round on every rank."""
+    """One collective per mode, each after one round on every rank (and a barrier: rank
+    0's rounds may complete before a peer has waited for its own, and a wait after a
+    peer's report raises PeerError even where its round had completed)."""
     colls = {mode: make(comm, mode) for mode in MODES}
     for coll in colls.values():
         coll.post(np.full(4, float(comm.rank))).wait()
+    comm.Barrier()
     return colls
 
 
@@ -233,7 +236,6 @@ def phase_never(comm):
     colls = opened(comm)
     stalls = ("majority", "full")
     x = np.full(4, float(comm.rank))
-    comm.Barrier()
     timeout = pc.rc.timeout
     if comm.rank == 0:
         say(f"FAILING case=never at={time.time():.4f}")
