@@ -181,6 +181,7 @@ def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: st
                 check(rc)
             except Timeout as exc:
                 if peers is not None:
+                    peers.raise_peer_error(what)    # a report that came as the deadline passed
                     raise peers.timeout(str(exc), shown) from None
                 raise Timeout(f"{exc} (timeout={shown} s)") from None
         stall.check()

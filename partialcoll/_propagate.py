@@ -10,8 +10,9 @@ are installed when the first collective is made, each chained to what was there:
   is reported on every open collective, then the previous hook prints it;
 - threading.excepthook: an exception that ends another thread is reported on the
   collectives that thread made;
-- SIGTERM, only where its handler is the default one: report, restore the default, and
-  raise the signal again (the process ends as it would have);
+- SIGTERM, only where its handler is the default one and the first collective is made
+  on the main thread (only it may set handlers): report, restore the default, and raise
+  the signal again (the process ends as it would have);
 - atexit: collectives still open when the interpreter exits (sys.exit(), no close())
   are reported ("exit").
 
