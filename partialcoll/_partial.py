@@ -14,16 +14,17 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine
+from . import _device, _engine, _propagate
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._agree import agree, as_problem
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
-                      StateError, as_timeout, check, check_round, wait_in_slices)
+                      StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -65,6 +66,16 @@ def _silent_of(c):
         check(_engine.lib.pc_coll_silent(c, ranks, 64, rnd, n))
         return f"round {rnd[0]}", tuple(ranks[0:n[0]])
     return silent
+
+
+def _peer_error_of(c):
+    """For a wait that the engine failed with a peer's report: (rank, type, message)."""
+    def peer_error():
+        ffi = _engine.ffi
+        rank, kind, msg = ffi.new("int *"), ffi.new("char[64]"), ffi.new("char[512]")
+        check(_engine.lib.pc_coll_peer_error(c, rank, kind, 64, msg, 512))
+        return rank[0], ffi.string(kind).decode(errors="replace"), ffi.string(msg).decode(errors="replace")
+    return peer_error
 
 
 class Result:
@@ -245,6 +256,8 @@ class PartialAllreduce:
         self._fb: tuple = (None, None, None, None)    # x, its cffi view, out, its view (post)
         self._build(comm)
         self._closed = False
+        self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
+        _propagate.register(self)
 
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None,
@@ -345,7 +358,8 @@ class PartialAllreduce:
                 for v, sched in enumerate(scheds):
                     check(lib.pc_coll_set_sched(self._coll, kind, v, _create_native(sched, dup, self._coll, pairs)))
             check(lib.pc_coll_begin(self._coll))
-            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
+            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll),
+                                _peer_error_of(self._coll))
         except BaseException:
             self._abandon()
             raise
@@ -596,7 +610,9 @@ class PartialAllreduce:
         try:
             check_round(lib.pc_coll_close(c), self._peers, "close()")     # an error met since the last wait
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
-        except PartialcollError:
+        except PartialcollError as exc:
+            if isinstance(exc, Timeout):     # the peers may be alive, in rounds: tell them
+                self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
             self._abandon()              # the final round cannot complete here
             raise
         self._traffic = self.traffic()
@@ -607,6 +623,7 @@ class PartialAllreduce:
             raise
         self._closed = True
         self._coll = None
+        _propagate.forget(self)
         comm = self._comm
         assert comm is not None           # cleared only by _abandon(), which marks it closed
         comm.Free()
@@ -623,6 +640,18 @@ class PartialAllreduce:
         check(_engine.lib.pc_traffic(self._native_coll(), _engine.ffi.NULL,
                                      _engine.ffi.cast("int64_t *", sent.ctypes.data), self.size))
         return sent
+
+    def _report(self, exc_type: str, message: str, seconds: float) -> int:
+        """Tell every peer that this rank failed with exc_type: message (their calls on this
+        collective then raise PeerError); the collective cannot be used here after. 0 where
+        it is closed, else 1 (the engine sends nothing where a peer's report came first, or
+        after the final round). seconds: how long to wait for the messages to leave;
+        negative: no MPI call here, the engine's next pass sends them."""
+        if self._closed or getattr(_engine, "lib", None) is None:
+            return 0
+        check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
+                                        message.encode(errors="replace")[:447], seconds))
+        return 1
 
     def _abandon(self) -> None:
         """Drop the collective without the collective close(): this rank only. The engine
@@ -642,6 +671,11 @@ class PartialAllreduce:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
+            try:    # no MPI call here (any thread): the engine's next pass sends the report
+                self._report("dropped", "the collective was dropped without close() (garbage-collected, "
+                             "or left behind by an exception or sys.exit())", -1.0)
+            except Exception:       # noqa: BLE001 - __del__ must not raise
+                pass
             self._abandon()
 
     def __enter__(self) -> "PartialAllreduce":
@@ -654,8 +688,11 @@ class PartialAllreduce:
             self.close()
         else:
             # close() is collective: running it while other ranks may not reach it would
-            # hang them; the exception propagates here and the others time out instead.
-            self._abandon()
+            # hang them; the exception propagates here, and the peers hear of it (PeerError).
+            try:
+                self._report(exc_type.__name__, _propagate.describe(exc[0]), _propagate.REPORT_SECONDS)
+            finally:
+                self._abandon()
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "

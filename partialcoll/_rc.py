@@ -26,8 +26,14 @@ class RC:
             input, or a plain schedule has started), keep polling (default 65536) ...
         busy_cap_us: ... until this long after the last event (default 10000): a peer that is
             later than that is waited for asleep.
-        timeout: default timeout in seconds of wait() (None: wait forever); environment
-            PARTIALCOLL_TIMEOUT.
+        timeout: default timeout in seconds of wait() (default 600, like PyTorch's NCCL
+            process groups; None: wait forever), so a rank that never posts to a full
+            round is named instead of hanging its peers; environment PARTIALCOLL_TIMEOUT
+            ("none": forever).
+        stall_warning: a wait that has not completed after this many seconds logs, once,
+            the ranks it has not heard from in its round (default 60, as Horovod's stall
+            inspector; None: never), on logger "partialcoll"; environment
+            PARTIALCOLL_STALL_WARNING ("none": never).
         idle: what the progress thread does while a round is armed and nothing moves:
             "sleep" (the policy above: spin, yield, then sleep; for nodes with more
             threads than CPUs), "spin" (poll while a round is armed, and wait()
@@ -51,7 +57,7 @@ class RC:
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
-                 "timeout": None, "idle": "auto", "close_timeout": 300.0,
+                 "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
                  "poll_max_us": 20000.0}
 
     def __init__(self) -> None:
@@ -59,9 +65,10 @@ class RC:
         env = os.environ.get("PARTIALCOLL_PROGRESS")
         if env:
             self.progress = env
-        env = os.environ.get("PARTIALCOLL_TIMEOUT")
-        if env:
-            self.timeout = float(env)
+        for name in ("timeout", "stall_warning"):
+            env = os.environ.get("PARTIALCOLL_" + name.upper())
+            if env:
+                setattr(self, name, None if env.lower() == "none" else float(env))
         env = os.environ.get("PARTIALCOLL_IDLE")
         if env:
             self.idle = env
