@@ -171,7 +171,7 @@ def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: st
     shown = timeout if shown is None else shown
     deadline = time.monotonic() + max(float(timeout), 0.0)
     rc = call(*args, min(_SLICE, max(float(timeout), 0.0)))
-    stall = _Stall(peers, what) if rc == TIMEOUT_CODE else None
+    stall = _Stall(peers, what)
     while rc == TIMEOUT_CODE:
         if peers is not None:
             peers.check_failed(what)

@@ -34,13 +34,13 @@ import sys
 import threading
 import time
 import weakref
-from typing import Optional
+from typing import Any, Dict, Optional
 
 REPORT_SECONDS = 1.0        # how long a report waits, in all, for its messages to leave
 
 _open: "weakref.WeakSet" = weakref.WeakSet()
 _installed = False
-_previous = {}
+_previous: Dict[str, Any] = {}
 
 
 def register(coll) -> None:
