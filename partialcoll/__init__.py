@@ -32,11 +32,12 @@ from ._rc import rc
 from ._version import __version__
 from .activation.candidates import candidates
 from .schedule import Request, Schedule, ScheduleOp
+from .speed_groups import speed_groups
 
 __all__ = [
     "PartialAllreduce", "PartialRequest", "Result",
     "solo_allreduce", "majority_allreduce", "probe_allreduce", "quorum_allreduce", "allreduce_init",
-    "Schedule", "ScheduleOp", "Request", "candidates",
+    "Schedule", "ScheduleOp", "Request", "candidates", "speed_groups",
     "rc", "info", "finalize", "progress_mode",
     "PartialcollError", "ArgumentError", "InvalidBufferError", "OpError", "StateError", "MPIError",
     "Timeout", "EngineError", "OutOfMemory", "__version__",
