@@ -108,6 +108,7 @@ typedef struct pc_idle_info {    /* what the idle policy chose and why (pc_idle_
 
 typedef struct pc_sched pc_sched;
 typedef struct pc_coll pc_coll;
+typedef struct pc_avg pc_avg;
 
 typedef struct pc_collspec {
     int mode;            /* PC_MODE_* */
@@ -206,6 +207,15 @@ int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n);
  * *round) are still in flight: the ranks not heard from, which a timeout names. */
 int pc_sched_silent(pc_sched *s, int *ranks, int max, int *n);
 int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n);
+/* Asynchronous averaging through a server rank (avg.c). On the server: create, then one
+ * schedule per client rank (RECV push into slot WORK -> DELIVER -> SEND slot MASK); the
+ * engine serves and re-arms them. Push: [int64 key][int64 0][data]; reply: [int64 keys]
+ * [int64 pushes][the mean of every key's latest data]. */
+int pc_avg_create(int dtype, int64_t count, int size, pc_avg **out);
+int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_opspec *ops, int nedges,
+                 const int *edges, int pairs);
+int pc_avg_state(pc_avg *a, int64_t *keys, int64_t *pushes);
+int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);
 /* CDEF END */
 
 #endif
