@@ -221,3 +221,22 @@ int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n)
     }
     return PC_OK;
 }
+
+/* out = a + w * b, elementwise, for a real floating dtype (float16 and bfloat16 in float,
+ * rounded once): RNA's weighted accumulation. out may alias a or b. */
+int pc_axpy(int dtype, const void *a, const void *b, void *out, int64_t n, double w)
+{
+    if (!pc_div_valid(PC_OP_SUM, dtype))
+        return fail(PC_ERR_DTYPE_OP, "a weighted sum needs a real floating dtype, not dtype %d", dtype);
+    switch (dtype) {
+    case PC_DT_FLOAT32: { float q = (float)w; DIV_LOOP(float, u + q * v); return PC_OK; }
+    case PC_DT_FLOAT64: DIV_LOOP(double, u + w * v); return PC_OK;
+    case PC_DT_FLOAT16: { const uint16_t *x = a, *y = b; uint16_t *z = out; float q = (float)w;
+        for (int64_t i = 0; i < n; i++) z[i] = float_f16(f16_float(x[i]) + q * f16_float(y[i]));
+        return PC_OK; }
+    case PC_DT_BFLOAT16: { const uint16_t *x = a, *y = b; uint16_t *z = out; float q = (float)w;
+        for (int64_t i = 0; i < n; i++) z[i] = float_bf16(bf16_float(x[i]) + q * bf16_float(y[i]));
+        return PC_OK; }
+    }
+    return fail(PC_ERR_DTYPE_OP, "a weighted sum needs a real floating dtype, not dtype %d", dtype);
+}

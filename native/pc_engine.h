@@ -58,6 +58,11 @@ enum { PC_ACT_FLOOD = 0, PC_ACT_QUORUM = 1, PC_ACT_NONE = 2 };
 /* partial collective modes */
 enum { PC_MODE_SOLO = 0, PC_MODE_MAJORITY = 1, PC_MODE_PROBE = 2, PC_MODE_QUORUM = 3, PC_MODE_FULL = 4 };
 enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
+/* how a rank's posts fold into its accumulator between two rounds that read it (k posts):
+ * SUM: their sum; MEAN: sum / k; RNA: sum_j j x_j / (k (k + 1) / 2), the j-th post since
+ * the last read weighing j (RNA's linear weights: newer weigh more). MEAN and RNA: op SUM
+ * of a real floating dtype. */
+enum { PC_ACC_SUM = 0, PC_ACC_MEAN = 1, PC_ACC_RNA = 2 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
 /* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
  * receive ever targets memory Python may free */
@@ -123,6 +128,7 @@ typedef struct pc_collspec {
     int dtype, redop;
     int64_t count;
     const void *identity;    /* one element: the op's identity */
+    int accumulate;          /* PC_ACC_* */
 } pc_collspec;
 
 typedef struct pc_result {

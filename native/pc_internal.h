@@ -231,6 +231,7 @@ int fail_at(int code, int peer, const char *msg);
 extern const size_t pc_dt_size[PC_DT_COUNT];
 int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n);
 int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out, int64_t n, double d);
+int pc_axpy(int dtype, const void *a, const void *b, void *out, int64_t n, double w);  /* out = a + w b */
 int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n);   /* widened mean */
 
 /* progress.c */
