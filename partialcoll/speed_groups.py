@@ -68,6 +68,17 @@ def split_by_speed(times: Sequence[float]) -> List[int]:
     return out
 
 
+def all_speed_groups(step_time: float, comm: MPI.Comm, who: str = "speed_groups") -> List[int]:
+    """Collective (one allgather): every rank's group, from every rank's step time."""
+    check_comm(comm, who)
+    problem = None
+    try:
+        value = check_step_time(step_time)
+    except Exception as exc:             # noqa: BLE001 - reported on every rank below
+        problem, value = as_problem(exc, who), None
+    return split_by_speed(agree(comm, who, problem, {}, value))
+
+
 def speed_groups(step_time: float, comm: MPI.Comm = MPI.COMM_WORLD) -> int:
     """Collective: RNA's speed group of this rank from every rank's step time (seconds);
     0 is the fastest group, and every rank computes the same grouping.
@@ -75,11 +86,4 @@ def speed_groups(step_time: float, comm: MPI.Comm = MPI.COMM_WORLD) -> int:
     Makes one allgather on comm. A step time that is not a positive finite number on any
     rank raises ArgumentError on every rank.
     """
-    check_comm(comm, "speed_groups")
-    problem = None
-    try:
-        value = check_step_time(step_time)
-    except Exception as exc:             # noqa: BLE001 - reported on every rank below
-        problem, value = as_problem(exc, "speed_groups"), None
-    times = agree(comm, "speed_groups", problem, {}, value)
-    return split_by_speed(times)[comm.Get_rank()]
+    return all_speed_groups(step_time, comm)[comm.Get_rank()]
