@@ -7,7 +7,8 @@
  *   1  DELIVER     after 0        avg_deliver: latest[key] = data; out = mean(latest[*])
  *   2  SEND    out -> rank c      reply: [int64 keys][int64 pushes][mean]   after 1
  *
- * and re-arms it (version + 1) when an execution completes, so the progress thread serves
+ * and re-arms it (version + 1) when an execution completes (the server's own pushes
+ * fold on its calling thread: pc_avg_push_local), so the progress thread serves
  * pushes with no Python call: a push from c only ever waits for c's own schedule, never
  * for another client's. The client runs the mirror image (send the push, receive the
  * reply) as a plain schedule on the same communicator; the k-th push of c matches the
@@ -64,13 +65,12 @@ static void avg_unref(pc_avg *a)
     free(a);
 }
 
-/* [pass] DELIVER of client cl's schedule: fold the push into the table, reply the mean. */
-static int avg_deliver(pc_owner *o)
+/* Fold a push (in: header + data) into the table and write the reply (out: header +
+ * the mean). Takes the table lock: a progress pass (DELIVER) or the server's own push. */
+static int avg_fold(pc_avg *a, const void *in, void *out)
 {
-    avg_client *cl = (avg_client *)o;
-    pc_avg *a = cl->avg;
     int64_t key, hdr[2];
-    memcpy(&key, cl->in, sizeof key);
+    memcpy(&key, in, sizeof key);
     pthread_mutex_lock(&a->lock);
     int i = 0;
     while (i < a->nkeys && a->keys[i] != key) i++;
@@ -90,14 +90,28 @@ static int avg_deliver(pc_owner *o)
         a->latest[i] = v;
         a->nkeys++;
     }
-    memcpy(a->latest[i], (char *)cl->in + HDR, a->nbytes);
+    memcpy(a->latest[i], (const char *)in + HDR, a->nbytes);
     a->pushes++;
     hdr[0] = a->nkeys;
     hdr[1] = a->pushes;
-    int rc = pc_mean_local(a->dtype, (const void *const *)a->latest, a->nkeys, (char *)cl->out + HDR, a->count);
+    int rc = pc_mean_local(a->dtype, (const void *const *)a->latest, a->nkeys, (char *)out + HDR, a->count);
     pthread_mutex_unlock(&a->lock);
-    memcpy(cl->out, hdr, sizeof hdr);
+    memcpy(out, hdr, sizeof hdr);
     return rc;
+}
+
+/* [pass] DELIVER of client cl's schedule: fold the push received, make the reply. */
+static int avg_deliver(pc_owner *o)
+{
+    avg_client *cl = (avg_client *)o;
+    return avg_fold(cl->avg, cl->in, cl->out);
+}
+
+/* The server's own push: folded on the calling thread, no message (MPI's path from a
+ * rank to itself copies large messages slowly). */
+int pc_avg_push_local(pc_avg *a, const void *push, void *reply)
+{
+    return avg_fold(a, push, reply);
 }
 
 static int avg_take(pc_owner *o) { (void)o; return fail(PC_ERR_STATE, "an averager's schedule has no TAKE"); }
@@ -109,6 +123,7 @@ static void avg_done(pc_owner *o)
     if (cl->stopped) return;
     pc_avg *a = cl->avg;
     int rc = sched_begin(cl->sched, cl->sched->version + 1);
+    cl->sched->live = 1;                 /* a push moves data from its first byte (idle policy) */
     if (rc) {
         pthread_mutex_lock(&a->lock);
         if (!a->err) { a->err = rc; snprintf(a->errmsg, sizeof a->errmsg, "%s", pc_last_error()); }
@@ -166,7 +181,7 @@ int pc_avg_create(int dtype, int64_t count, int size, pc_avg **out)
     return PC_OK;
 }
 
-/* The server's schedule for `client` (ops built in Python: slot WORK is the push
+/* The server's schedule for `client` (any rank but the server) (ops built in Python: slot WORK is the push
  * received, slot MASK the reply), created on comm and begun (version 0). */
 int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_opspec *ops, int nedges,
                  const int *edges, int pairs)
@@ -196,6 +211,7 @@ int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_op
     a->clients[client] = cl;
     unit_lock(&cl->owner.unit);
     rc = sched_begin(cl->sched, 0);
+    cl->sched->live = 1;
     unit_unlock(&cl->owner.unit);
     return rc;
 }

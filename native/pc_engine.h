@@ -220,6 +220,7 @@ int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n);
 int pc_avg_create(int dtype, int64_t count, int size, pc_avg **out);
 int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_opspec *ops, int nedges,
                  const int *edges, int pairs);
+int pc_avg_push_local(pc_avg *a, const void *push, void *reply);   /* the server's own push */
 int pc_avg_state(pc_avg *a, int64_t *keys, int64_t *pushes);
 int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);
 /* CDEF END */

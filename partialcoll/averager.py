@@ -11,7 +11,8 @@ schedule of the native engine (native/avg.c):
                     ->  send reply -> c
 
 which the engine re-arms when it completes: the server serves from its progress thread,
-whether or not it also trains, and no Python runs there per push. A client's push is a
+whether or not it also trains, and no Python runs there per push. The server's own
+pushes fold on its calling thread, without a message. A client's push is a
 schedule of its own (send the push, receive the reply) on the same communicator; its
 k-th push matches the k-th execution of the server's schedule for it. So a push waits
 for its own round trip and for no other rank: a slow key never delays a fast one. The
@@ -71,7 +72,7 @@ class AverageRequest:
     After the wait, ``keys`` is how many keys the mean covers and ``pushes`` how many
     pushes the server had served when it made it (this one included)."""
 
-    def __init__(self, averager: "AsyncAverager", request: Request) -> None:
+    def __init__(self, averager: "AsyncAverager", request: Optional[Request]) -> None:
         self._averager = averager
         self._request = request
         self._mean: Optional[np.ndarray] = None
@@ -80,12 +81,13 @@ class AverageRequest:
 
     def test(self) -> bool:
         """True once the server's reply is here."""
-        return self._mean is not None or self._request.test()
+        return self._mean is not None or self._request is None or self._request.test()
 
     def wait(self, timeout: Optional[float] = None) -> np.ndarray:
         """Block until the server's reply is here; the mean of every key's latest push."""
         if self._mean is None:
-            self._request.wait(timeout)
+            if self._request is not None:    # None: the server's own push, folded already
+                self._request.wait(timeout)
             self._mean, self.keys, self.pushes = self._averager._read_reply()
         return self._mean
 
@@ -142,9 +144,11 @@ class AsyncAverager:
         self._comm = dup
         try:
             # every schedule on dup has one message per pair of ranks: pairs = 1 everywhere
-            self._client = client_schedule(rank, size, server, self._push, self._reply)._commit_on(dup, 1)
             if rank == server:
+                self._client = None          # the server's pushes fold locally
                 self._serve(nbytes)
+            else:
+                self._client = client_schedule(rank, size, server, self._push, self._reply)._commit_on(dup, 1)
         except BaseException:
             self._abandon()
             raise
@@ -156,6 +160,8 @@ class AsyncAverager:
         check(lib.pc_avg_create(dtype_code(self.dtype), self.count, self.size, out))
         self._server = out[0]
         for c in range(self.size):
+            if c == self.rank:
+                continue
             n, specs, nedges, edges = op_table(server_schedule(self.rank, self.size, c, nbytes))
             check(lib.pc_avg_serve(self._server, _engine.comm_handle(self._comm), c, n, specs, nedges, edges, 1))
 
@@ -175,6 +181,13 @@ class AsyncAverager:
             self._pending.wait()         # one round trip in flight: the buffers are ours again
         self._push[:8].view(np.int64)[0] = key
         self._push[HEADER:] = x.reshape(-1).view(np.uint8)
+        if self._client is None:         # the server: fold now, on this thread
+            ffi = _engine.ffi
+            check(_engine.lib.pc_avg_push_local(self._server, ffi.from_buffer(self._push),
+                                                ffi.from_buffer(self._reply)))
+            req = AverageRequest(self, None)
+            req.wait()
+            return req
         req = AverageRequest(self, self._client.start())
         self._pending = req
         return req
@@ -208,7 +221,8 @@ class AsyncAverager:
         if self._server is not None:
             check(_engine.lib.pc_avg_free(self._server, 10.0, deferred))
             self._server = None
-        self._client.free()
+        if self._client is not None:
+            self._client.free()
         if deferred[0]:
             _engine.keep_until_finalize(self._comm)
         else:

@@ -62,8 +62,10 @@ class SpeedGrouping:
     averager between groups. Collective methods are marked so."""
 
     def __init__(self, comm: MPI.Comm, *, server: int = 0, window: int = 8, hysteresis: int = 2,
-                 regroup_every: Optional[int] = None, groups: Optional[List[int]] = None) -> None:
+                 regroup_every: Optional[int] = None, groups: Optional[List[int]] = None,
+                 regroup_points: Optional[int] = None) -> None:
         self.comm = comm
+        self.regroup_points = regroup_points
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.server, self.hysteresis, self.regroup_every = server, hysteresis, regroup_every
         self.times: deque = deque(maxlen=window)
@@ -97,7 +99,8 @@ class SpeedGrouping:
 
     def point(self, step: int) -> bool:
         """Is post #step a regrouping point (the same answer on every rank)?"""
-        return bool(self.regroup_every) and step > 0 and step % self.regroup_every == 0
+        return (bool(self.regroup_every) and step > 0 and step % self.regroup_every == 0
+                and (self.regroup_points is None or step // self.regroup_every <= self.regroup_points))
 
     def decide(self) -> bool:
         """Collective over comm: one allgather of the window medians; True when a new

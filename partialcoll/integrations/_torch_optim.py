@@ -157,13 +157,19 @@ class GradientSynchronizer:
     ``average_every`` steps each group's model is averaged with the other groups' latest
     through an AsyncAverager on ``server``. A regrouping closes the buckets: what their
     final rounds flush is added to the next step's gradients (nothing lost).
+    Regrouping points are collective over ``comm`` at the same step on every rank:
+    every rank must reach each of them (train the same number of steps, or bound the
+    points with ``regroup_points``: group from the first few points, then keep the
+    groups). Within a group, every member syncs the same number of steps (averaging is
+    collective over the group).
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "solo",
                  comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
                  model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
                  hierarchy: Optional[str] = None, average_every: Optional[int] = None, regroup_every: int = 20,
-                 server: int = 0, window: int = 8, hysteresis: int = 2, **options) -> None:
+                 server: int = 0, window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None,
+                 **options) -> None:
         self.params = _unique_params(params)
         self.comm, self.average, self.every = comm, check_average(average), model_sync_every
         self.steps = 0
@@ -173,17 +179,17 @@ class GradientSynchronizer:
         self._t_last: Optional[float] = None
         self._bucket_args = (bucket_mb, dict(mode=mode, **options), first_bucket_mb)
         self.hierarchy, self.average_every = self._hierarchy_args(comm, hierarchy, average_every, regroup_every,
-                                                                  server, window, hysteresis)
+                                                                  server, window, hysteresis, regroup_points)
         if self.hierarchy:
             self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
-                                          regroup_every=regroup_every)
+                                          regroup_every=regroup_every, regroup_points=regroup_points)
             self._flat_dtype = np_dtype(self.params[0]) if len({p.dtype for p in self.params}) == 1 \
                 and self.params[0].is_floating_point() else np.dtype(np.float64)
             self.grouping.averaging(sum(p.numel() for p in self.params), self._flat_dtype)
         self._build(self.grouping.group_comm if self.grouping else comm)
 
     @staticmethod
-    def _hierarchy_args(comm, hierarchy, average_every, regroup_every, server, window, hysteresis):
+    def _hierarchy_args(comm, hierarchy, average_every, regroup_every, server, window, hysteresis, points):
         """The hierarchy options, checked and agreed across ranks (an error on every rank)."""
         problem = params = None
         try:
@@ -196,10 +202,12 @@ class GradientSynchronizer:
             integer(regroup_every, "regroup_every", 1)
             integer(window, "window", 1)
             integer(hysteresis, "hysteresis", 1)
+            if points is not None:
+                integer(points, "regroup_points", 0)
             if not 0 <= integer(server, "server", 0) < comm.Get_size():
                 raise ArgumentError(f"server {server} is outside the communicator (size {comm.Get_size()})")
             params = {"hierarchy": hierarchy, "average_every": average_every, "regroup_every": regroup_every,
-                      "server": server, "window": window, "hysteresis": hysteresis}
+                      "server": server, "window": window, "hysteresis": hysteresis, "regroup_points": points}
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem = as_problem(exc, "hierarchy")
         agree(comm, "hierarchy", problem, params, what="the same hierarchy options")
