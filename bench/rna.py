@@ -6,8 +6,8 @@
 
 mixed   RNA's mixed heterogeneity (its Fig. 7-8, delays scaled to this model): the digits
         CNN of examples/eager_sgd_digits.py, two speed classes (A: the first half of the
-        ranks sleep a random 0-10 ms per step, B: the others 20-40 ms; RNA used 0-50 and
-        50-100 ms). Every trainer gets the same wall-clock budget; a rank steps until its
+        ranks sleep a random 0-10 ms per step, B: the others 20-40 ms, --a-ms, --b-ms;
+        RNA used 0-50 and 50-100 ms). Every trainer gets the same wall-clock budget; a rank steps until its
         own time is up (fast ranks take more steps), then the collectives close. Trainers
         (DistributedOptimizer, late="fold"):
           synch         mode="full", average="world"
@@ -26,8 +26,8 @@ probe   RNA's probe-count experiment (its Fig. 10): every rank sleeps a random d
         result (the initiator: the first of the q candidates to arrive, plus the round),
         for q = 1, 2, 3, 4 (q = 1 is majority).
 push    The cost of an AsyncAverager push (every rank pushes at once, the server among
-        them) of 1 and 16 MiB of float32 against MPI_Allreduce of the same size (mpi4py),
-        measured in the same run.
+        them; and one client pushing alone) of 1 and 16 MiB of float32 against
+        MPI_Allreduce of the same size (mpi4py), measured in the same run.
 
 Only rank 0 prints; --json writes the numbers.
 """
@@ -86,7 +86,7 @@ def train_mixed(comm, name, args, data, test):
     from partialcoll.integrations.torch import DistributedOptimizer
     p, r = comm.size, comm.rank
     slow = r >= (p + 1) // 2                    # class B
-    lo, hi = (20.0, 40.0) if slow else (0.0, 10.0)
+    lo, hi = args.b_ms if slow else args.a_ms
     rng = np.random.default_rng(1000 * args.seed + r)
     model = example.cnn()
     opts = dict(TRAINERS[name])
@@ -152,8 +152,10 @@ def mixed(comm, args):
     out = {t: train_mixed(comm, t, args, data, test) for t in args.trainers.split(",")}
     if comm.rank == 0:
         base = out.get("synch")
+        a, b = args.a_ms, args.b_ms
         print(f"# RNA mixed heterogeneity: load_digits CNN, P = {comm.size} (A: ranks 0-{(comm.size + 1) // 2 - 1} "
-              f"+0-10 ms/step, B: the others +20-40 ms/step), {args.seconds:g} s per trainer, batch {args.batch}")
+              f"+{a[0]:g}-{a[1]:g} ms/step, B: the others +{b[0]:g}-{b[1]:g} ms/step), {args.seconds:g} s per "
+              f"trainer, batch {args.batch}")
         print(f"# {'trainer':<13} {'steps/s':>8} {'A':>7} {'B':>7} {'speedup':>8} {'final acc':>10} {'vs synch':>9}"
               f"  accuracy at {', '.join(f'{t:.1f}' for t in out[next(iter(out))]['times'])} s")
         for t, res in out.items():
@@ -228,8 +230,13 @@ def push(comm, args):
                 avg.push(x).wait()
                 comm.Allreduce(x, y)
             quiet_barrier(comm)
-            pt, at = [], []
+            pt, at, alone = [], [], []
             for _ in range(args.iters):
+                quiet_barrier(comm)
+                if comm.rank == comm.size - 1:        # one client pushes, the others idle
+                    t0 = time.perf_counter()
+                    avg.push(x).wait()
+                    alone.append(time.perf_counter() - t0)
                 quiet_barrier(comm)
                 t0 = time.perf_counter()
                 avg.push(x).wait()
@@ -240,13 +247,15 @@ def push(comm, args):
                 at.append(time.perf_counter() - t0)
         pt = comm.allreduce(float(np.median(pt)), op=MPI.MAX)
         at = comm.allreduce(float(np.median(at)), op=MPI.MAX)
-        out[mib] = {"push_ms": 1000 * pt, "allreduce_ms": 1000 * at}
+        alone = comm.bcast(float(np.median(alone)) if alone else None, root=comm.size - 1)
+        out[mib] = {"push_ms": 1000 * pt, "allreduce_ms": 1000 * at, "alone_ms": 1000 * alone}
     if comm.rank == 0:
         print(f"# AsyncAverager push (all {comm.size} ranks at once, server rank 0 among them) vs MPI_Allreduce "
               f"(mpi4py), float32, median of {args.iters}, slowest rank")
-        print(f"# {'MiB':>4} {'push ms':>9} {'allreduce ms':>13} {'ratio':>6}")
+        print(f"# {'MiB':>4} {'push ms':>9} {'allreduce ms':>13} {'ratio':>6} {'one pusher ms':>14}")
         for mib, v in out.items():
-            print(f"  {mib:>4} {v['push_ms']:9.2f} {v['allreduce_ms']:13.2f} {v['push_ms'] / v['allreduce_ms']:6.2f}")
+            print(f"  {mib:>4} {v['push_ms']:9.2f} {v['allreduce_ms']:13.2f} {v['push_ms'] / v['allreduce_ms']:6.2f}"
+                  f" {v['alone_ms']:14.2f}")
     return out
 
 
@@ -259,6 +268,10 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--average-every", type=int, default=4, help="mixed: hierarchical model averaging")
+    ap.add_argument("--a-ms", type=lambda s: tuple(float(v) for v in s.split(",")), default=(0.0, 10.0),
+                    help="mixed: class A's extra delay per step, uniform in LO,HI ms")
+    ap.add_argument("--b-ms", type=lambda s: tuple(float(v) for v in s.split(",")), default=(20.0, 40.0),
+                    help="mixed: class B's extra delay per step, uniform in LO,HI ms")
     ap.add_argument("--rounds", type=int, default=150, help="probe: rounds per q")
     ap.add_argument("--delay-ms", type=float, default=10.0, help="probe: mean random delay")
     ap.add_argument("--iters", type=int, default=20, help="push: timed pushes per size")

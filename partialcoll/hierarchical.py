@@ -16,8 +16,9 @@ How it works (Yang et al., Middleware 2020, section 4):
   an ``AsyncAverager`` under the group's number, receives the mean of every group's
   latest push, and broadcasts it in the group. A slow group never holds up a fast one:
   the server answers each push at once with the other groups' latest models.
-- Regrouping. Each rank keeps a window of its step times (the time between its posts, or
-  what ``post(x, step_time=...)`` says). Every ``regroup_every``-th post is a regrouping
+- Regrouping. Each rank keeps a window of its step times (the time from its previous
+  wait to its post: how fast it computes, waits excluded; or what
+  ``post(x, step_time=...)`` says). Every ``regroup_every``-th post is a regrouping
   point, collective over ``comm``: the ranks allgather the medians of their windows and
   apply RNA's rule; a new grouping is adopted only when the rule has given it at
   ``hysteresis`` points in a row (every rank decides alike: they see the same list).
@@ -167,6 +168,7 @@ class HierarchicalRequest:
         """Block until the group's round completed here; the Result."""
         if self._result is None:
             res = self._request.wait(timeout)
+            self._owner._last = time.perf_counter()     # the next step's compute starts here
             carry, self._owner._carry = self._owner._carry, None
             self._result = _fold(res, carry, self._owner._add)
         return self._result
@@ -254,7 +256,8 @@ class HierarchicalAllreduce:
     def post(self, x: Buffer, out: Optional[Buffer] = None, step_time: Optional[float] = None) -> HierarchicalRequest:
         """Post x to the group's partial allreduce; at a regrouping point, first take part
         in the regrouping (collective over comm). step_time: this step's time (default:
-        the time since this rank's previous post)."""
+        the time since this rank's previous wait returned, or since its previous post:
+        the compute time, without the waits)."""
         if self._closed:
             raise StateError("this HierarchicalAllreduce is closed")
         if step_time is not None:

@@ -152,8 +152,8 @@ class GradientSynchronizer:
 
     hierarchy="auto": RNA's hierarchical synchronization (partialcoll.hierarchical).
     The ranks start as one group; every ``regroup_every`` steps they regroup by their
-    measured step times (the time between two syncs; RNA's rule, ``hysteresis`` points
-    in a row), the buckets' partial allreduces run on the group's communicator, and every
+    measured step times (the compute time between two syncs, waits excluded; RNA's
+    rule, ``hysteresis`` points in a row), the buckets' partial allreduces run on the group's communicator, and every
     ``average_every`` steps each group's model is averaged with the other groups' latest
     through an AsyncAverager on ``server``. A regrouping closes the buckets: what their
     final rounds flush is added to the next step's gradients (nothing lost).
@@ -232,6 +232,7 @@ class GradientSynchronizer:
                 b.post()
 
     def _finish_all(self) -> List[Result]:
+        entered = time.perf_counter()    # this step's compute ended: its rounds are posted
         self.last = [b.finish(self.average, self.size) for b in self.buckets]
         if self._carry is not None:      # what a regrouping flushed joins this step's gradients
             for b, carry in zip(self.buckets, self._carry):
@@ -239,17 +240,19 @@ class GradientSynchronizer:
             self._carry = None
         self.steps += 1
         if self.grouping is not None:
-            self._hierarchy_step()
+            self._hierarchy_step(entered)
         if self.every and self.steps % self.every == 0:
             sync_parameters(self.params, self.comm)
         return self.last
 
-    def _hierarchy_step(self) -> None:
-        """After a step's gradients: note its time, average the groups' models every
-        average_every steps, regroup at a point where a new grouping is due."""
+    def _hierarchy_step(self, entered: float) -> None:
+        """After a step's gradients: note its compute time (from the end of the previous
+        sync to the start of this one: RNA groups by how fast a rank computes, not by how
+        long it waits for others), average the groups' models every average_every steps,
+        regroup at a point where a new grouping is due."""
         grouping = self.grouping
         if self._t_last is not None:
-            grouping.note(max(time.perf_counter() - self._t_last, 1e-9))
+            grouping.note(max(entered - self._t_last, 1e-9))
         if self.steps % self.average_every == 0:
             self._average_models()
         if grouping.point(self.steps) and grouping.decide():
