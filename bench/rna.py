@@ -99,7 +99,7 @@ def train_mixed(comm, name, args, data, test):
     perm, pos = torch.randperm(len(y), generator=order), 0
     marks = [args.seconds * (k + 1) / args.checkpoints for k in range(args.checkpoints)]
     snaps = []
-    budget = None                               # hierarchical: this group's steps, agreed in the group
+    grouped = False                             # hierarchical: regrouped (the group agrees on its stop)
     quiet_barrier(comm)
     t0 = time.perf_counter()
     steps = 0
@@ -107,9 +107,7 @@ def train_mixed(comm, name, args, data, test):
         now = time.perf_counter() - t0
         while len(snaps) < len(marks) and now >= marks[len(snaps)]:
             snaps.append(flat_params(model))
-        if budget is None and now >= args.seconds:
-            break
-        if budget is not None and steps >= budget:
+        if not grouped and now >= args.seconds:
             break
         time.sleep(rng.uniform(lo, hi) / 1000)
         if pos + args.batch > len(y):
@@ -121,11 +119,15 @@ def train_mixed(comm, name, args, data, test):
         opt.step()
         steps += 1
         sync = opt._sync
-        if sync.grouping is not None and budget is None and sync.grouping.regroupings:
-            # averaging is collective over the group: its members agree on their steps
-            elapsed = time.perf_counter() - t0
-            per_step = sync.grouping.group_comm.allreduce(elapsed / steps, op=MPI.MAX)
-            budget = steps + int(max(args.seconds - elapsed, 0) / per_step)
+        grouped = sync.grouping is not None and sync.grouping.regroupings > 0
+        if grouped and steps % args.average_every == 0:
+            # averaging is collective over the group: its members stop together, when the
+            # first of them is out of time (checked where they average anyway)
+            out = np.zeros(1, np.int32)
+            quiet(sync.grouping.group_comm.Iallreduce(
+                np.array([time.perf_counter() - t0 >= args.seconds], np.int32), out, op=MPI.MAX))
+            if out[0]:
+                break
     seconds = time.perf_counter() - t0
     groups = opt._sync.grouping.groups if opt._sync.grouping is not None else None
     opt.close()
