@@ -186,8 +186,10 @@ class HierarchicalAllreduce:
     accumulate, algorithm: those of each group's PartialAllreduce (RNA: probe(2);
     late="fold" keeps every rank's sum of results equal to its group's posts). server:
     the averager's server rank in comm. regroup_every: posts between regrouping points
-    (None: never regroup); window: step times per rank taken into the median;
-    hysteresis: points in a row a new grouping must be seen at before it is adopted.
+    (None: never regroup); regroup_points: how many points there are (None: no bound;
+    every rank must reach every point); window: step times per rank taken into the
+    median; hysteresis: points in a row a new grouping must be seen at before it is
+    adopted.
 
     Threads: as PartialAllreduce; post() and average() belong to one thread.
     """
@@ -196,7 +198,7 @@ class HierarchicalAllreduce:
                  comm: MPI.Comm = MPI.COMM_WORLD, *, mode: str = "probe", candidates: Optional[int] = None,
                  seed: int = 0, late: str = "fold", accumulate: str = "sum", algorithm: str = "auto",
                  server: int = 0, step_time: Optional[float] = None, regroup_every: Optional[int] = None,
-                 window: int = 8, hysteresis: int = 2) -> None:
+                 window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None) -> None:
         check_comm(comm, "HierarchicalAllreduce")
         problem = params = None
         try:
@@ -204,6 +206,8 @@ class HierarchicalAllreduce:
                 regroup_every = integer(regroup_every, "regroup_every", 1)
             window = integer(window, "window", 1)
             hysteresis = integer(hysteresis, "hysteresis", 1)
+            if regroup_points is not None:
+                regroup_points = integer(regroup_points, "regroup_points", 0)
             server = integer(server, "server", 0)
             if server >= comm.Get_size():
                 raise ArgumentError(f"server {server} is outside the communicator (size {comm.Get_size()})")
@@ -213,7 +217,7 @@ class HierarchicalAllreduce:
                 raise ArgumentError("regrouping adds the closed group's final round to the next result: "
                                     "regroup_every needs op MPI.SUM")
             params = {"regroup_every": regroup_every, "window": window, "hysteresis": hysteresis,
-                      "server": server, "initial": step_time is not None}
+                      "regroup_points": regroup_points, "server": server, "initial": step_time is not None}
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem = as_problem(exc, "HierarchicalAllreduce")
         times = agree(comm, "HierarchicalAllreduce", problem, params, step_time,
@@ -223,7 +227,7 @@ class HierarchicalAllreduce:
         self._coll_args = dict(mode=mode, candidates=candidates, seed=seed, late=late, accumulate=accumulate,
                                algorithm=algorithm)
         self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
-                                      regroup_every=regroup_every, groups=groups)
+                                      regroup_every=regroup_every, groups=groups, regroup_points=regroup_points)
         self._coll = PartialAllreduce(count, dtype, op, self.grouping.group_comm, **self._coll_args)
         self.dtype = self._coll.dtype
         self.grouping.averaging(count, self.dtype)
