@@ -44,8 +44,8 @@ from .._errors import ArgumentError, StateError
 from .._partial import PartialAllreduce, Result
 from .._types import integer
 from ..hierarchical import SpeedGrouping
-from ._torch_common import (buffer_of, check_average, divisor, fused_divisor, host_copy, host_view, np_dtype, settle,
-                            tensor_of)
+from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
+                            np_dtype, settle, tensor_of)
 
 
 class _Bucket:
@@ -183,9 +183,7 @@ class GradientSynchronizer:
         if self.hierarchy:
             self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
                                           regroup_every=regroup_every, regroup_points=regroup_points)
-            self._flat_dtype = np_dtype(self.params[0]) if len({p.dtype for p in self.params}) == 1 \
-                and self.params[0].is_floating_point() else np.dtype(np.float64)
-            self.grouping.averaging(sum(p.numel() for p in self.params), self._flat_dtype)
+            self._flat_dtype = start_averaging(self.grouping, self.params)
         self._build(self.grouping.group_comm if self.grouping else comm)
 
     @staticmethod
@@ -261,15 +259,7 @@ class GradientSynchronizer:
 
     def _average_models(self) -> None:
         """Collective over the group: parameters = the mean of every group's latest."""
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1).cpu().to(torch.float64 if self._flat_dtype == np.float64
-                                                               else p.dtype) for p in self.params])
-            mean = self.grouping.average(host_view(flat.contiguous()))
-            off = 0
-            for p in self.params:
-                wide = self._flat_dtype == np.float64        # mixed dtypes: averaged in float64
-                p.copy_(tensor_of(mean[off:off + p.numel()], None if wide else p.dtype).reshape(p.shape))
-                off += p.numel()
+        average_models(self.grouping, self.params, self._flat_dtype)
 
     def _regroup(self) -> None:
         """Collective over comm: close the buckets (their flush becomes the next step's
@@ -289,10 +279,7 @@ class GradientSynchronizer:
         """RNA's linear scaling: the contributors of the latest step (each bucket's NAP per
         round, averaged over the buckets whose results hold data) over the ranks that
         could contribute; 1.0 where no result holds data."""
-        naps = [r.nap / max(r.rounds, 1) for r in self.last if r.nap > 0]
-        if not naps:                     # no data in this step's results: nothing to scale
-            return 1.0
-        return min(1.0, sum(naps) / len(naps) / self.size)
+        return contributor_scale(self.last, self.size)
 
     def sync(self) -> List[Result]:
         """Post every bucket; the gradients become the averaged round results."""
@@ -491,6 +478,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def last(self) -> List[Result]:
         return self._sync.last
+
+
+def start_averaging(grouping: SpeedGrouping, params: List[torch.Tensor]) -> np.dtype:
+    """Collective over the grouping's comm: its averager for the parameters, flattened in
+    their dtype (float64 where they differ or are not floating); returns that dtype."""
+    dtype = np_dtype(params[0]) if len({p.dtype for p in params}) == 1 and params[0].is_floating_point() \
+        else np.dtype(np.float64)
+    grouping.averaging(sum(p.numel() for p in params), dtype)
+    return dtype
+
+
+def average_models(grouping: SpeedGrouping, params: List[torch.Tensor], dtype: np.dtype) -> None:
+    """Collective over the group: the parameters become the mean of every group's latest
+    (RNA's asynchronous averaging through the grouping's AsyncAverager)."""
+    wide = dtype == np.float64           # mixed dtypes: averaged in float64
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).cpu().to(torch.float64 if wide else p.dtype) for p in params])
+        mean = grouping.average(host_view(flat.contiguous()))
+        off = 0
+        for p in params:
+            p.copy_(tensor_of(mean[off:off + p.numel()], None if wide else p.dtype).reshape(p.shape))
+            off += p.numel()
 
 
 def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average") -> None:

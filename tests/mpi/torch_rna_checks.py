@@ -1,8 +1,8 @@
 """RNA in the PyTorch integration: python torch_rna_checks.py (P >= 1).
 
-DistributedOptimizer(hierarchy="auto", average_every=k) regroups a slow rank into its own
-group from measured step times, and right after each averaging every member of a group
-holds the same parameters; lr_scaling="contributors" applies lr times the share of
+DistributedOptimizer(hierarchy="auto", average_every=k), and the DDP hook with the same
+options, regroup a slow rank into its own group from measured step times, and right
+after each averaging every member of a group holds the same parameters; lr_scaling="contributors" applies lr times the share of
 contributors, and the base rate is back after the step; bad options raise everywhere."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from partialcoll import ArgumentError
-from partialcoll.integrations.torch import DistributedOptimizer, GradientSynchronizer
+from partialcoll.integrations.torch import DistributedOptimizer, GradientSynchronizer, partial_ddp
 from _util import expect_raises, run_module
-from torch_checks import batch, loss_of, model
+from torch_checks import batch, loss_of, model, pcg  # noqa: F401 - pcg: the process group fixture
 
 
 def flat(m):
@@ -85,6 +85,50 @@ def test_lr_scaling_contributors(comm):
     full.step()
     assert full._sync.lr_scale() == 1.0                    # every rank in every full round
     full.close()
+
+
+class _SlowForward(torch.nn.Module):
+    """The checks' model, its forward slowed by `delay` seconds (a slow device)."""
+
+    def __init__(self, delay):
+        super().__init__()
+        self.net, self.delay = model(), delay
+
+    def forward(self, x):
+        time.sleep(self.delay)
+        return self.net(x)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ddp_hook_hierarchy(comm, pcg):
+    """The DDP hook with hierarchy="auto": the rank whose forward is slow ends alone in
+    the slowest group; right after each averaging every member of a group holds the same
+    parameters; lr_scale() is the contributors' share."""
+    p, r = comm.size, comm.rank
+    m = _SlowForward(0.2 if r == p - 1 else 0.02)
+    ddp, state = partial_ddp(m, mode="probe", comm=comm, average="nap", late="fold", hierarchy="auto",
+                             average_every=2, regroup_every=4, regroup_points=1, hysteresis=1, window=3,
+                             start_iter=1)
+    checked = []
+
+    def after_sync(module, args):             # runs after the state's sync_hook (registered first)
+        if state.iter and state.iter % 2 == 0 and state.iter not in checked:
+            checked.append(state.iter)
+            mine = flat(m)
+            assert all(np.array_equal(mine, f) for f in state.grouping.group_comm.allgather(mine)), state.iter
+    ddp.register_forward_pre_hook(after_sync)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(11):
+        x, y = batch(r, step)
+        opt.zero_grad()
+        loss_of(ddp, x, y).backward()
+        assert 0 < state.lr_scale() <= 1
+        opt.step()
+    assert state.grouping.regroupings == 1
+    groups = state.grouping.groups
+    assert groups[p - 1] == max(groups) > 0 and groups.count(groups[p - 1]) == 1, groups
+    assert checked == [2, 4, 6, 8, 10]
+    state.close()
 
 
 def test_bad_options_everywhere(comm):
