@@ -164,7 +164,8 @@ def mixed(comm, args):
             sp = res["steps_per_s"] / base["steps_per_s"] if base else float("nan")
             diff = 100 * (res["accuracy"][-1] - base["accuracy"][-1]) if base else float("nan")
             print(f"  {t:<13} {res['steps_per_s']:8.1f} {res['steps_per_s_A']:7.1f} {res['steps_per_s_B']:7.1f} "
-                  f"{sp:8.2f} {res['accuracy'][-1]:10.3f} {diff:+8.1f}p  " + " ".join(f"{a:.3f}" for a in res["accuracy"])
+                  f"{sp:8.2f} {res['accuracy'][-1]:10.3f} {diff:+8.1f}p  "
+                  + " ".join(f"{a:.3f}" for a in res["accuracy"])
                   + (f"  groups {res['groups']}" if res["groups"] else ""))
         if args.plot:
             plot_mixed(out, args.plot, comm.size)

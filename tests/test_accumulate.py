@@ -5,6 +5,6 @@ import pytest
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_accumulate(mpirun, nprocs):
     mpirun("accumulate_checks.py", nprocs, timeout=180)

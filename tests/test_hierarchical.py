@@ -13,6 +13,6 @@ def test_partition_ignores_numbers():
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_hierarchical(mpirun, nprocs):
     mpirun("hierarchical_checks.py", nprocs, timeout=240)

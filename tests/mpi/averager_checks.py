@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll._types import BFLOAT16

@@ -68,8 +68,8 @@ def test_numpy_model(comm):
 
 
 def test_nothing_lost_across_regrouping(comm):
-    """Rank r posts 1000**r (int64) after random sleeps; step times say: two classes
-    until post 20, a one-point blip at post 20 (ignored: hysteresis 2), then from post
+    """Rank r posts 64**r (int64: 50 posts fit a base-64 digit) after random sleeps;
+    step times say: two classes until post 20, a one-point blip at post 20 (ignored: hysteresis 2), then from post
     30 the classes swap: regrouped at post 35. Every rank's results plus close() hold
     exactly its groups' members' posts of each period."""
     p, r = comm.size, comm.rank
@@ -88,7 +88,7 @@ def test_nothing_lost_across_regrouping(comm):
                                  regroup_every=5, window=1, hysteresis=2, seed=3)
     first = h.groups
     rng = np.random.default_rng(40 + r)
-    x = np.full(2, 1000 ** r, np.int64)
+    x = np.full(2, 64 ** r, np.int64)
     total = np.zeros(2, np.int64)
     regrouped_at = None
     for i in range(n):
@@ -101,8 +101,8 @@ def test_nothing_lost_across_regrouping(comm):
     total += h.close().data
     assert regrouped_at == 35, regrouped_at
     assert tuple(first) == tuple(split_by_speed(before)) and tuple(second) == tuple(split_by_speed(after))
-    want = sum(35 * 1000 ** q for q in range(p) if first[q] == first[r]) + \
-        sum((n - 35) * 1000 ** q for q in range(p) if second[q] == second[r])
+    want = sum(35 * 64 ** q for q in range(p) if first[q] == first[r]) + \
+        sum((n - 35) * 64 ** q for q in range(p) if second[q] == second[r])
     assert np.all(total == want), (total, want, first, second)
 
 

@@ -2,8 +2,9 @@
 
 DistributedOptimizer(hierarchy="auto", average_every=k), and the DDP hook with the same
 options, regroup a slow rank into its own group from measured step times, and right
-after each averaging every member of a group holds the same parameters; lr_scaling="contributors" applies lr times the share of
-contributors, and the base rate is back after the step; bad options raise everywhere."""
+after each averaging every member of a group holds the same parameters;
+lr_scaling="contributors" applies lr times the share of contributors, and the base rate
+is back after the step; bad options raise everywhere."""
 from __future__ import annotations
 
 import time
