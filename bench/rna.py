@@ -201,7 +201,7 @@ def probe(comm, args):
         coll = pc.PartialAllreduce(x.size, np.float32, MPI.SUM, comm, mode="probe", candidates=q, seed=args.seed)
         rng = np.random.default_rng(7 * args.seed + r)
         times = []
-        for n in range(args.rounds):
+        for _ in range(args.rounds):
             quiet_barrier(comm)
             t0 = time.perf_counter()
             time.sleep(rng.exponential(args.delay_ms) / 1000)

@@ -134,6 +134,7 @@ class AsyncAverager:
         nbytes = count * dt.itemsize
         self._closed = True
         self._server = None
+        self._client: Optional[Schedule] = None
         self._pending: Optional[AverageRequest] = None
         # rank-owned buffers: written by push() and the engine's receive (class docstring)
         self._push = np.zeros(HEADER + nbytes, np.uint8)
@@ -141,12 +142,12 @@ class AsyncAverager:
         _engine.ensure_started()
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm = dup
+        self._comm: Optional[MPI.Comm] = dup
         try:
             # every schedule on dup has one message per pair of ranks: pairs = 1 everywhere
             if rank == server:
                 self._client = None          # the server's pushes fold locally
-                self._serve(nbytes)
+                self._serve(nbytes, dup)
             else:
                 self._client = client_schedule(rank, size, server, self._push, self._reply)._commit_on(dup, 1)
         except BaseException:
@@ -154,7 +155,7 @@ class AsyncAverager:
             raise
         self._closed = False
 
-    def _serve(self, nbytes: int) -> None:
+    def _serve(self, nbytes: int, comm: MPI.Comm) -> None:
         ffi, lib = _engine.ffi, _engine.lib
         out = ffi.new("pc_avg **")
         check(lib.pc_avg_create(dtype_code(self.dtype), self.count, self.size, out))
@@ -163,7 +164,7 @@ class AsyncAverager:
             if c == self.rank:
                 continue
             n, specs, nedges, edges = op_table(server_schedule(self.rank, self.size, c, nbytes))
-            check(lib.pc_avg_serve(self._server, _engine.comm_handle(self._comm), c, n, specs, nedges, edges, 1))
+            check(lib.pc_avg_serve(self._server, _engine.comm_handle(comm), c, n, specs, nedges, edges, 1))
 
     def push(self, x: Buffer, key: Optional[int] = None) -> AverageRequest:
         """Send x to the server under key (default: this rank); returns a request whose
@@ -208,13 +209,14 @@ class AsyncAverager:
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Collective: wait for this rank's last push, then the server stops serving."""
-        if self._closed:
+        comm = self._comm
+        if self._closed or comm is None:
             return
         timeout = rc.close_timeout if timeout is None else float(timeout)
         if self._pending is not None:
             self._pending.wait(timeout)
         # every rank has its last reply: the server's schedules hold nothing but a receive
-        req = self._comm.Ibarrier()
+        req = comm.Ibarrier()
         _wait_request(req)
         self._closed = True
         deferred = _engine.ffi.new("int *")
@@ -224,9 +226,9 @@ class AsyncAverager:
         if self._client is not None:
             self._client.free()
         if deferred[0]:
-            _engine.keep_until_finalize(self._comm)
+            _engine.keep_until_finalize(comm)
         else:
-            self._comm.Free()
+            comm.Free()
         self._comm = None
 
     def _abandon(self) -> None:

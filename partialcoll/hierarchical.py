@@ -35,7 +35,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -72,17 +72,19 @@ class SpeedGrouping:
         self.times: deque = deque(maxlen=window)
         self._pending: Optional[tuple] = None     # (partition, points seen in a row)
         self.regroupings = 0
-        self.group_comm: Optional[MPI.Comm] = None
+        self.group_comm: MPI.Comm = MPI.COMM_NULL
         self.averager: Optional[AsyncAverager] = None
-        self._count = self._dtype = None
+        self._count = 0
+        self._dtype: Any = None
         self._pushes = 0
+        self.proposed: List[int] = []
         self.adopt(groups if groups is not None else [0] * self.size)
 
     def adopt(self, groups: List[int]) -> None:
         """Collective over comm: split into the groups (numbered from the fastest)."""
         self.groups = tuple(groups)
         self.group = groups[self.rank]
-        if self.group_comm is not None:
+        if self.group_comm != MPI.COMM_NULL:
             self.group_comm.Free()
         self.group_comm = self.comm.Split(self.group, self.rank)
         self._pushes = 0
@@ -90,7 +92,7 @@ class SpeedGrouping:
             self.averager.close()
             self.averager = AsyncAverager(self._count, self._dtype, comm=self.comm, server=self.server)
 
-    def averaging(self, count: int, dtype) -> None:
+    def averaging(self, count: int, dtype: Any) -> None:
         """Collective over comm: the averager between groups, for vectors of count dtype."""
         self._count, self._dtype = count, dtype
         self.averager = AsyncAverager(count, dtype, comm=self.comm, server=self.server)
@@ -100,8 +102,9 @@ class SpeedGrouping:
 
     def point(self, step: int) -> bool:
         """Is post #step a regrouping point (the same answer on every rank)?"""
-        return (bool(self.regroup_every) and step > 0 and step % self.regroup_every == 0
-                and (self.regroup_points is None or step // self.regroup_every <= self.regroup_points))
+        every = self.regroup_every
+        return (every is not None and every > 0 and step > 0 and step % every == 0
+                and (self.regroup_points is None or step // every <= self.regroup_points))
 
     def decide(self) -> bool:
         """Collective over comm: one allgather of the window medians; True when a new
@@ -120,11 +123,13 @@ class SpeedGrouping:
     def average(self, params: np.ndarray, timeout: Optional[float] = None) -> np.ndarray:
         """Collective over the group: the pusher pushes params under the group's number;
         every member gets the mean of every group's latest push."""
-        gc = self.group_comm
+        gc, averager = self.group_comm, self.averager
+        if averager is None:
+            raise StateError("average() before averaging() (or after free())")
         pusher = self._pushes % gc.Get_size()
         self._pushes += 1
         if gc.Get_rank() == pusher:
-            mean = self.averager.push(params, key=self.group).wait(timeout)
+            mean = averager.push(params, key=self.group).wait(timeout)
         else:
             mean = np.empty_like(params)
         _wait_request(gc.Ibcast(mean, root=pusher))
@@ -135,9 +140,9 @@ class SpeedGrouping:
         if self.averager is not None:
             self.averager.close()
             self.averager = None
-        if self.group_comm is not None:
+        if self.group_comm != MPI.COMM_NULL:
             self.group_comm.Free()
-            self.group_comm = None
+            self.group_comm = MPI.COMM_NULL
 
 
 def _fold(res: Result, carry: Optional[Result], op_add) -> Result:
@@ -224,8 +229,8 @@ class HierarchicalAllreduce:
                       "the same regroup_every, window, hysteresis and server, and step_time on all or none")
         groups = split_by_speed(times) if step_time is not None else None
         self.count, self.op = count, op
-        self._coll_args = dict(mode=mode, candidates=candidates, seed=seed, late=late, accumulate=accumulate,
-                               algorithm=algorithm)
+        self._coll_args: Dict[str, Any] = dict(mode=mode, candidates=candidates, seed=seed, late=late,
+                                               accumulate=accumulate, algorithm=algorithm)
         self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
                                       regroup_every=regroup_every, groups=groups, regroup_points=regroup_points)
         self._coll = PartialAllreduce(count, dtype, op, self.grouping.group_comm, **self._coll_args)
@@ -234,7 +239,7 @@ class HierarchicalAllreduce:
         self._add = np.add if op == MPI.SUM else None
         self._carry: Optional[Result] = None
         self._posts = 0
-        self._last = None
+        self._last: Optional[float] = None
         self._closed = False
 
     @property

@@ -15,6 +15,7 @@ has been joined, so no close runs under one of its waits.
 import time
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -93,7 +94,7 @@ class PartialHookState:
             self.grouping = SpeedGrouping(self.comm, server=server, window=window, hysteresis=hysteresis,
                                           regroup_every=regroup_every, regroup_points=regroup_points)
             self.size = self.grouping.group_comm.Get_size()
-        self._flat_dtype = None              # the averager's, made at the first forward
+        self._flat_dtype: Optional[np.dtype] = None     # the averager's, made at the first forward
         self._forward_at: Optional[float] = None
         self._backward_at: Optional[float] = None
         self._hier_iter = -1                 # the iteration sync_hook last acted on
@@ -157,24 +158,24 @@ class PartialHookState:
             self._synced_at = self.iter
             sync_parameters([p for p in module.parameters() if p.requires_grad], self.comm)
         if self.grouping is not None and module.training and torch.is_grad_enabled():
-            self._hierarchy_step([p for p in module.parameters() if p.requires_grad])
+            self._hierarchy_step(self.grouping, [p for p in module.parameters() if p.requires_grad])
 
-    def _hierarchy_step(self, params: List[torch.Tensor]) -> None:
+    def _hierarchy_step(self, grouping: SpeedGrouping, params: List[torch.Tensor]) -> None:
         """Before a training forward pass (once per iteration; DDP has waited for the
         previous iteration's rounds): note the previous iteration's compute time, average
         the groups' models every average_every iterations, regroup at a point where a new
         grouping is due (the collectives are flushed: their data joins the next results of
         the same parameters)."""
-        grouping = self.grouping
         if self._hier_iter == self.iter:          # a second forward in this iteration
             return
         self._hier_iter = self.iter
         if self._flat_dtype is None:
             self._flat_dtype = start_averaging(grouping, params)
+        flat_dtype = self._flat_dtype
         if self._forward_at is not None and self._backward_at is not None and self._backward_at > self._forward_at:
             grouping.note(self._backward_at - self._forward_at)
-        if self.iter > 0 and self.iter % self.average_every == 0:
-            average_models(grouping, params, self._flat_dtype)
+        if self.average_every and self.iter > 0 and self.iter % self.average_every == 0:
+            average_models(grouping, params, flat_dtype)
         if grouping.point(self.iter) and grouping.decide():
             self._flush()
             grouping.adopt(grouping.proposed)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -238,34 +238,31 @@ class GradientSynchronizer:
         self.last = [b.finish(self.average, self.size) for b in self.buckets]
         if self._carry is not None:      # what a regrouping flushed joins this step's gradients
             for b, carry in zip(self.buckets, self._carry):
-                b.flats[b.dst].add_(carry.to(b.flats[b.dst].device))
+                flat = b.flats[b.dst]
+                assert flat is not None          # finish() made the views of flat dst
+                flat.add_(carry.to(flat.device))
             self._carry = None
         self.steps += 1
         if self.grouping is not None:
-            self._hierarchy_step(entered)
+            self._hierarchy_step(self.grouping, entered)
         if self.every and self.steps % self.every == 0:
             sync_parameters(self.params, self.comm)
         return self.last
 
-    def _hierarchy_step(self, entered: float) -> None:
+    def _hierarchy_step(self, grouping: SpeedGrouping, entered: float) -> None:
         """After a step's gradients: note its compute time (from the end of the previous
         sync to the start of this one: RNA groups by how fast a rank computes, not by how
         long it waits for others), average the groups' models every average_every steps,
         regroup at a point where a new grouping is due."""
-        grouping = self.grouping
         if self._t_last is not None:
             grouping.note(max(entered - self._t_last, 1e-9))
-        if self.steps % self.average_every == 0:
-            self._average_models()
+        if self.average_every and self.steps % self.average_every == 0:
+            average_models(grouping, self.params, self._flat_dtype)
         if grouping.point(self.steps) and grouping.decide():
-            self._regroup()
+            self._regroup(grouping)
         self._t_last = time.perf_counter()
 
-    def _average_models(self) -> None:
-        """Collective over the group: parameters = the mean of every group's latest."""
-        average_models(self.grouping, self.params, self._flat_dtype)
-
-    def _regroup(self) -> None:
+    def _regroup(self, grouping: SpeedGrouping) -> None:
         """Collective over comm: close the buckets (their flush becomes the next step's
         carry), adopt the new grouping, build the buckets on the new group."""
         carry = []
@@ -275,9 +272,9 @@ class GradientSynchronizer:
             d = divisor(res, self.average, self.size, b.coll.divisor) if res.rounds else 1
             carry.append(data / d if d != 1 else data)
         self._carry = carry
-        self.grouping.adopt(self.grouping.proposed)
-        self.grouping.regroupings += 1
-        self._build(self.grouping.group_comm)
+        grouping.adopt(grouping.proposed)
+        grouping.regroupings += 1
+        self._build(grouping.group_comm)
 
     def lr_scale(self) -> float:
         """RNA's linear scaling: the contributors of the latest step (each bucket's NAP per
@@ -484,7 +481,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._sync.last
 
 
-def start_averaging(grouping: SpeedGrouping, params: List[torch.Tensor]) -> np.dtype:
+def start_averaging(grouping: SpeedGrouping, params: Sequence[torch.Tensor]) -> np.dtype:
     """Collective over the grouping's comm: its averager for the parameters, flattened in
     their dtype (float64 where they differ or are not floating); returns that dtype."""
     dtype = np_dtype(params[0]) if len({p.dtype for p in params}) == 1 and params[0].is_floating_point() \
@@ -493,7 +490,7 @@ def start_averaging(grouping: SpeedGrouping, params: List[torch.Tensor]) -> np.d
     return dtype
 
 
-def average_models(grouping: SpeedGrouping, params: List[torch.Tensor], dtype: np.dtype) -> None:
+def average_models(grouping: SpeedGrouping, params: Sequence[torch.Tensor], dtype: np.dtype) -> None:
     """Collective over the group: the parameters become the mean of every group's latest
     (RNA's asynchronous averaging through the grouping's AsyncAverager)."""
     wide = dtype == np.float64           # mixed dtypes: averaged in float64

@@ -80,7 +80,7 @@ def test_constant_posts_under_delays(comm, how):
     rng = np.random.default_rng(5 + r)
     x = np.full(3, 2.0 ** r)
     several = 0
-    for i in range(40):
+    for _ in range(40):
         time.sleep(rng.uniform(0, 0.004))
         if rng.random() < 0.3:
             coll.post(x)                          # never waited for: its data folds later

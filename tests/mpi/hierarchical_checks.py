@@ -115,7 +115,7 @@ def test_regroup_on_measured_delays(comm):
     h = pc.HierarchicalAllreduce(4, np.float32, MPI.SUM, comm, mode="probe", regroup_every=4, window=3,
                                  hysteresis=1, regroup_points=1)
     assert h.groups == (0,) * p
-    for i in range(9):
+    for _ in range(9):
         time.sleep(0.2 if r == p - 1 else 0.02)     # far apart, each well above the noise
         h.post(np.ones(4, np.float32)).wait()
     assert h.regroupings == 1                       # at post 4, the only point

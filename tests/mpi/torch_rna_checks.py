@@ -16,7 +16,8 @@ import torch
 from partialcoll import ArgumentError
 from partialcoll.integrations.torch import DistributedOptimizer, GradientSynchronizer, partial_ddp
 from _util import expect_raises, run_module
-from torch_checks import batch, loss_of, model, pcg  # noqa: F401 - pcg: the process group fixture
+from torch_checks import batch, loss_of, model
+from torch_checks import pcg as pcg   # the process group fixture, for pytest
 
 
 def flat(m):
