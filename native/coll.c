@@ -44,8 +44,9 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * work (what the round's allreduce reduces), result (what wait returns); moving data
  * between them is a pointer swap wherever possible, so a post costs one pass over x.
  *
- *   post(x):   acc = acc (op) x; posts++; maybe trigger the armed round
- *   TAKE:      work = acc; acc = empty; k = posts since the last TAKE: my active bit if
+ *   post(x):   acc = acc (op) x (accumulate RNA: acc = acc + j x, the j-th post since the
+ *              last TAKE); posts++; maybe trigger the armed round
+ *   TAKE:      acc = acc / k (MEAN) or / (k (k + 1) / 2) (RNA); work = acc; acc = empty; k = posts since the last TAKE: my active bit if
  *              k > 0 (fresh or leftover data is inside), my word of the posts count = k,
  *              my closing bit if closing
  *   DELIVER:   result = work (latest) or result = result (op) work (fold); completed = n + 1
@@ -162,6 +163,14 @@ static int coll_arm(pc_coll *c, int64_t n)
 static int coll_take(pc_owner *o)
 {
     pc_coll *c = (pc_coll *)o;
+    int64_t k = c->posts - c->taken_posts;   /* the posts whose data this round takes */
+    if (k > 1 && c->spec.accumulate != PC_ACC_SUM && !c->work_filled && (c->acc_ext || c->acc_full)) {
+        /* the accumulator holds a sum (weighted for RNA) of k posts: make it their mean */
+        void *acc = c->acc_ext ? c->acc_ext : c->acc;
+        double d = c->spec.accumulate == PC_ACC_MEAN ? (double)k : (double)k * (double)(k + 1) / 2.0;
+        int rc = pc_reduce_div(PC_OP_COPY, c->spec.dtype, acc, acc, acc, c->spec.count, d);
+        if (rc) return rc;
+    }
     if (c->work_filled) {
         c->work_filled = 0;            /* a direct post already placed the data */
     } else if (c->acc_ext) {           /* the round runs in the lent buffer */
@@ -175,7 +184,6 @@ static int coll_take(pc_owner *o)
     }
     c->acc_full = 0;
     c->taken = 1;
-    int64_t k = c->posts - c->taken_posts;   /* the posts whose data this round takes */
     c->round_lo = c->taken_posts;      /* this rank's posts [round_lo, round_hi) are in the round */
     c->round_hi = c->taken_posts = c->posts;
     uint64_t *m = c->mask_slot;
@@ -334,7 +342,9 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     if (spec->dtype < 0 || spec->dtype >= PC_DT_COUNT || spec->count > (INT64_MAX / 4) / pc_dt_size[spec->dtype])
         return fail(PC_ERR_NOMEM, "a partial allreduce of %lld elements is too large", (long long)spec->count);
     if (spec->mode < PC_MODE_SOLO || spec->mode > PC_MODE_FULL || spec->late < PC_LATE_LATEST
-        || spec->late > PC_LATE_FOLD || spec->variants < 0 || spec->max_staleness < 0 || !spec->identity)
+        || spec->late > PC_LATE_FOLD || spec->variants < 0 || spec->max_staleness < 0 || !spec->identity
+        || spec->accumulate < PC_ACC_SUM || spec->accumulate > PC_ACC_RNA
+        || (spec->accumulate != PC_ACC_SUM && !(spec->redop == PC_OP_SUM && pc_div_valid(PC_OP_SUM, spec->dtype))))
         return fail(PC_ERR_ARG, "bad collective spec (mode %d, late %d, variants %d)", spec->mode, spec->late,
                     spec->variants);
     int rank, size;
@@ -444,7 +454,11 @@ int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late
         void *lend = out == x && !*late ? out : NULL;   /* in place: x itself becomes acc */
         if (c->acc_full) {
             void *acc = c->acc_ext ? c->acc_ext : c->acc;
-            rc = pc_reduce_local(c->spec.redop, c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count);
+            /* RNA: the j-th post since the last TAKE weighs j (the first one is copied) */
+            rc = c->spec.accumulate == PC_ACC_RNA
+                 ? pc_axpy(c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count,
+                           (double)(c->posts - c->taken_posts + 1))
+                 : pc_reduce_local(c->spec.redop, c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count);
             if (rc) goto out;
         } else if (!lend) {
             memcpy(c->acc, x, c->nbytes);

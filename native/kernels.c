@@ -181,3 +181,62 @@ int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out,
     }
     return fail(PC_ERR_DTYPE_OP, "a divisor needs a real floating dtype, not dtype %d", dtype);
 }
+
+/* out = the mean of the k vectors v[0..k-1] of n elements, elementwise, accumulated wide:
+ * real floating types (float16 and bfloat16 too) and the parts of complex numbers in
+ * double, signed integers in int64 and unsigned ones in uint64; then divided by k and
+ * rounded once to the dtype (integers: the quotient truncated toward zero, as C and
+ * MPI's integer division do). Not defined for bool. out may alias one of v. */
+#define MEAN_LOOP(T, ACC, LOAD_, STORE_) do { \
+        for (int64_t i = 0; i < n; i++) { ACC s = 0; \
+            for (int j = 0; j < k; j++) s += (ACC)LOAD_(((const T *)v[j])[i]); \
+            ((T *)out)[i] = STORE_(s / (ACC)k); } } while (0)
+#define SAME(x) (x)
+#define F16_D(h) ((double)f16_float(h))
+#define BF16_D(h) ((double)bf16_float(h))
+#define D_F16(d) float_f16((float)(d))
+#define D_BF16(d) float_bf16((float)(d))
+
+int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n)
+{
+    if (dtype < 0 || dtype >= PC_DT_COUNT || dt_class[dtype] == 0)
+        return fail(PC_ERR_DTYPE_OP, "a mean is not defined for dtype %d (bool)", dtype);
+    if (k <= 0) return fail(PC_ERR_ARG, "a mean of %d vectors", k);
+    if (n <= 0) return PC_OK;
+    switch (dtype) {
+    case PC_DT_INT8: MEAN_LOOP(int8_t, int64_t, SAME, (int8_t)); break;
+    case PC_DT_INT16: MEAN_LOOP(int16_t, int64_t, SAME, (int16_t)); break;
+    case PC_DT_INT32: MEAN_LOOP(int32_t, int64_t, SAME, (int32_t)); break;
+    case PC_DT_INT64: MEAN_LOOP(int64_t, int64_t, SAME, (int64_t)); break;
+    case PC_DT_UINT8: MEAN_LOOP(uint8_t, uint64_t, SAME, (uint8_t)); break;
+    case PC_DT_UINT16: MEAN_LOOP(uint16_t, uint64_t, SAME, (uint16_t)); break;
+    case PC_DT_UINT32: MEAN_LOOP(uint32_t, uint64_t, SAME, (uint32_t)); break;
+    case PC_DT_UINT64: MEAN_LOOP(uint64_t, uint64_t, SAME, (uint64_t)); break;
+    case PC_DT_FLOAT32: MEAN_LOOP(float, double, SAME, (float)); break;
+    case PC_DT_FLOAT64: MEAN_LOOP(double, double, SAME, (double)); break;
+    case PC_DT_COMPLEX64: n *= 2; MEAN_LOOP(float, double, SAME, (float)); break;     /* re, im */
+    case PC_DT_COMPLEX128: n *= 2; MEAN_LOOP(double, double, SAME, (double)); break;
+    case PC_DT_FLOAT16: MEAN_LOOP(uint16_t, double, F16_D, D_F16); break;
+    case PC_DT_BFLOAT16: MEAN_LOOP(uint16_t, double, BF16_D, D_BF16); break;
+    }
+    return PC_OK;
+}
+
+/* out = a + w * b, elementwise, for a real floating dtype (float16 and bfloat16 in float,
+ * rounded once): RNA's weighted accumulation. out may alias a or b. */
+int pc_axpy(int dtype, const void *a, const void *b, void *out, int64_t n, double w)
+{
+    if (!pc_div_valid(PC_OP_SUM, dtype))
+        return fail(PC_ERR_DTYPE_OP, "a weighted sum needs a real floating dtype, not dtype %d", dtype);
+    switch (dtype) {
+    case PC_DT_FLOAT32: { float q = (float)w; DIV_LOOP(float, u + q * v); return PC_OK; }
+    case PC_DT_FLOAT64: DIV_LOOP(double, u + w * v); return PC_OK;
+    case PC_DT_FLOAT16: { const uint16_t *x = a, *y = b; uint16_t *z = out; float q = (float)w;
+        for (int64_t i = 0; i < n; i++) z[i] = float_f16(f16_float(x[i]) + q * f16_float(y[i]));
+        return PC_OK; }
+    case PC_DT_BFLOAT16: { const uint16_t *x = a, *y = b; uint16_t *z = out; float q = (float)w;
+        for (int64_t i = 0; i < n; i++) z[i] = float_bf16(bf16_float(x[i]) + q * bf16_float(y[i]));
+        return PC_OK; }
+    }
+    return fail(PC_ERR_DTYPE_OP, "a weighted sum needs a real floating dtype, not dtype %d", dtype);
+}

@@ -59,6 +59,11 @@ enum { PC_ACT_FLOOD = 0, PC_ACT_QUORUM = 1, PC_ACT_NONE = 2 };
 /* partial collective modes */
 enum { PC_MODE_SOLO = 0, PC_MODE_MAJORITY = 1, PC_MODE_PROBE = 2, PC_MODE_QUORUM = 3, PC_MODE_FULL = 4 };
 enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
+/* how a rank's posts fold into its accumulator between two rounds that read it (k posts):
+ * SUM: their sum; MEAN: sum / k; RNA: sum_j j x_j / (k (k + 1) / 2), the j-th post since
+ * the last read weighing j (RNA's linear weights: newer weigh more). MEAN and RNA: op SUM
+ * of a real floating dtype. */
+enum { PC_ACC_SUM = 0, PC_ACC_MEAN = 1, PC_ACC_RNA = 2 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
 /* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
  * receive ever targets memory Python may free */
@@ -109,6 +114,7 @@ typedef struct pc_idle_info {    /* what the idle policy chose and why (pc_idle_
 
 typedef struct pc_sched pc_sched;
 typedef struct pc_coll pc_coll;
+typedef struct pc_avg pc_avg;
 
 typedef struct pc_collspec {
     int mode;            /* PC_MODE_* */
@@ -123,6 +129,7 @@ typedef struct pc_collspec {
     int dtype, redop;
     int64_t count;
     const void *identity;    /* one element: the op's identity */
+    int accumulate;          /* PC_ACC_* */
 } pc_collspec;
 
 typedef struct pc_result {
@@ -217,6 +224,16 @@ int pc_comm_failed(void *comm_handle, int *ranks, int max, int *n);
  * *round) are still in flight: the ranks not heard from, which a timeout names. */
 int pc_sched_silent(pc_sched *s, int *ranks, int max, int *n);
 int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n);
+/* Asynchronous averaging through a server rank (avg.c). On the server: create, then one
+ * schedule per client rank (RECV push into slot WORK -> DELIVER -> SEND slot MASK); the
+ * engine serves and re-arms them. Push: [int64 key][int64 0][data]; reply: [int64 keys]
+ * [int64 pushes][the mean of every key's latest data]. */
+int pc_avg_create(int dtype, int64_t count, int size, pc_avg **out);
+int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_opspec *ops, int nedges,
+                 const int *edges, int pairs);
+int pc_avg_push_local(pc_avg *a, const void *push, void *reply);   /* the server's own push */
+int pc_avg_state(pc_avg *a, int64_t *keys, int64_t *pushes);
+int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);
 /* CDEF END */
 
 #endif

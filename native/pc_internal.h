@@ -8,8 +8,9 @@
  *   coll.c      partial collectives (rounds, accumulator, results, close), candidates
  *   progress.c  E, the progress passes, the progress thread, waits
  *   idle.c      the idle policy: the CPU budget, interference, spin bounds
+ *   avg.c       asynchronous averaging through a server rank (owns schedules, like coll.c)
  *
- * Calls go one way: coll.c -> sched.c -> mpi.c; progress.c drives sched.c through
+ * Calls go one way: coll.c -> sched.c -> mpi.c, avg.c -> sched.c; progress.c drives sched.c through
  * sched_progress() and owners (collectives) through the callbacks in pc_owner; sched.c
  * and coll.c signal progress.c (kick, notify_done) and nothing else of it.
  *
@@ -179,6 +180,8 @@ struct pc_sched {
     pc_sched *next, *prev;   /* E.running (E.lock) */
 };
 
+int sched_create(void *comm_handle, int nops, const pc_opspec *ops, int nedges, const int *edges,
+                 pc_owner *owner, int64_t scratch_bytes, int pairs, pc_sched **out);
 void *op_addr(const pc_op *op, int i);
 void sched_fail(pc_sched *s, int op, int code, const char *what);
 void sched_withdraw(pc_sched *s);
@@ -262,6 +265,8 @@ int fail_at(int code, int peer, const char *msg);
 extern const size_t pc_dt_size[PC_DT_COUNT];
 int pc_reduce_local(int redop, int dtype, const void *a, const void *b, void *out, int64_t n);
 int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out, int64_t n, double d);
+int pc_axpy(int dtype, const void *a, const void *b, void *out, int64_t n, double w);  /* out = a + w b */
+int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n);   /* widened mean */
 
 /* progress.c */
 double now_us(void);

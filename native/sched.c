@@ -234,13 +234,20 @@ static int64_t op_span(const pc_opspec *p, int b)
 int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedges, const int *edges,
                     pc_coll *coll, int64_t scratch_bytes, int pairs, pc_sched **out)
 {
+    return sched_create(comm_handle, nops, spec, nedges, edges, coll ? &coll->owner : NULL, scratch_bytes, pairs, out);
+}
+
+/* A schedule, of its owner's unit where owner is given (its TAKE and DELIVER call back
+ * into the owner), else standalone. */
+int sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedges, const int *edges,
+                 pc_owner *owner, int64_t scratch_bytes, int pairs, pc_sched **out)
+{
     if (nops < 0 || nedges < 0 || scratch_bytes < 0) return fail(PC_ERR_ARG, "negative op, edge or scratch count");
     pc_sched *s = calloc(1, sizeof *s);
     if (!s) return fail(PC_ERR_NOMEM, "out of memory");
     MPI_Comm comm = *(MPI_Comm *)comm_handle;
     int rank, size, rc = mpi_comm_info(comm, &rank, &size);
     if (rc) { free(s); return rc; }
-    pc_owner *owner = coll ? &coll->owner : NULL;
     s->owner = owner;
     s->unit = owner ? &owner->unit : &s->own;
     if (!owner) unit_init(&s->own, sched_unit_destroy, sched_unit_abandon);
@@ -308,8 +315,8 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
         if (op->divisor != 0 && (!pc_div_valid(p->redop, p->dtype) || !isfinite(op->divisor)))
             rc = fail(PC_ERR_DTYPE_OP, "op %d: a divisor (%g) needs SUM or COPY of a real floating dtype, not op %d "
                       "on dtype %d", i, op->divisor, p->redop, p->dtype);
-        else if ((p->kind == PC_TRIGGER || p->kind == PC_TAKE || p->kind == PC_DELIVER) && !coll)
-            rc = fail(PC_ERR_ARG, "op %d: trigger/take/deliver ops need a partial collective", i);
+        else if ((p->kind == PC_TRIGGER || p->kind == PC_TAKE || p->kind == PC_DELIVER) && !owner)
+            rc = fail(PC_ERR_ARG, "op %d: trigger/take/deliver ops need an owner (a partial collective)", i);
         else if (p->kind == PC_TRIGGER && s->trigger_op >= 0)
             rc = fail(PC_ERR_ARG, "op %d: a schedule has at most one trigger", i);
         if (rc) break;               /* a rejected op's fields (its peer) are not used */

@@ -33,11 +33,15 @@ from ._rc import rc
 from ._version import __version__
 from .activation.candidates import candidates
 from .schedule import Request, Schedule, ScheduleOp
+from .speed_groups import speed_groups
+from .averager import AsyncAverager, AverageRequest
+from .hierarchical import HierarchicalAllreduce, HierarchicalRequest
 
 __all__ = [
     "PartialAllreduce", "PartialRequest", "Result",
     "solo_allreduce", "majority_allreduce", "probe_allreduce", "quorum_allreduce", "allreduce_init",
-    "Schedule", "ScheduleOp", "Request", "candidates",
+    "Schedule", "ScheduleOp", "Request", "candidates", "speed_groups", "AsyncAverager", "AverageRequest",
+    "HierarchicalAllreduce", "HierarchicalRequest",
     "rc", "info", "finalize", "progress_mode",
     "PartialcollError", "ArgumentError", "InvalidBufferError", "OpError", "StateError", "MPIError",
     "Timeout", "PeerError", "EngineError", "OutOfMemory", "__version__",

@@ -23,11 +23,12 @@ from mpi4py import MPI
 from . import _device, _engine, _propagate
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._agree import agree, as_problem
-from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
-                      StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
+from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError,
+                      Peers, StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
-from ._types import as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
+from ._types import (OP_NAMES, as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity,
+                     integer, op_code)
 from .activation import BUILDERS
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, tree
@@ -38,6 +39,8 @@ MODES = ("solo", "majority", "probe", "quorum", "full")
 _MODE_CODES = {m: getattr(_engine.lib, "PC_MODE_" + m.upper()) for m in MODES}
 _LATE = ("latest", "fold")
 _LATE_CODES = {"latest": _engine.lib.PC_LATE_LATEST, "fold": _engine.lib.PC_LATE_FOLD}
+# how posts between two reads of the accumulator fold (native/pc_engine.h, PC_ACC_*)
+_ACCUMULATE = {"sum": _engine.lib.PC_ACC_SUM, "mean": _engine.lib.PC_ACC_MEAN, "rna": _engine.lib.PC_ACC_RNA}
 _BOR = op_code(MPI.BOR)
 _PACK_BYTES = 8192          # rounds up to this size pack data and bitmasks into one message per step
 
@@ -193,6 +196,14 @@ class PartialAllreduce:
         divisor: every round's result is its reduction divided by this (op SUM of a real
             floating dtype; eager-SGD's average is divisor=P), in the pass that makes the
             sum, so an average costs no pass of its own.
+        accumulate: what a rank contributes when several of its posts fold into its
+            accumulator before a round reads it (a late rank's k posts): "sum" (their
+            sum), "mean" (sum / k) or "rna" (RNA's linear weights: the j-th of the k
+            posts weighs j, newer weigh more: sum_j j x_j / (k (k + 1) / 2)). "mean" and
+            "rna" need MPI.SUM of a real floating dtype and host buffers. Result.posts
+            still counts the posts whose data is inside; with "mean" or "rna" each active
+            rank contributes one average, so data / nap (not data / posts) is the mean
+            over contributors.
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
@@ -215,14 +226,14 @@ class PartialAllreduce:
                  comm: MPI.Comm = MPI.COMM_WORLD, *,
                  mode: str = "solo", candidates: Optional[int] = None, quorum: Optional[int] = None, seed: int = 0,
                  max_staleness: Optional[int] = None, late: str = "latest",
-                 algorithm: str = "auto", groups=None, divisor: float = 1.0) -> None:
+                 algorithm: str = "auto", groups=None, divisor: float = 1.0, accumulate: str = "sum") -> None:
         check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
         problem = None
         try:
             params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
-                                    late, algorithm, size, groups, divisor)
+                                    late, algorithm, size, groups, divisor, accumulate)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = as_problem(exc, "PartialAllreduce"), None
         node = agree(comm, "PartialAllreduce", problem, params, _engine.node_needed(),
@@ -234,6 +245,7 @@ class PartialAllreduce:
         self.op, self.late, self.seed = op, late, params["seed"]
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
         self.divisor = params["divisor"]
+        self.accumulate = accumulate
         nbytes = self.count * self.dtype.itemsize
         # the regions: those given, or one per shared-memory node (collective, agreed), found
         # where the tree is named or "auto" may pick it (every rank decides alike)
@@ -261,7 +273,7 @@ class PartialAllreduce:
 
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None,
-                  divisor=1.0) -> dict:
+                  divisor=1.0, accumulate="sum") -> dict:
         count = integer(count, "count", 0)
         dt = as_dtype(dtype)
         dtype_code(dt)
@@ -274,6 +286,11 @@ class PartialAllreduce:
             raise ArgumentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if late not in _LATE:
             raise ArgumentError(f"late must be 'latest' or 'fold', not {late!r}")
+        if accumulate not in _ACCUMULATE:
+            raise ArgumentError(f"accumulate must be 'sum', 'mean' or 'rna', not {accumulate!r}")
+        if accumulate != "sum" and not (code == op_code(MPI.SUM) and _engine.lib.pc_div_valid(code, dtype_code(dt))):
+            raise OpError(f"accumulate={accumulate!r} averages posts: it needs MPI.SUM of a real floating dtype, "
+                          f"not MPI.{OP_NAMES[code]} on {dt}")
         if q is not None and mode != "probe":
             raise ArgumentError(f"candidates= is for mode='probe'; mode {mode!r} has no use for it")
         if k is not None and mode != "quorum":
@@ -294,7 +311,7 @@ class PartialAllreduce:
             groups = tree.normalize_groups(groups, size)
         return {"count": count, "dtype": dtype_name(dt), "op": code, "mode": mode, "candidates": q, "quorum": k,
                 "seed": seed, "max_staleness": max_staleness, "late": late, "algorithm": algorithm,
-                "groups": groups, "divisor": divisor}
+                "groups": groups, "divisor": divisor, "accumulate": accumulate}
 
     # -- construction ---------------------------------------------------------------
     def _round_schedule(self, activation: str, rotation: int = 0) -> Schedule:
@@ -338,7 +355,7 @@ class PartialAllreduce:
             "max_staleness": self.max_staleness or 0,
             "mask_words": self._mask_len, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
-            "identity": ffi.cast("void *", ident.ctypes.data)})
+            "identity": ffi.cast("void *", ident.ctypes.data), "accumulate": _ACCUMULATE[self.accumulate]})
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
         self._comm: Optional[MPI.Comm] = dup
@@ -456,6 +473,10 @@ class PartialAllreduce:
             return PartialRequest(self, index, late, out)
         # device buffers: staged through pinned host memory (see _device.py)
         stage = self._staging_for(xdev or odev, x if xdev is not None else out)
+        if xdev is not None and self.accumulate != "sum":
+            # the staging folds later posts on the device with the op alone
+            raise InvalidBufferError(f"accumulate={self.accumulate!r} folds posts on the host: post host "
+                                     "(NumPy) arrays, or use accumulate='sum'")
         if xdev is not None:
             stage.check_device(x, "post buffer")
             index, late = stage.post(x, self)

@@ -303,6 +303,13 @@ class Schedule:
         self._persistent = persistent
         return self
 
+    def _commit_on(self, comm: MPI.Comm, pairs: int) -> "Schedule":
+        """Commit on a communicator the caller owns and shares with other schedules (no
+        Dup, no collective call): pairs is their agreed tag layout (pair_messages)."""
+        _engine.ensure_started()
+        self._native = _create_native(self, comm, None, pairs)
+        return self
+
     def start(self) -> Request:
         """Start one execution (MPI_Start); a persistent schedule can be started again after it completes."""
         if self._native is None:
@@ -379,6 +386,16 @@ def _create_native(sched: Schedule, comm: MPI.Comm, coll, pairs: int):
     """Build the engine's op table and edge list from a schedule; pairs: pair_messages()
     of every schedule on comm, the same on every rank (the tag layout)."""
     ffi, lib = _engine.ffi, _engine.lib
+    n, specs, nedges, cedges = op_table(sched)
+    out = ffi.new("pc_sched **")
+    check(lib.pc_sched_create(_engine.comm_handle(comm), n, specs, nedges, cedges,
+                              coll if coll is not None else ffi.NULL, sched._scratch_bytes, pairs, out))
+    return out[0]
+
+
+def op_table(sched: Schedule) -> tuple:
+    """The engine's view of a schedule: (ops, pc_opspec[ops], edges, int[2 * edges])."""
+    ffi = _engine.ffi
     n = len(sched.ops)
     specs = ffi.new("pc_opspec[]", max(n, 1))
     edges: List[int] = []
@@ -397,11 +414,7 @@ def _create_native(sched: Schedule, comm: MPI.Comm, coll, pairs: int):
             s.nbytes = op.bufs[0].nbytes
         for d in op.deps:
             edges += (d, op.index)
-    cedges = ffi.new("int[]", edges or [0])
-    out = ffi.new("pc_sched **")
-    check(lib.pc_sched_create(_engine.comm_handle(comm), n, specs, len(edges) // 2, cedges,
-                              coll if coll is not None else ffi.NULL, sched._scratch_bytes, pairs, out))
-    return out[0]
+    return n, specs, len(edges) // 2, ffi.new("int[]", edges or [0])
 
 
 def _dtype_of(ref: BufRef) -> int:

@@ -31,6 +31,14 @@ def test_torch_integration(mpirun, nprocs):
 
 
 @pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [2, 3, 4, 5])
+def test_torch_rna(mpirun, nprocs):
+    """hierarchy="auto" regroups a slow rank and averages the groups' models;
+    lr_scaling="contributors"; bad options on every rank (tests/mpi/torch_rna_checks.py)."""
+    mpirun("torch_rna_checks.py", nprocs, timeout=240)
+
+
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_torch_contracts(mpirun, nprocs):
     mpirun("torch_contract_checks.py", nprocs, timeout=240)

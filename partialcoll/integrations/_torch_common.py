@@ -233,3 +233,13 @@ class Completer:
             fut.set_exception(exc)
         if thread is None and last is not None:
             last()
+
+
+def contributor_scale(results, size: int) -> float:
+    """RNA's linear scaling rule: the contributors of a step's results (each NAP per
+    round, averaged over the results that hold data) over the ranks that could
+    contribute; 1.0 where no result holds data."""
+    naps = [r.nap / max(r.rounds, 1) for r in results if r.nap > 0]
+    if not naps:
+        return 1.0
+    return min(1.0, sum(naps) / len(naps) / size)

@@ -12,20 +12,25 @@ the state's Completer thread waits for the rounds and completes the futures. The
 state's collectives are closed (a bucket rebuild, ``close()``) only after that thread
 has been joined, so no close runs under one of its waits.
 """
+import time
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from .._partial import PartialAllreduce, Result
 from . import _torch_comm
-from ._torch_common import Completer, buffer_of, check_average, divisor, fused_divisor, np_dtype, settle, tensor_of
-from ._torch_optim import sync_parameters
+from ..hierarchical import SpeedGrouping
+from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, fused_divisor, np_dtype,
+                            settle, tensor_of)
+from ._torch_optim import GradientSynchronizer, average_models, start_averaging, sync_parameters
 from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
-                 "model_sync_every")
+                 "model_sync_every", "accumulate", "hierarchy", "average_every", "regroup_every", "server", "window",
+                 "hysteresis", "regroup_points")
 
 
 class _BucketColl:
@@ -57,6 +62,14 @@ class PartialHookState:
             module; partial_ddp registers it), which bounds how far the partial
             modes let the models drift apart
 
+    hierarchy="auto", average_every=k (regroup_every, server, window, hysteresis,
+                 regroup_points): RNA's hierarchical synchronization, as in
+                 GradientSynchronizer; the ranks' compute time is measured from the
+                 forward pre-hook to the last bucket's hook (``sync_hook``, which
+                 partial_ddp registers, also regroups and averages the groups' models)
+    lr_scale()   RNA's linear scaling factor of the latest iteration's results (the
+                 contributors' share): multiply the learning rate by it
+
     Collectives are keyed by the bucket's parameters, never by ``bucket.index()``: a
     bucket that changes (DDP rebuilt its buckets) gets a new collective, and the old
     ones are closed (collectively, every rank sees the same change at the same bucket);
@@ -67,11 +80,24 @@ class PartialHookState:
 
     def __init__(self, mode: str = "solo", comm: Optional[MPI.Comm] = None, average: str = "world",
                  start_iter: int = 2, process_group: Optional[dist.ProcessGroup] = None,
-                 model_sync_every: Optional[int] = None, **options) -> None:
+                 model_sync_every: Optional[int] = None, hierarchy: Optional[str] = None,
+                 average_every: Optional[int] = None, regroup_every: int = 20, server: int = 0, window: int = 8,
+                 hysteresis: int = 2, regroup_points: Optional[int] = None, **options) -> None:
         self.mode, self.average, self.options = mode, check_average(average), options
         self.start_iter, self.process_group = int(start_iter), process_group
         self.comm, self._owns_comm = _torch_comm.comm_of_group(process_group, comm)
         self.size = self.comm.Get_size()
+        self.hierarchy, self.average_every = GradientSynchronizer._hierarchy_args(
+            self.comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points)
+        self.grouping: Optional[SpeedGrouping] = None
+        if self.hierarchy:
+            self.grouping = SpeedGrouping(self.comm, server=server, window=window, hysteresis=hysteresis,
+                                          regroup_every=regroup_every, regroup_points=regroup_points)
+            self.size = self.grouping.group_comm.Get_size()
+        self._flat_dtype: Optional[np.dtype] = None     # the averager's, made at the first forward
+        self._forward_at: Optional[float] = None
+        self._backward_at: Optional[float] = None
+        self._hier_iter = -1                 # the iteration sync_hook last acted on
         self.model_sync_every = int(model_sync_every) if model_sync_every else None
         self.iter = 0
         self._synced_at = 0
@@ -96,7 +122,8 @@ class PartialHookState:
                 self._flush()            # buckets changed since those were made
             base, item = buf.data_ptr(), buf.element_size()
             offsets = [(g.data_ptr() - base) // item for g in bucket.gradients()]
-            coll = PartialAllreduce(buf.numel(), np_dtype(buf), MPI.SUM, self.comm, mode=self.mode,
+            comm = self.grouping.group_comm if self.grouping is not None else self.comm
+            coll = PartialAllreduce(buf.numel(), np_dtype(buf), MPI.SUM, comm, mode=self.mode,
                                     divisor=fused_divisor(self.average, self.size, buf), **self.options)
             entry = _BucketColl(coll, list(params), offsets, self.iter)
             self.colls[key] = entry
@@ -130,6 +157,36 @@ class PartialHookState:
         if every and module.training and torch.is_grad_enabled() and self.iter - self._synced_at >= every:
             self._synced_at = self.iter
             sync_parameters([p for p in module.parameters() if p.requires_grad], self.comm)
+        if self.grouping is not None and module.training and torch.is_grad_enabled():
+            self._hierarchy_step(self.grouping, [p for p in module.parameters() if p.requires_grad])
+
+    def _hierarchy_step(self, grouping: SpeedGrouping, params: List[torch.Tensor]) -> None:
+        """Before a training forward pass (once per iteration; DDP has waited for the
+        previous iteration's rounds): note the previous iteration's compute time, average
+        the groups' models every average_every iterations, regroup at a point where a new
+        grouping is due (the collectives are flushed: their data joins the next results of
+        the same parameters)."""
+        if self._hier_iter == self.iter:          # a second forward in this iteration
+            return
+        self._hier_iter = self.iter
+        if self._flat_dtype is None:
+            self._flat_dtype = start_averaging(grouping, params)
+        flat_dtype = self._flat_dtype
+        if self._forward_at is not None and self._backward_at is not None and self._backward_at > self._forward_at:
+            grouping.note(self._backward_at - self._forward_at)
+        if self.average_every and self.iter > 0 and self.iter % self.average_every == 0:
+            average_models(grouping, params, flat_dtype)
+        if grouping.point(self.iter) and grouping.decide():
+            self._flush()
+            grouping.adopt(grouping.proposed)
+            grouping.regroupings += 1
+            self.size = grouping.group_comm.Get_size()
+        self._forward_at = time.perf_counter()
+
+    def lr_scale(self) -> float:
+        """RNA's linear scaling factor of the latest iteration's results: the share of the
+        ranks (of the group) whose gradients they hold."""
+        return contributor_scale(list(self.last.values()), self.size)
 
     def close(self) -> Dict[int, Result]:
         """Collective: flush every bucket's collective; returns the final results by bucket
@@ -137,6 +194,9 @@ class PartialHookState:
         self._completer.stop()
         out = {i: e.coll.close() for i, e in enumerate(self.colls.values())}
         self.colls.clear()
+        if self.grouping is not None:
+            self.grouping.free()
+            self.grouping = None
         if self._owns_comm and not MPI.Is_finalized():
             self.comm.Free()
             self._owns_comm = False
@@ -152,6 +212,7 @@ def partial_allreduce_hook(state: PartialHookState,
     thread completes the future when the round completes, after scaling the result in
     the bucket, so later buckets are posted while earlier rounds are in flight."""
     buf = bucket.buffer()
+    state._backward_at = time.perf_counter()      # the last bucket's: backward ends about now
     if state.iter < state.start_iter:             # before DDP's rebuild: plain allreduce
         state.maybe_increase_iter(bucket)
         group = state.process_group if state.process_group is not None else dist.group.WORLD
@@ -199,6 +260,6 @@ def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
     state = PartialHookState(mode=mode, comm=comm, average=average, process_group=ddp.process_group, **hook)
     ddp.register_comm_hook(state, partial_allreduce_hook)
-    if state.model_sync_every:
+    if state.model_sync_every or state.hierarchy:
         ddp.register_forward_pre_hook(state.sync_hook)
     return ddp, state

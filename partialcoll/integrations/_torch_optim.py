@@ -32,15 +32,20 @@ waits).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterable, Iterator, List, Optional
+import time
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
+from .._agree import agree, as_problem
 from .._errors import ArgumentError, StateError
 from .._partial import PartialAllreduce, PartialRequest, Result
-from ._torch_common import buffer_of, check_average, fused_divisor, host_copy, host_view, np_dtype, settle
+from .._types import integer
+from ..hierarchical import SpeedGrouping
+from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
+                            np_dtype, settle, tensor_of)
 
 
 class _Bucket:
@@ -147,19 +152,74 @@ class GradientSynchronizer:
         sync = GradientSynchronizer(model.parameters(), mode="solo", average="nap")
         loss.backward(); sync.sync(); optimizer.step()
 
-    (``DistributedOptimizer`` does the same while backward runs.)"""
+    (``DistributedOptimizer`` does the same while backward runs.)
+
+    hierarchy="auto": RNA's hierarchical synchronization (partialcoll.hierarchical).
+    The ranks start as one group; every ``regroup_every`` steps they regroup by their
+    measured step times (the compute time between two syncs, waits excluded; RNA's
+    rule, ``hysteresis`` points in a row), the buckets' partial allreduces run on the group's communicator, and every
+    ``average_every`` steps each group's model is averaged with the other groups' latest
+    through an AsyncAverager on ``server``. A regrouping closes the buckets: what their
+    final rounds flush is added to the next step's gradients (nothing lost).
+    Regrouping points are collective over ``comm`` at the same step on every rank:
+    every rank must reach each of them (train the same number of steps, or bound the
+    points with ``regroup_points``: group from the first few points, then keep the
+    groups). Within a group, every member syncs the same number of steps (averaging is
+    collective over the group).
+    """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "solo",
                  comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
                  model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
+                 hierarchy: Optional[str] = None, average_every: Optional[int] = None, regroup_every: int = 20,
+                 server: int = 0, window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None,
                  **options) -> None:
         self.params = _unique_params(params)
         self.comm, self.average, self.every = comm, check_average(average), model_sync_every
-        self.size = comm.Get_size()
         self.steps = 0
         self.last: List[Result] = []
-        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, mode=mode, **options), self.average,
-                                     first_bucket_mb)
+        self.grouping: Optional[SpeedGrouping] = None
+        self._carry: Optional[List[torch.Tensor]] = None
+        self._t_last: Optional[float] = None
+        self._bucket_args = (bucket_mb, dict(mode=mode, **options), first_bucket_mb)
+        self.hierarchy, self.average_every = self._hierarchy_args(comm, hierarchy, average_every, regroup_every,
+                                                                  server, window, hysteresis, regroup_points)
+        if self.hierarchy:
+            self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
+                                          regroup_every=regroup_every, regroup_points=regroup_points)
+            self._flat_dtype = start_averaging(self.grouping, self.params)
+        self._build(self.grouping.group_comm if self.grouping else comm)
+
+    @staticmethod
+    def _hierarchy_args(comm, hierarchy, average_every, regroup_every, server, window, hysteresis, points):
+        """The hierarchy options, checked and agreed across ranks (an error on every rank)."""
+        problem = params = None
+        try:
+            if hierarchy not in (None, "auto"):
+                raise ArgumentError(f"hierarchy must be None or 'auto', not {hierarchy!r}")
+            if average_every is not None:
+                if hierarchy is None:
+                    raise ArgumentError("average_every= averages the groups' models: it needs hierarchy='auto'")
+                average_every = integer(average_every, "average_every", 1)
+            integer(regroup_every, "regroup_every", 1)
+            integer(window, "window", 1)
+            integer(hysteresis, "hysteresis", 1)
+            if points is not None:
+                integer(points, "regroup_points", 0)
+            if not 0 <= integer(server, "server", 0) < comm.Get_size():
+                raise ArgumentError(f"server {server} is outside the communicator (size {comm.Get_size()})")
+            params = {"hierarchy": hierarchy, "average_every": average_every, "regroup_every": regroup_every,
+                      "server": server, "window": window, "hysteresis": hysteresis, "regroup_points": points}
+        except Exception as exc:         # noqa: BLE001 - reported on every rank below
+            problem = as_problem(exc, "hierarchy")
+        agree(comm, "hierarchy", problem, params, what="the same hierarchy options")
+        return hierarchy, (average_every or 10) if hierarchy else None
+
+    def _build(self, comm: MPI.Comm) -> None:
+        """The buckets, their partial allreduces over comm (collective over comm)."""
+        bucket_mb, args, first = self._bucket_args
+        self.size = comm.Get_size()
+        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, **args), self.average, first)
 
     @property
     def colls(self) -> List[PartialAllreduce]:
@@ -174,11 +234,53 @@ class GradientSynchronizer:
                 b.post()
 
     def _finish_all(self) -> List[Result]:
+        entered = time.perf_counter()    # this step's compute ended: its rounds are posted
         self.last = [b.finish(self.average, self.size) for b in self.buckets]
+        if self._carry is not None:      # what a regrouping flushed joins this step's gradients
+            for b, carry in zip(self.buckets, self._carry):
+                flat = b.flats[b.dst]
+                assert flat is not None          # finish() made the views of flat dst
+                flat.add_(carry.to(flat.device))
+            self._carry = None
         self.steps += 1
+        if self.grouping is not None:
+            self._hierarchy_step(self.grouping, entered)
         if self.every and self.steps % self.every == 0:
             sync_parameters(self.params, self.comm)
         return self.last
+
+    def _hierarchy_step(self, grouping: SpeedGrouping, entered: float) -> None:
+        """After a step's gradients: note its compute time (from the end of the previous
+        sync to the start of this one: RNA groups by how fast a rank computes, not by how
+        long it waits for others), average the groups' models every average_every steps,
+        regroup at a point where a new grouping is due."""
+        if self._t_last is not None:
+            grouping.note(max(entered - self._t_last, 1e-9))
+        if self.average_every and self.steps % self.average_every == 0:
+            average_models(grouping, self.params, self._flat_dtype)
+        if grouping.point(self.steps) and grouping.decide():
+            self._regroup(grouping)
+        self._t_last = time.perf_counter()
+
+    def _regroup(self, grouping: SpeedGrouping) -> None:
+        """Collective over comm: close the buckets (their flush becomes the next step's
+        carry), adopt the new grouping, build the buckets on the new group."""
+        carry = []
+        for b in self.buckets:
+            res = b.coll.close()
+            data = tensor_of(np.array(res.data, copy=True), b.params[0].dtype).to(b.params[0].dtype)
+            d = divisor(res, self.average, self.size, b.coll.divisor) if res.rounds else 1
+            carry.append(data / d if d != 1 else data)
+        self._carry = carry
+        grouping.adopt(grouping.proposed)
+        grouping.regroupings += 1
+        self._build(grouping.group_comm)
+
+    def lr_scale(self) -> float:
+        """RNA's linear scaling: the contributors of the latest step (each bucket's NAP per
+        round, averaged over the buckets whose results hold data) over the ranks that
+        could contribute; 1.0 where no result holds data."""
+        return contributor_scale(self.last, self.size)
 
     def sync(self) -> List[Result]:
         """Post every bucket; the gradients become the averaged round results."""
@@ -193,6 +295,9 @@ class GradientSynchronizer:
                 b.request = None
         out = [b.coll.close() for b in self.buckets]
         self.buckets = []
+        if self.grouping is not None:
+            self.grouping.free()
+            self.grouping = None
         return out
 
 
@@ -217,15 +322,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
     opt.synchronize(); scaler.unscale_(opt); clip...; with opt.skip_synchronize():
     scaler.step(opt)``. Every rank must wrap the same parameters in the same order.
     ``opt.last`` holds the latest step's Results.
+
+    RNA's options: ``hierarchy="auto"`` with ``average_every=k`` (and ``regroup_every``,
+    ``server``, ``window``, ``hysteresis``): hierarchical synchronization, see
+    GradientSynchronizer. ``lr_scaling="contributors"``: each step runs with the
+    learning rate times the share of ranks whose gradients the step's rounds hold (NAP
+    per round over the group's size; RNA's linear scaling rule, best with average="nap"),
+    the base rate restored after the step.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, mode: str = "solo",
                  comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
                  backward_passes_per_step: int = 1, model_sync_every: Optional[int] = None,
-                 first_bucket_mb: Optional[float] = 1.0, **options) -> None:
+                 first_bucket_mb: Optional[float] = 1.0, lr_scaling: Optional[str] = None, **options) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ArgumentError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if lr_scaling not in (None, "contributors"):
+            raise ArgumentError(f"lr_scaling must be None or 'contributors', not {lr_scaling!r}")
         self._optim = optimizer
+        self._lr_scaling = lr_scaling
         params = ([p for _, p in named_parameters] if named_parameters is not None else
                   [p for group in optimizer.param_groups for p in group["params"]])
         self._sync = GradientSynchronizer(params, mode=mode, comm=comm, average=average, bucket_mb=bucket_mb,
@@ -236,9 +351,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False        # synchronize() ran, and no gradient arrived since
         self._skip = False                # inside skip_synchronize()
         where = {}
-        for b in self._sync.buckets:
+        for i, b in enumerate(self._sync.buckets):
             for p in b.params:
-                where[id(p)] = b
+                where[id(p)] = i          # the bucket's index: a regrouping rebuilds the buckets alike
             b.pending = len(b.params)
         self._handles = [p.register_post_accumulate_grad_hook(self._hook_of(where[id(p)]))
                          for p in self._sync.params]
@@ -282,8 +397,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self._optim!r})"
 
     # -- gradients --------------------------------------------------------------------------
-    def _hook_of(self, bucket: _Bucket):
+    def _hook_of(self, index: int):
         def hook(p: torch.Tensor) -> None:
+            bucket = self._sync.buckets[index]
             self._synchronized = False
             n = self._counts.get(id(p), 0) + 1
             self._counts[id(p)] = n
@@ -332,9 +448,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         elif self._sync.in_flight():
             raise StateError("step() inside skip_synchronize() while gradients are still being averaged: "
                              "call synchronize() first")
+        scaled = []
+        if self._lr_scaling == "contributors":
+            # RNA's linear scaling rule: lr times the share of ranks that contributed; the
+            # base rate is restored after the step (schedulers keep setting it)
+            scale = self._sync.lr_scale()
+            for group in self._optim.param_groups:
+                scaled.append((group, group["lr"]))
+                group["lr"] = group["lr"] * scale
         try:
             return self._optim.step(**kwargs)
         finally:
+            for group, lr in scaled:
+                group["lr"] = lr
             self._synchronized = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -353,6 +479,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def last(self) -> List[Result]:
         return self._sync.last
+
+
+def start_averaging(grouping: SpeedGrouping, params: Sequence[torch.Tensor]) -> np.dtype:
+    """Collective over the grouping's comm: its averager for the parameters, flattened in
+    their dtype (float64 where they differ or are not floating); returns that dtype."""
+    dtype = np_dtype(params[0]) if len({p.dtype for p in params}) == 1 and params[0].is_floating_point() \
+        else np.dtype(np.float64)
+    grouping.averaging(sum(p.numel() for p in params), dtype)
+    return dtype
+
+
+def average_models(grouping: SpeedGrouping, params: Sequence[torch.Tensor], dtype: np.dtype) -> None:
+    """Collective over the group: the parameters become the mean of every group's latest
+    (RNA's asynchronous averaging through the grouping's AsyncAverager)."""
+    wide = dtype == np.float64           # mixed dtypes: averaged in float64
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).cpu().to(torch.float64 if wide else p.dtype) for p in params])
+        mean = grouping.average(host_view(flat.contiguous()))
+        off = 0
+        for p in params:
+            p.copy_(tensor_of(mean[off:off + p.numel()], None if wide else p.dtype).reshape(p.shape))
+            off += p.numel()
 
 
 def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average") -> None:

@@ -1,0 +1,312 @@
+"""RNA's hierarchical synchronization: partial allreduces inside speed groups, and the
+groups' models averaged asynchronously through a server rank.
+
+    h = pc.HierarchicalAllreduce(count, np.float32, comm, regroup_every=50)
+    res = h.post(grad).wait()        # the group's partial allreduce (probe(2) by default)
+    params[:] = h.average(params)    # every k steps: the mean of every group's latest model
+
+How it works (Yang et al., Middleware 2020, section 4):
+
+- Groups. Ranks are grouped by speed (``speed_groups``: RNA's rule on each rank's step
+  time); each group gets its own communicator (``comm.Split``) and its own
+  ``PartialAllreduce`` (any mode; RNA's is probe(2)), so a fast group's rounds never wait
+  for a slow group's ranks.
+- Averaging between groups. ``average(params)`` is collective over the group: one member
+  (the pusher, rotating over the group's ranks call after call) pushes its parameters to
+  an ``AsyncAverager`` under the group's number, receives the mean of every group's
+  latest push, and broadcasts it in the group. A slow group never holds up a fast one:
+  the server answers each push at once with the other groups' latest models.
+- Regrouping. Each rank keeps a window of its step times (the time from its previous
+  wait to its post: how fast it computes, waits excluded; or what
+  ``post(x, step_time=...)`` says). Every ``regroup_every``-th post is a regrouping
+  point, collective over ``comm``: the ranks allgather the medians of their windows and
+  apply RNA's rule; a new grouping is adopted only when the rule has given it at
+  ``hysteresis`` points in a row (every rank decides alike: they see the same list).
+  Adopting it closes the group's collective, whose final result (everything posted and
+  not yet returned, folded) is added to this rank's next result, so nothing posted is
+  lost; the averager starts afresh with the new groups' numbers.
+
+Costs: a regrouping point is one allgather over ``comm`` (fast ranks wait there for the
+slowest once per ``regroup_every`` steps); adopting a grouping is a ``Split``, a
+``PartialAllreduce`` and an ``AsyncAverager`` construction.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ._agree import agree, as_problem
+from ._errors import ArgumentError, StateError
+from ._partial import PartialAllreduce, PartialRequest, Result
+from ._typing import Buffer, DTypeLike, ReduceOp
+from ._types import check_comm, integer
+from .averager import AsyncAverager, _wait_request
+from .speed_groups import all_speed_groups, check_step_time, split_by_speed
+
+
+def _partition(groups) -> Tuple[Tuple[int, ...], ...]:
+    """A grouping as its sets of ranks (group numbers aside)."""
+    by: dict = {}
+    for r, g in enumerate(groups):
+        by.setdefault(g, []).append(r)
+    return tuple(tuple(by[g]) for g in sorted(by))
+
+
+class SpeedGrouping:
+    """The grouping machinery shared by HierarchicalAllreduce and the torch integration:
+    step-time window, regrouping points with hysteresis, the group communicator and the
+    averager between groups. Collective methods are marked so."""
+
+    def __init__(self, comm: MPI.Comm, *, server: int = 0, window: int = 8, hysteresis: int = 2,
+                 regroup_every: Optional[int] = None, groups: Optional[List[int]] = None,
+                 regroup_points: Optional[int] = None) -> None:
+        self.comm = comm
+        self.regroup_points = regroup_points
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.server, self.hysteresis, self.regroup_every = server, hysteresis, regroup_every
+        self.times: deque = deque(maxlen=window)
+        self._pending: Optional[tuple] = None     # (partition, points seen in a row)
+        self.regroupings = 0
+        self.group_comm: MPI.Comm = MPI.COMM_NULL
+        self.averager: Optional[AsyncAverager] = None
+        self._count = 0
+        self._dtype: Any = None
+        self._pushes = 0
+        self.proposed: List[int] = []
+        self.adopt(groups if groups is not None else [0] * self.size)
+
+    def adopt(self, groups: List[int]) -> None:
+        """Collective over comm: split into the groups (numbered from the fastest)."""
+        self.groups = tuple(groups)
+        self.group = groups[self.rank]
+        if self.group_comm != MPI.COMM_NULL:
+            self.group_comm.Free()
+        self.group_comm = self.comm.Split(self.group, self.rank)
+        self._pushes = 0
+        if self.averager is not None:
+            self.averager.close()
+            self.averager = AsyncAverager(self._count, self._dtype, comm=self.comm, server=self.server)
+
+    def averaging(self, count: int, dtype: Any) -> None:
+        """Collective over comm: the averager between groups, for vectors of count dtype."""
+        self._count, self._dtype = count, dtype
+        self.averager = AsyncAverager(count, dtype, comm=self.comm, server=self.server)
+
+    def note(self, step_time: float) -> None:
+        self.times.append(check_step_time(step_time))
+
+    def point(self, step: int) -> bool:
+        """Is post #step a regrouping point (the same answer on every rank)?"""
+        every = self.regroup_every
+        return (every is not None and every > 0 and step > 0 and step % every == 0
+                and (self.regroup_points is None or step // every <= self.regroup_points))
+
+    def decide(self) -> bool:
+        """Collective over comm: one allgather of the window medians; True when a new
+        grouping is due (seen at `hysteresis` points in a row); self.proposed is it."""
+        median = statistics.median(self.times) if self.times else 1.0
+        proposed = all_speed_groups(median, self.comm, "regrouping")
+        part = _partition(proposed)
+        if part == _partition(self.groups):
+            self._pending = None
+            return False
+        seen = self._pending[1] + 1 if self._pending and self._pending[0] == part else 1
+        self._pending = (part, seen)
+        self.proposed = proposed
+        return seen >= self.hysteresis
+
+    def average(self, params: np.ndarray, timeout: Optional[float] = None) -> np.ndarray:
+        """Collective over the group: the pusher pushes params under the group's number;
+        every member gets the mean of every group's latest push."""
+        gc, averager = self.group_comm, self.averager
+        if averager is None:
+            raise StateError("average() before averaging() (or after free())")
+        pusher = self._pushes % gc.Get_size()
+        self._pushes += 1
+        if gc.Get_rank() == pusher:
+            mean = averager.push(params, key=self.group).wait(timeout)
+        else:
+            mean = np.empty_like(params)
+        _wait_request(gc.Ibcast(mean, root=pusher))
+        return mean
+
+    def free(self) -> None:
+        """Collective over comm."""
+        if self.averager is not None:
+            self.averager.close()
+            self.averager = None
+        if self.group_comm != MPI.COMM_NULL:
+            self.group_comm.Free()
+            self.group_comm = MPI.COMM_NULL
+
+
+def _fold(res: Result, carry: Optional[Result], op_add) -> Result:
+    """res with carry (a closed group's final result) folded in: data and counts added."""
+    if carry is None or carry.rounds == 0:
+        return res
+    return Result(data=op_add(res.data, carry.data), round=res.round,
+                  active=tuple(sorted(set(res.active) | set(carry.active))), contributed=res.contributed,
+                  rounds=res.rounds + carry.rounds, closing=res.closing, nap=res.nap + carry.nap,
+                  posts=res.posts + carry.posts)
+
+
+class HierarchicalRequest:
+    """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool.
+
+    The result is the group's round; after a regrouping, the first result also holds the
+    old group's final round (its data added, its counts summed)."""
+
+    def __init__(self, owner: "HierarchicalAllreduce", request: PartialRequest) -> None:
+        self._owner, self._request = owner, request
+        self._result: Optional[Result] = None
+
+    def test(self) -> bool:
+        """True once the group's round of this post has completed here."""
+        return self._result is not None or self._request.test()
+
+    def wait(self, timeout: Optional[float] = None) -> Result:
+        """Block until the group's round completed here; the Result."""
+        if self._result is None:
+            res = self._request.wait(timeout)
+            self._owner._last = time.perf_counter()     # the next step's compute starts here
+            carry, self._owner._carry = self._owner._carry, None
+            self._result = _fold(res, carry, self._owner._add)
+        return self._result
+
+    Wait = wait
+    Test = test
+
+
+class HierarchicalAllreduce:
+    """RNA's hierarchical synchronization over comm (created collectively): a partial
+    allreduce inside each speed group, models averaged between groups through a server.
+
+    step_time: this rank's step time (seconds) for the first grouping, or None (one
+    group, until a regrouping point splits it). mode, candidates, seed, late,
+    accumulate, algorithm: those of each group's PartialAllreduce (RNA: probe(2);
+    late="fold" keeps every rank's sum of results equal to its group's posts). server:
+    the averager's server rank in comm. regroup_every: posts between regrouping points
+    (None: never regroup); regroup_points: how many points there are (None: no bound;
+    every rank must reach every point); window: step times per rank taken into the
+    median; hysteresis: points in a row a new grouping must be seen at before it is
+    adopted.
+
+    Threads: as PartialAllreduce; post() and average() belong to one thread.
+    """
+
+    def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
+                 comm: MPI.Comm = MPI.COMM_WORLD, *, mode: str = "probe", candidates: Optional[int] = None,
+                 seed: int = 0, late: str = "fold", accumulate: str = "sum", algorithm: str = "auto",
+                 server: int = 0, step_time: Optional[float] = None, regroup_every: Optional[int] = None,
+                 window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None) -> None:
+        check_comm(comm, "HierarchicalAllreduce")
+        problem = params = None
+        try:
+            if regroup_every is not None:
+                regroup_every = integer(regroup_every, "regroup_every", 1)
+            window = integer(window, "window", 1)
+            hysteresis = integer(hysteresis, "hysteresis", 1)
+            if regroup_points is not None:
+                regroup_points = integer(regroup_points, "regroup_points", 0)
+            server = integer(server, "server", 0)
+            if server >= comm.Get_size():
+                raise ArgumentError(f"server {server} is outside the communicator (size {comm.Get_size()})")
+            if step_time is not None:
+                step_time = check_step_time(step_time)
+            if regroup_every is not None and op != MPI.SUM:
+                raise ArgumentError("regrouping adds the closed group's final round to the next result: "
+                                    "regroup_every needs op MPI.SUM")
+            params = {"regroup_every": regroup_every, "window": window, "hysteresis": hysteresis,
+                      "regroup_points": regroup_points, "server": server, "initial": step_time is not None}
+        except Exception as exc:         # noqa: BLE001 - reported on every rank below
+            problem = as_problem(exc, "HierarchicalAllreduce")
+        times = agree(comm, "HierarchicalAllreduce", problem, params, step_time,
+                      "the same regroup_every, window, hysteresis and server, and step_time on all or none")
+        groups = split_by_speed(times) if step_time is not None else None
+        self.count, self.op = count, op
+        self._coll_args: Dict[str, Any] = dict(mode=mode, candidates=candidates, seed=seed, late=late,
+                                               accumulate=accumulate, algorithm=algorithm)
+        self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
+                                      regroup_every=regroup_every, groups=groups, regroup_points=regroup_points)
+        self._coll = PartialAllreduce(count, dtype, op, self.grouping.group_comm, **self._coll_args)
+        self.dtype = self._coll.dtype
+        self.grouping.averaging(count, self.dtype)
+        self._add = np.add if op == MPI.SUM else None
+        self._carry: Optional[Result] = None
+        self._posts = 0
+        self._last: Optional[float] = None
+        self._closed = False
+
+    @property
+    def group(self) -> int:
+        """This rank's speed group (0: the fastest)."""
+        return self.grouping.group
+
+    @property
+    def groups(self) -> Tuple[int, ...]:
+        """Every rank's group, in rank order."""
+        return self.grouping.groups
+
+    @property
+    def group_comm(self) -> MPI.Comm:
+        """The communicator of this rank's group (rank order kept)."""
+        return self.grouping.group_comm
+
+    @property
+    def regroupings(self) -> int:
+        """How many new groupings were adopted since creation."""
+        return self.grouping.regroupings
+
+    def post(self, x: Buffer, out: Optional[Buffer] = None, step_time: Optional[float] = None) -> HierarchicalRequest:
+        """Post x to the group's partial allreduce; at a regrouping point, first take part
+        in the regrouping (collective over comm). step_time: this step's time (default:
+        the time since this rank's previous wait returned, or since its previous post:
+        the compute time, without the waits)."""
+        if self._closed:
+            raise StateError("this HierarchicalAllreduce is closed")
+        if step_time is not None:
+            self.grouping.note(step_time)
+        elif self._last is not None:
+            self.grouping.note(max(time.perf_counter() - self._last, 1e-9))
+        if self.grouping.point(self._posts) and self.grouping.decide():
+            self._regroup()
+        self._posts += 1
+        req = HierarchicalRequest(self, self._coll.post(x, out))
+        self._last = time.perf_counter()       # a regrouping's wait is not part of the next step
+        return req
+
+    def _regroup(self) -> None:
+        """Collective over comm: close the group's collective (its final result is carried
+        into the next result), adopt the proposed grouping, build the new collective."""
+        final = self._coll.close()
+        self._carry = final if self._carry is None else _fold(final, self._carry, self._add)
+        self.grouping.adopt(self.grouping.proposed)
+        self.grouping.regroupings += 1
+        self._coll = PartialAllreduce(self.count, self.dtype, self.op, self.grouping.group_comm, **self._coll_args)
+
+    def average(self, params: Buffer, timeout: Optional[float] = None) -> np.ndarray:
+        """Collective over the group: the mean of every group's latest parameters (this
+        group's pushed by one member), as a new array on every member."""
+        if self._closed:
+            raise StateError("this HierarchicalAllreduce is closed")
+        return self.grouping.average(np.ascontiguousarray(params, dtype=self.dtype).reshape(-1), timeout)
+
+    def close(self) -> Result:
+        """Collective over comm: close the group's collective (its final result, with any
+        carried one) and the averager."""
+        if self._closed:
+            raise StateError("this HierarchicalAllreduce is closed")
+        final = self._coll.close()
+        carry, self._carry = self._carry, None
+        self.grouping.free()
+        self._closed = True
+        return _fold(final, carry, self._add)
+
+    def __repr__(self) -> str:
+        return (f"HierarchicalAllreduce(count={self.count}, dtype={self.dtype}, groups={self.groups}, "
+                f"mode={self._coll.mode!r})")

@@ -1,0 +1,145 @@
+"""HierarchicalAllreduce under mpiexec: python hierarchical_checks.py (any P).
+
+A NumPy model of the algorithm (full rounds inside groups, averaging between groups in
+a fixed order) must match every rank's parameters exactly; under random delays with
+solo rounds, late="fold" and a regrouping, every rank's results add up to exactly what
+its groups' members posted in each grouping period (nothing lost, nothing counted
+twice); a one-point blip does not regroup (hysteresis), a sustained change does; real
+delays split off a slow rank; bad input raises on every rank."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import partialcoll as pc
+from partialcoll.speed_groups import split_by_speed
+from _util import expect_raises, run_module
+
+
+def quiet(req):
+    while not req.Test():
+        time.sleep(0.0005)
+
+
+def test_numpy_model(comm):
+    """Two speed classes; full rounds in each group; every 3 steps the groups average
+    their models, group 0 first, then group 1, ... The model replays it in NumPy."""
+    p, r = comm.size, comm.rank
+    times = [0.01 if q < (p + 1) // 2 else 0.05 for q in range(p)]
+    groups = split_by_speed(times)
+    ngroups = max(groups) + 1
+    count, steps, every = 6, 12, 3
+    h = pc.HierarchicalAllreduce(count, np.float64, MPI.SUM, comm, mode="full", step_time=times[r])
+    assert h.groups == tuple(groups) and h.group == groups[r]
+    assert h.group_comm.Get_size() == groups.count(groups[r])
+    # the model: every rank's parameters and the server's table
+    model = {q: np.zeros(count) for q in range(p)}
+    latest: dict = {}
+    params = np.zeros(count)
+    pushes = [0] * ngroups
+    for s in range(steps):
+        grad = np.arange(count) + 8.0 * r + s
+        res = h.post(grad).wait()
+        params -= 0.25 * res.data
+        for g in range(ngroups):
+            members = [q for q in range(p) if groups[q] == g]
+            total = sum(np.arange(count) + 8.0 * q + s for q in members)
+            for q in members:
+                model[q] = model[q] - 0.25 * total
+        assert res.posts == groups.count(groups[r]) and res.active == tuple(
+            i for i, q in enumerate(q for q in range(p) if groups[q] == groups[r]))
+        if (s + 1) % every == 0:
+            for g in range(ngroups):          # one group at a time: the server's order is the model's
+                members = [q for q in range(p) if groups[q] == g]
+                pusher = members[pushes[g] % len(members)]
+                pushes[g] += 1
+                latest[g] = model[pusher].copy()
+                mean = sum(latest[k] for k in latest) / len(latest)
+                for q in members:
+                    model[q] = mean.copy()
+                if groups[r] == g:
+                    params = h.average(params)
+                quiet(comm.Ibarrier())
+        assert np.array_equal(params, model[r]), (s, params, model[r])
+    h.close()
+
+
+def test_nothing_lost_across_regrouping(comm):
+    """Rank r posts 64**r (int64: 50 posts fit a base-64 digit) after random sleeps;
+    step times say: two classes until post 20, a one-point blip at post 20 (ignored: hysteresis 2), then from post
+    30 the classes swap: regrouped at post 35. Every rank's results plus close() hold
+    exactly its groups' members' posts of each period."""
+    p, r = comm.size, comm.rank
+    if p < 2:
+        pytest.skip("one rank: a single group")
+    before = [0.01 if q % 2 == 0 else 0.08 for q in range(p)]
+    after = [0.08 if q % 2 == 0 else 0.01 for q in range(p)]
+    after[0] = 0.01                              # a grouping that differs from before's
+    blip = [0.01] * (p - 1) + [0.5]
+
+    def times(i):
+        return after if i >= 30 else blip if 20 <= i < 25 else before
+
+    n = 50
+    h = pc.HierarchicalAllreduce(2, np.int64, MPI.SUM, comm, mode="solo", late="fold", step_time=before[r],
+                                 regroup_every=5, window=1, hysteresis=2, seed=3)
+    first = h.groups
+    rng = np.random.default_rng(40 + r)
+    x = np.full(2, 64 ** r, np.int64)
+    total = np.zeros(2, np.int64)
+    regrouped_at = None
+    for i in range(n):
+        time.sleep(rng.uniform(0, 0.003))
+        req = h.post(x, step_time=times(i)[r])
+        if h.regroupings and regrouped_at is None:
+            regrouped_at = i
+        total += req.wait().data
+    second = h.groups
+    total += h.close().data
+    assert regrouped_at == 35, regrouped_at
+    assert tuple(first) == tuple(split_by_speed(before)) and tuple(second) == tuple(split_by_speed(after))
+    want = sum(35 * 64 ** q for q in range(p) if first[q] == first[r]) + \
+        sum((n - 35) * 64 ** q for q in range(p) if second[q] == second[r])
+    assert np.all(total == want), (total, want, first, second)
+
+
+def test_regroup_on_measured_delays(comm):
+    """No step times given: the last rank sleeps 200 ms per step, the others 20 ms; the
+    one regrouping point puts it alone into the slowest group."""
+    p, r = comm.size, comm.rank
+    if p < 3:
+        pytest.skip("needs two fast ranks and a slow one")
+    h = pc.HierarchicalAllreduce(4, np.float32, MPI.SUM, comm, mode="probe", regroup_every=4, window=3,
+                                 hysteresis=1, regroup_points=1)
+    assert h.groups == (0,) * p
+    for _ in range(9):
+        time.sleep(0.2 if r == p - 1 else 0.02)     # far apart, each well above the noise
+        h.post(np.ones(4, np.float32)).wait()
+    assert h.regroupings == 1                       # at post 4, the only point
+    slow = h.groups[p - 1]
+    assert slow == max(h.groups) and h.groups.count(slow) == 1 and slow > 0, h.groups
+    mean = h.average(np.full(4, float(h.group), np.float32))
+    assert mean.shape == (4,)
+    h.close()
+
+
+def test_errors_everywhere(comm):
+    p, r = comm.size, comm.rank
+    expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm, server=p,
+                  match="server")
+    expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm,
+                  step_time=-1.0 if r == p - 1 else 0.1, match="step_time" if r == p - 1 else f"rank {p - 1}")
+    if p > 1:
+        expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm,
+                      regroup_every=4 + r, match="regroup_every")
+        expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm,
+                      step_time=0.1 if r else None, match="step_time")
+    expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.MAX, comm, regroup_every=3,
+                  match="MPI.SUM")
+
+
+if __name__ == "__main__":
+    run_module(__file__)

@@ -1,0 +1,10 @@
+"""accumulate= of PartialAllreduce ("sum", "mean", RNA's "rna" weights) under mpiexec
+(tests/mpi/accumulate_checks.py): a deterministic round equal to the NumPy model, constant
+posts under random delays, exact counts, bad options on every rank."""
+import pytest
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+def test_accumulate(mpirun, nprocs):
+    mpirun("accumulate_checks.py", nprocs, timeout=180)

@@ -1,0 +1,18 @@
+"""HierarchicalAllreduce (RNA's hierarchical synchronization) under mpiexec
+(tests/mpi/hierarchical_checks.py): equal to a NumPy model of the algorithm, nothing lost
+across a regrouping, hysteresis, regrouping on measured delays, bad input everywhere."""
+import pytest
+
+from partialcoll.hierarchical import _partition
+
+
+def test_partition_ignores_numbers():
+    assert _partition([0, 1, 0]) == ((0, 2), (1,))
+    assert _partition([1, 0, 1]) == ((1,), (0, 2))       # group 0 first: ranks {1}, then {0, 2}
+    assert _partition([5, 5]) == _partition([0, 0])
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+def test_hierarchical(mpirun, nprocs):
+    mpirun("hierarchical_checks.py", nprocs, timeout=240)
