@@ -198,8 +198,9 @@ static int coll_take(pc_owner *o)
     memset(m, 0, sizeof(uint64_t) * (size_t)c->spec.mask_words);
     if (c->spec.timed) {               /* my row of the owners' times, measured since my last TAKE */
         int P = c->size;
-        memcpy(m + pc_coll_mask_words(P) + 2 * (size_t)P * (size_t)c->rank, c->meas, sizeof(int64_t) * 2 * (size_t)P);
-        memset(c->meas, 0, sizeof(int64_t) * 2 * (size_t)P);
+        memcpy(m + pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)c->rank, c->meas,
+               sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+        memset(c->meas, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
     }
     if (k > 0) m[c->rank / 64] |= 1ULL << (c->rank % 64);
     if (c->closing) m[W + c->rank / 64] |= 1ULL << (c->rank % 64);
@@ -228,7 +229,7 @@ static void mask_fold(pc_coll *c, const uint64_t *m)
  * schedule names (send, receive, owner) per block this rank sends away; when a round has
  * completed here, coll_measure adds each owner's span (first send to it -> last result
  * from it) and block count to meas. The next round's TAKE writes meas as this rank's row
- * of the MASK slot (2 P words per rank; BOR of disjoint rows is a gather), and its
+ * of the MASK slot (PC_TIME_FIELDS P words per rank; BOR of disjoint rows is a gather), and its
  * DELIVER sums the rows into agreed: the same numbers on every rank, since every rank
  * delivers every round. Every K = rebalance_every rounds, agreed becomes epoch e's
  * snapshot; Python (every rank alike) computes decision e from it and hands the new
@@ -240,20 +241,24 @@ static void mask_fold(pc_coll *c, const uint64_t *m)
 static void coll_measure(pc_coll *c, const pc_sched *s)
 {
     int P = c->size;
-    double first[P], last[P];
+    double sent[P], first[P], last[P];
     int64_t blocks[P];
-    for (int o = 0; o < P; o++) { first[o] = 1e300; last[o] = 0; blocks[o] = 0; }
+    for (int o = 0; o < P; o++) { sent[o] = first[o] = 1e300; last[o] = 0; blocks[o] = 0; }
     for (int i = 0; i < s->ntimers; i++) {
         const int *t = s->timers + 3 * i;
         int o = t[2];
-        if (s->ops[t[0]].t_us < first[o]) first[o] = s->ops[t[0]].t_us;
-        if (s->ops[t[1]].t_us > last[o]) last[o] = s->ops[t[1]].t_us;
+        double ts = s->ops[t[0]].t_us, tr = s->ops[t[1]].t_us;
+        if (ts < sent[o]) sent[o] = ts;
+        if (tr < first[o]) first[o] = tr;
+        if (tr > last[o]) last[o] = tr;
         blocks[o]++;
     }
-    for (int o = 0; o < P; o++) {
-        if (!blocks[o] || last[o] < first[o]) continue;
-        c->meas[o] += (int64_t)((last[o] - first[o]) * 1e3);
-        c->meas[P + o] += blocks[o];
+    for (int o = 0; o < P; o++) {     /* meas: spans, first results' latencies, blocks, samples */
+        if (!blocks[o] || last[o] < sent[o]) continue;
+        c->meas[o] += (int64_t)((last[o] - sent[o]) * 1e3);
+        c->meas[P + o] += (int64_t)((first[o] - sent[o]) * 1e3);
+        c->meas[2 * P + o] += blocks[o];
+        c->meas[3 * P + o] += 1;
     }
 }
 
@@ -261,7 +266,8 @@ static void coll_agree_times(pc_coll *c, const uint64_t *rows)
 {
     int P = c->size;
     for (int r = 0; r < P; r++)
-        for (int j = 0; j < 2 * P; j++) c->agreed[j] += (int64_t)rows[2 * (size_t)P * (size_t)r + (size_t)j];
+        for (int j = 0; j < PC_TIME_FIELDS * P; j++)
+            c->agreed[j] += (int64_t)rows[PC_TIME_FIELDS * (size_t)P * (size_t)r + (size_t)j];
 }
 
 /* Round n has completed here: if it ends an epoch, publish the epoch's snapshot. Only
@@ -273,8 +279,8 @@ static void coll_epoch_end(pc_coll *c, int64_t n)
     int64_t K = c->spec.rebalance_every;
     if (K <= 0 || (n + 1) % K) return;
     int64_t e = (n + 1) / K - 1;
-    memcpy(c->snap[e % 2], c->agreed, sizeof(int64_t) * 2 * (size_t)P);
-    memset(c->agreed, 0, sizeof(int64_t) * 2 * (size_t)P);
+    memcpy(c->snap[e % 2], c->agreed, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+    memset(c->agreed, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
     STORE(c->epochs, e + 1);
     notify_done();                     /* pc_coll_stats waits for it */
 }
@@ -418,10 +424,10 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
                     spec->variants);
     int rank, size;
     if (mpi_comm_info(*(MPI_Comm *)comm_handle, &rank, &size)) return PC_ERR_MPI;
-    int want = pc_coll_mask_words(size) + (spec->timed ? 2 * size * size : 0);
+    int want = pc_coll_mask_words(size) + (spec->timed ? PC_TIME_FIELDS * size * size : 0);
     if (spec->mask_words != want)
         return fail(PC_ERR_ARG, "mask_words is %d, but P = %d needs %d (pc_coll_mask_words%s)", spec->mask_words,
-                    size, want, spec->timed ? " + 2 P^2 timed words" : "");
+                    size, want, spec->timed ? " + PC_TIME_FIELDS P^2 timed words" : "");
     if (spec->rebalance_every < 0 || (spec->rebalance_every > 0 && !spec->timed) || (spec->variants > 1 && spec->timed))
         return fail(PC_ERR_ARG, "rebalance_every needs timed schedules, and timed ones one variant");
     if ((spec->mode == PC_MODE_PROBE && (spec->candidates < 1 || spec->candidates > size))
@@ -443,7 +449,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     c->res_mask = calloc(1, mbytes);
     for (int k = 0; k < 2; k++) c->sched[k] = calloc((size_t)c->variants, sizeof(pc_sched *));
     for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
-    size_t tb = sizeof(int64_t) * 2 * (size_t)size;
+    size_t tb = sizeof(int64_t) * PC_TIME_FIELDS * (size_t)size;
     c->meas = calloc(1, tb); c->agreed = calloc(1, tb); c->snap[0] = calloc(1, tb); c->snap[1] = calloc(1, tb);
     c->retired_sent = calloc((size_t)size, sizeof(int64_t));
     c->parked = -1;
@@ -791,9 +797,14 @@ int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, in
     if (epoch >= 0) {
         coll_epoch_arg a = {c, epoch};
         int rc = coll_epoch_out(&a) ? PC_OK : wait_until(coll_epoch_out, &a, timeout_s);
-        if (rc) return rc;
+        if (rc) {                      /* the balancer's slice ended: free what was retired meanwhile */
+            unit_lock(&c->owner.unit);
+            coll_reap_retired(c);
+            unit_unlock(&c->owner.unit);
+            return rc;
+        }
     }
-    size_t tb = sizeof(int64_t) * 2 * (size_t)c->size;
+    size_t tb = sizeof(int64_t) * PC_TIME_FIELDS * (size_t)c->size;
     unit_lock(&c->owner.unit);
     int rc = c->err ? coll_error(c) : PC_OK;
     int64_t e = c->epochs;

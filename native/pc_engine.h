@@ -58,6 +58,9 @@ enum { PC_ACT_FLOOD = 0, PC_ACT_QUORUM = 1, PC_ACT_NONE = 2 };
 /* partial collective modes */
 enum { PC_MODE_SOLO = 0, PC_MODE_MAJORITY = 1, PC_MODE_PROBE = 2, PC_MODE_QUORUM = 3, PC_MODE_FULL = 4 };
 enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
+/* timed owners: per owner, the sums of its spans (first block sent -> last result, ns),
+ * its first results' latencies (ns), its blocks and its samples (rank x round) */
+enum { PC_TIME_FIELDS = 4 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
 /* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
  * receive ever targets memory Python may free */
@@ -120,8 +123,8 @@ typedef struct pc_collspec {
                           * variant n mod variants (the tree's rotated aggregators) */
     uint64_t seed;
     int timed;           /* 1: the schedules carry timers (pc_sched_set_timers) and the MASK
-                          * slot 2 P^2 more words, each rank's row of measured service
-                          * times per owner (pc_coll_stats) */
+                          * slot PC_TIME_FIELDS P^2 more words, each rank's row of
+                          * measured service times per owner (pc_coll_stats) */
     int rebalance_every; /* K > 0: every K rounds the agreed times form an epoch's snapshot;
                           * round n >= 2K waits for decision n / K - 2 (pc_coll_switch) */
     int dtype, redop;
@@ -201,8 +204,8 @@ int pc_coll_close(pc_coll *c);
  * receive op, owner) of blocks this rank sends away; the engine times each owner per
  * round, from the first send to it to the last result from it (its span), per block. */
 int pc_sched_set_timers(pc_sched *s, int n, const int *triples);
-/* sums[0:P]: the owners' spans (ns) summed over ranks and rounds, sums[P:2P] the blocks
- * they cover: epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
+/* sums: PC_TIME_FIELDS x P, each summed over ranks and rounds: the owners' spans (ns),
+ * first results' latencies (ns), blocks, samples: epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
  * collective finished first); epoch < 0: the latest snapshot, or the sums so far */
 int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got);
 /* Decision `epoch` (in order, on every rank): the schedules of rounds from (epoch + 2) K on

@@ -193,8 +193,8 @@ struct pc_coll {
     pc_sched *armed;
     int abandoned;
     /* load-aware owners (spec.timed, spec.rebalance_every; coll.c "Owners"), all (unit) but epochs */
-    int64_t *meas;           /* 2P: this rank's spans (ns) and blocks per owner since its last TAKE */
-    int64_t *agreed;         /* 2P: the rows of every rank, summed since the last epoch */
+    int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
+    int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */
     int64_t *snap[2];        /* epoch e's agreed sums in snap[e % 2] */
     int64_t epochs;          /* (atomic) snapshots out */
     int64_t decided;         /* decisions received (pc_coll_switch) */

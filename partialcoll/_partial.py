@@ -314,7 +314,7 @@ class PartialAllreduce:
         self._mask_words = max(1, math.ceil(self.size / 64))     # W: words of active (closing) bits
         self._mask_len = lib.pc_coll_mask_words(self.size)       # the MASK slot: 2 W, then posts per rank
         timed = self.algorithm == "ps"                            # then a row of owner times per rank
-        self._slot_mask_len = self._mask_len + (2 * self.size * self.size if timed else 0)
+        self._slot_mask_len = self._mask_len + (lib.PC_TIME_FIELDS * self.size * self.size if timed else 0)
         self._res_len = 7 + self._mask_len                       # pc_coll_wait1's res
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_pool: list = []
@@ -394,9 +394,9 @@ class PartialAllreduce:
         if self._owners is None:
             raise ArgumentError(f"owner_times() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
         ffi = _engine.ffi
-        sums, got = ffi.new("int64_t[]", 2 * self.size), ffi.new("int *")
+        sums, got = ffi.new("int64_t[]", _engine.lib.PC_TIME_FIELDS * self.size), ffi.new("int *")
         check(_engine.lib.pc_coll_stats(self._native_coll(), -1, 0.0, sums, got))
-        return balance_mod.per_block_times(list(sums))
+        return balance_mod.OwnerTimes(list(sums)).per_block
 
     def _stop_balancer(self) -> None:
         b = getattr(self, "_balancer", None)

@@ -74,15 +74,26 @@ def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, 
             "rebalance_every": rebalance_every}
 
 
-def per_block_times(sums: Sequence[int]) -> np.ndarray:
-    """An epoch's sums (spans in ns per owner, then blocks per owner) as seconds per
-    block per owner; NaN where an owner served no block."""
-    s = np.asarray(sums, np.float64)
-    p = len(s) // 2
-    with np.errstate(invalid="ignore", divide="ignore"):
-        t = s[:p] / s[p:] / 1e9
-    t[s[p:] == 0] = np.nan
-    return t
+class OwnerTimes:
+    """An epoch's times per owner, from the engine's sums over ranks and rounds (spans,
+    first results' latencies, blocks, samples: pc_coll_stats). NaN where an owner served
+    no block.
+
+    per_block  span / blocks: the mean service time per block (seconds; owner_times())
+    marginal   what one more block costs the owner: (span - first latency) / (blocks - 1),
+               averaged; an owner that served one block at a time: its latency (an upper
+               bound). The latency of the first result -- waiting for the slowest sender,
+               the message latency -- is common to every owner, so psld predicts with this
+    """
+
+    def __init__(self, sums: Sequence[int]) -> None:
+        s = np.asarray(sums, np.float64).reshape(4, -1) / np.array([[1e9], [1e9], [1], [1]])
+        span, first, blocks, samples = s
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.per_block = np.where(blocks > 0, span / blocks, np.nan)
+            extra = blocks - samples
+            self.marginal = np.where(extra > 0, (span - first) / np.where(extra > 0, extra, 1),
+                                     np.where(samples > 0, first / np.where(samples > 0, samples, 1), np.nan))
 
 
 def _fill(t: np.ndarray, servers: Sequence[int]) -> np.ndarray:
@@ -167,16 +178,18 @@ class Predictor:
         return self.est.copy()
 
 
-def decide(balance: str, measured: np.ndarray, predictor: Predictor, servers: Sequence[int],
+def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Sequence[int],
            current: Sequence[int], seed: int, epoch: int, epsilon: float) -> List[int]:
-    """Epoch e's new assignment from its measured per-block times (pure but for the
-    predictor's history, which every rank builds alike)."""
+    """Epoch e's new assignment from its measured times (pure but for the predictor's
+    history, which every rank builds alike): proportional to the measured per-block
+    times, psld from the predicted marginal ones."""
     if balance == "static":
         return list(current)
     if balance == "proportional":
-        predictor.est[~np.isnan(measured)] = measured[~np.isnan(measured)]   # the last measurement of each
+        t = measured.per_block
+        predictor.est[~np.isnan(t)] = t[~np.isnan(t)]          # the last measurement of each owner
         return proportional(predictor.est, servers, current)
-    return psld(predictor.update(measured), servers, current, seed=seed, epoch=epoch, epsilon=epsilon)
+    return psld(predictor.update(measured.marginal), servers, current, seed=seed, epoch=epoch, epsilon=epsilon)
 
 
 class Balancer:
@@ -211,7 +224,7 @@ class Balancer:
         from ._errors import check, TIMEOUT_CODE
         lib, ffi = self._lib, self._ffi
         p = len(self.predictor.est)
-        sums, got = ffi.new("int64_t[]", 2 * p), ffi.new("int *")
+        sums, got = ffi.new("int64_t[]", lib.PC_TIME_FIELDS * p), ffi.new("int *")
         epoch = 0
         try:
             while not self._stop:
@@ -221,7 +234,7 @@ class Balancer:
                 check(rc)
                 if not got[0]:
                     return                           # the collective finished
-                measured = per_block_times(list(sums))
+                measured = OwnerTimes(list(sums))
                 new = decide(self.balance, measured, self.predictor, self.servers, self.current, self.seed,
                              epoch, self.epsilon)
                 s0 = s1 = ffi.NULL

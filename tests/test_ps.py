@@ -102,7 +102,25 @@ def test_static_is_round_robin_and_kept():
     rr = ps.round_robin(7, [1, 3])
     assert rr == [1, 3, 1, 3, 1, 3, 1]
     pred = balance.Predictor(4)
-    assert balance.decide("static", np.array([1, 9, 1, 1.0]), pred, [1, 3], rr, 0, 0, 0.1) == rr
+    measured = observe(np.array([1, 9, 1, 1.0]), [0, 4, 0, 3])
+    assert balance.decide("static", measured, pred, [1, 3], rr, 0, 0, 0.1) == rr
+
+
+def observe(t, counts, latency=0.0, ranks=3):
+    """The engine's sums for owners of per-block cost t holding counts blocks, each of
+    `ranks` senders seeing its first result after latency + t and its last after
+    latency + n t."""
+    t, n = np.asarray(t, float), np.asarray(counts, float)
+    held = n > 0
+    span = np.where(held, (latency + n * t) * ranks, 0) * 1e9
+    first = np.where(held, (latency + t) * ranks, 0) * 1e9
+    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks]).astype(np.int64))
+
+
+def test_owner_times_marginal_cost_excludes_latency():
+    m = observe([0.01, 0.04, 0.01, 0.01], [5, 2, 1, 0], latency=0.1)
+    assert np.allclose(m.marginal[:3], [0.01, 0.04, 0.11]) and np.isnan(m.marginal[3])   # one block: latency + t
+    assert np.allclose(m.per_block[:3], [0.03, 0.09, 0.11]) and np.isnan(m.per_block[3])
 
 
 def test_proportional_shares_by_speed():
@@ -144,7 +162,7 @@ def test_psld_exploit_explore_seeded():
     assert set(a) <= {1, 2, 4}
 
 
-def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3):
+def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0):
     """Run the decisions against a model: owner o takes t_o(epoch) per block; only owners
     with blocks are measured (as the engine does). Returns the assignments per epoch."""
     pred = balance.Predictor(p)
@@ -152,7 +170,7 @@ def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3):
     out = [cur]
     for e in range(epochs):
         t = np.array([slow_at(o, e) for o in range(p)])
-        measured = np.where(np.bincount(cur, minlength=p) > 0, t, np.nan)
+        measured = observe(t, np.bincount(cur, minlength=p), latency=latency)
         cur = balance.decide(kind, measured, pred, list(range(p)), cur, seed, e, epsilon)
         out.append(cur)
     return out
@@ -166,6 +184,10 @@ def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
     assert counts(psld[1], p)[3] / 16 < 1 / (2 * p)
     # after it recovered, exploration measures it again and it gets a fair share back
     assert counts(psld[-1], p)[3] >= 3, [counts(a, p) for a in psld[-5:]]
+    # the same with a latency common to every owner (waiting for the slowest sender) 3x a
+    # block's cost: the marginal costs see through it
+    lat = model_epochs("psld", slow, 80, latency=3.0)
+    assert counts(lat[1], p)[3] / 16 < 1 / (2 * p) and counts(lat[-1], p)[3] >= 3
     prop = model_epochs("proportional", slow, 80)
     # the strawman keeps it busy with a block: its round takes 8, psld's 6 (in block times)
     assert counts(prop[1], p)[3] == 1
