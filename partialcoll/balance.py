@@ -81,9 +81,11 @@ class OwnerTimes:
 
     per_block  span / blocks: the mean service time per block (seconds; owner_times())
     marginal   what one more block costs the owner: (span - first latency) / (blocks - 1),
-               averaged; an owner that served one block at a time: its latency (an upper
-               bound). The latency of the first result -- waiting for the slowest sender,
-               the message latency -- is common to every owner, so psld predicts with this
+               averaged. The latency of the first result -- waiting for the slowest sender,
+               the message latency -- is common to every owner, so psld predicts with this.
+               An owner that served one block at a time (an exploration's single block):
+               its first latency less the common part, estimated from the owners of
+               several blocks (first latency - marginal cost, the least of them)
     """
 
     def __init__(self, sums: Sequence[int]) -> None:
@@ -92,8 +94,14 @@ class OwnerTimes:
         with np.errstate(invalid="ignore", divide="ignore"):
             self.per_block = np.where(blocks > 0, span / blocks, np.nan)
             extra = blocks - samples
-            self.marginal = np.where(extra > 0, (span - first) / np.where(extra > 0, extra, 1),
-                                     np.where(samples > 0, first / np.where(samples > 0, samples, 1), np.nan))
+            several = extra > 0
+            marginal = np.where(several, (span - first) / np.where(several, extra, 1), np.nan)
+            latency = first / np.where(samples > 0, samples, 1)
+            common = float(np.min((latency - marginal)[several])) if several.any() else 0.0
+            one = (samples > 0) & ~several
+            floor = np.nanmin(marginal) if several.any() else latency[one].min() if one.any() else 1.0
+            marginal[one] = np.maximum(latency[one] - max(common, 0.0), 0.5 * floor)
+            self.marginal = marginal
 
 
 def _fill(t: np.ndarray, servers: Sequence[int]) -> np.ndarray:

@@ -119,7 +119,7 @@ def observe(t, counts, latency=0.0, ranks=3):
 
 def test_owner_times_marginal_cost_excludes_latency():
     m = observe([0.01, 0.04, 0.01, 0.01], [5, 2, 1, 0], latency=0.1)
-    assert np.allclose(m.marginal[:3], [0.01, 0.04, 0.11]) and np.isnan(m.marginal[3])   # one block: latency + t
+    assert np.allclose(m.marginal[:3], [0.01, 0.04, 0.01]) and np.isnan(m.marginal[3])   # one block: latency less
     assert np.allclose(m.per_block[:3], [0.03, 0.09, 0.11]) and np.isnan(m.per_block[3])
 
 
