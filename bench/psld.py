@@ -14,6 +14,8 @@ float32 in blocks of --block-mib, side by side in one job:
   baseline   balance="static" with nothing slow (no busy processes)
   static     round-robin owners, the slow rank(s) interfered with
   proportional, psld   the same, rebalanced every 2 rounds (psld: epsilon 0.1)
+Each configuration runs --repeat times, in rotated order; the run of median round time
+is reported (the machine is shared: its load drifts during a run).
 
 Interference (PSLD's "computation interference"): the slow rank is pinned to one CPU
 with taskset, and while a configuration with interference runs, it starts --hogs busy
@@ -46,6 +48,7 @@ def driver(args) -> None:
     slow = {"one": [p - 1], "two": [p - 2, p - 1], "transient": [p - 1], "none": [p - 1]}[args.scenario]
     worker = [sys.executable, HERE, args.scenario, "--worker", "--np", str(p), "--mib", str(args.mib),
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
+              "--repeat", str(args.repeat),
               "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
     cmd = ["mpiexec"]
     for r in range(p):
@@ -67,7 +70,8 @@ def report(res: dict, args) -> None:
     p = res["P"]
     print(f"scenario {res['scenario']}: P = {p}, {res['mib']} MiB float32, blocks of {res['block_mib']} MiB "
           f"({res['nblocks']} blocks), {res['rounds']} rounds per configuration, slow ranks {res['slow']} "
-          f"(taskset -c {args.cpu}, {res['hogs']} busy processes)")
+          f"(taskset -c {args.cpu}, {res['hogs']} busy processes); each configuration run {args.repeat} "
+          f"times in rotated order, the run of median round time shown")
     base = res["configs"]["baseline"]["mean_ms"]
     static = res["configs"].get("static", {}).get("mean_ms")
     print(f"{'config':14} {'round ms':>9} {'x baseline':>10} {'static / x':>10} {'slow share':>10} "
@@ -163,9 +167,17 @@ def worker(args) -> None:
     else:
         configs.update({"static": (ps_coll("static"), True), "proportional": (ps_coll("proportional"), True),
                         "psld": (ps_coll("psld"), True)})
+    runs: dict = {name: [] for name in configs}
+    names = list(configs)
+    for rep in range(args.repeat):                # rotated order: drift on the shared machine spreads evenly
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            make, interfered = configs[name]
+            runs[name].append(measure(make, interfered))
     results = {}
-    for name, (make, interfered) in configs.items():
-        results[name] = measure(make, interfered)
+    for name, got in runs.items():               # the repetition of median mean round time
+        if rank == 0:
+            means = [g["mean_ms"] for g in got]
+            results[name] = dict(sorted(got, key=lambda g: g["mean_ms"])[len(got) // 2], all_ms=means)
     if rank == 0:
         print("RESULT " + json.dumps({"scenario": args.scenario, "P": p, "mib": args.mib, "block_mib": args.block_mib,
                                       "nblocks": nblocks, "rounds": rounds, "slow": slow, "hogs": args.hogs,
@@ -181,6 +193,7 @@ def main() -> None:
     ap.add_argument("--block-mib", type=float, default=1)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--hogs", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every configuration (median reported)")
     ap.add_argument("--cpu", default=str(max(os.sched_getaffinity(0))))
     ap.add_argument("--timeout", type=float, default=170)
     ap.add_argument("--json", help="driver: also write the results here")
