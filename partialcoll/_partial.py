@@ -164,6 +164,16 @@ class PartialAllreduce:
     floating dtype; eager-SGD's average is divisor=P), in the pass that makes the sum, so
     an average costs no pass of its own.
 
+    algorithm="ps" (PSLD's aggregation, docs/psld.md): the vector is cut into blocks of
+    block_bytes (default 4 MiB, the last one shorter); each block's owner receives every
+    rank's block, reduces it and sends the result back. servers: the ranks that may own
+    blocks (default all; a server need not post). balance: "static" (round-robin, the
+    default), "proportional" (blocks in proportion to each owner's measured speed) or
+    "psld" (PSLD's prediction-guided exploitation, exploring with probability epsilon);
+    with the last two, every rank computes a new assignment from the owners' times every
+    rebalance_every rounds, and all switch to it at the same round. assignment() and
+    owner_times() say where the blocks are and what each owner costs.
+
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
     communicator) and an allreduce on it (the tag layout); with algorithm "tree", or
