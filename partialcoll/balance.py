@@ -251,7 +251,9 @@ class Balancer:
                     if coll is None or self._stop:
                         return
                     s0, s1 = coll._native_rounds(new)
-                    del coll
+                    del coll                         # may run its __del__ here: abandoned, stopped
+                    if self._stop:
+                        return
                 check(lib.pc_coll_switch(self._native, epoch, s0, s1))
                 if new != self.current:
                     self.history.append(((epoch + 2) * self.every, new))

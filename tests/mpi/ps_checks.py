@@ -99,23 +99,27 @@ def test_server_that_never_posts(comm):
 
 
 def test_owner_times_and_assignment(comm):
-    """owner_times(): seconds per block for every owner that served blocks, the same on
-    every rank (agreed in the rounds); NaN only where no rank sent it a block."""
+    """owner_times(): seconds per block for every owner that served blocks, NaN for the
+    others, the same on every rank (agreed in the rounds): static (all rounds so far) and
+    proportional (the latest epoch, assignments switching)."""
     p = comm.size
-    coll = pc.allreduce_init(4000, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=8000,
-                             balance="proportional", rebalance_every=3)
-    x = np.ones(4000)
-    for _ in range(10):
-        assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p)
-    t = coll.owner_times()
-    assert t.shape == (p,) and t.dtype == np.float64
-    if p > 1:
-        assert np.all(np.isfinite(t[coll.assignment(round=9)])) and np.all(t[np.isfinite(t)] > 0), t
-        everyone = comm.allgather((t.tobytes(), coll.assignment().tobytes()))
+    for balance in ("static", "proportional"):
+        coll = pc.allreduce_init(4000, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=8000,
+                                 balance=balance, rebalance_every=3)
+        x = np.ones(4000)
+        for _ in range(10):
+            assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p)
+        t = coll.owner_times()
+        assert t.shape == (p,) and t.dtype == np.float64
+        if p == 1:
+            assert np.all(np.isnan(t))      # nobody sends a block away
+        elif balance == "static":
+            owners = set(coll.assignment().tolist())
+            assert all(np.isfinite(t[r]) == (r in owners) for r in range(p)), (t, owners)
+        assert np.all(t[np.isfinite(t)] > 0), t
+        everyone = comm.allgather((t.tobytes(), coll.assignment(round=9).tobytes()))
         assert all(e == everyone[0] for e in everyone), "owner_times or assignment differ across ranks"
-    else:
-        assert np.all(np.isnan(t))      # nobody sends a block away
-    coll.close()
+        coll.close()
 
 
 def test_bad_owner_options(comm):
