@@ -19,7 +19,8 @@ balance=
                   with probability 1 - epsilon *exploit*: the assignment of least
                   predicted round time (blocks handed one by one to the owner that would
                   finish them first, so slow owners fall out of the set of effective
-                  servers and come back when the set cannot keep up), and with
+                  servers and come back when the set cannot keep up), if it is GAIN
+                  shorter than the current one's (else the current one), and with
                   probability epsilon *explore*: one block moved to a random server, an
                   idle one first, so a server that recovered wins its blocks back.
 """
@@ -37,7 +38,9 @@ from .algorithms import OWNED
 from .algorithms.ps import BLOCK_BYTES, round_robin
 
 BALANCES = ("static", "proportional", "psld")
-ALPHA = 0.7                  # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
+ALPHA = 0.5                  # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
+GAIN = 0.15                  # psld exploits only for a predicted round time this much shorter
+                             # (a straggler detected, not noise in the measurements)
 
 
 def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every) -> dict:
@@ -158,6 +161,10 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
     so every rank makes the same choice."""
     n = len(current)
     counts = least_time(times, servers, n)
+    t = _fill(times, servers)
+    now = np.array([sum(o == s for o in current) for s in servers])
+    if np.max(counts * t) > (1 - GAIN) * np.max(now * t):
+        counts = now                         # no straggler worth a switch: keep the assignment
     rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
     if len(servers) > 1 and n > 1 and rng.random() < epsilon:
         idle = [i for i in range(len(servers)) if counts[i] == 0]

@@ -156,6 +156,8 @@ def test_psld_exploit_explore_seeded():
     assert 0.13 < share < 0.27, share
     other = [balance.psld(t, range(4), cur, seed=6, epoch=e, epsilon=0.2) for e in range(400)]
     assert other != runs
+    # measurement noise is no straggler: a predicted gain below GAIN keeps the assignment
+    assert balance.psld(np.array([1.0, 1.15, 0.95, 1.0]), range(4), cur, seed=5, epoch=0, epsilon=0.0) == cur
     # servers= restricts the owners
     a = balance.psld(np.array([1.0, 5, 1, 1, 1]), [1, 2, 4], ps.round_robin(9, [1, 2, 4]), seed=0, epoch=0,
                      epsilon=1.0)
