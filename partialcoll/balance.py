@@ -84,11 +84,11 @@ class OwnerTimes:
 
     per_block  span / blocks: the mean service time per block (seconds; owner_times())
     marginal   what one more block costs the owner: (span - first latency) / (blocks - 1),
-               averaged. The latency of the first result -- waiting for the slowest sender,
-               the message latency -- is common to every owner, so psld predicts with this.
-               An owner that served one block at a time (an exploration's single block):
-               its first latency less the common part, estimated from the owners of
-               several blocks (first latency - marginal cost, the least of them)
+               averaged (an owner that served one block at a time: the others' mean)
+    fixed      what its first block costs beyond that: first latency - marginal (waiting
+               for the slowest sender, common to every owner, plus the owner's own delay
+               in starting: a CPU-starved owner answers late, then quickly)
+    psld predicts an owner's span for n blocks as fixed + n * marginal.
     """
 
     def __init__(self, sums: Sequence[int]) -> None:
@@ -99,12 +99,11 @@ class OwnerTimes:
             extra = blocks - samples
             several = extra > 0
             marginal = np.where(several, (span - first) / np.where(several, extra, 1), np.nan)
-            latency = first / np.where(samples > 0, samples, 1)
-            common = float(np.min((latency - marginal)[several])) if several.any() else 0.0
-            one = (samples > 0) & ~several
-            floor = np.nanmin(marginal) if several.any() else latency[one].min() if one.any() else 1.0
-            marginal[one] = np.maximum(latency[one] - max(common, 0.0), 0.5 * floor)
+            latency = np.where(samples > 0, first / np.where(samples > 0, samples, 1), np.nan)
+            one = (samples > 0) & ~several          # one block at a time: the others' mean marginal cost
+            marginal[one] = np.nanmean(marginal) if several.any() else latency[one]
             self.marginal = marginal
+            self.fixed = np.maximum(latency - marginal, 0.0)
 
 
 def _fill(t: np.ndarray, servers: Sequence[int]) -> np.ndarray:
@@ -143,33 +142,41 @@ def proportional(times: np.ndarray, servers: Sequence[int], current: Sequence[in
     return _place(counts, servers, current)
 
 
-def least_time(times: np.ndarray, servers: Sequence[int], nblocks: int) -> np.ndarray:
-    """Blocks per server minimizing the predicted round time max(n_s * t_s): each block to
-    the server that would finish it first (optimal for equal blocks). Servers slower than
-    the resulting round time get none."""
+def _span(counts: np.ndarray, t: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """Predicted span per server: fixed + n t where it holds n > 0 blocks, else 0."""
+    return np.where(counts > 0, fixed + counts * t, 0.0)
+
+
+def least_time(times: np.ndarray, servers: Sequence[int], nblocks: int,
+               fixed: Optional[np.ndarray] = None) -> np.ndarray:
+    """Blocks per server minimizing the predicted round time max(fixed_s + n_s t_s) (fixed:
+    0 where not given): each block to the server that would finish it first (optimal for
+    equal blocks). Servers slower than the resulting round time get none."""
     t = _fill(times, servers)
+    f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
     counts = np.zeros(len(servers), int)
     for _ in range(nblocks):
-        counts[int(np.argmin((counts + 1) * t))] += 1
+        counts[int(np.argmin(f + (counts + 1) * t))] += 1
     return counts
 
 
 def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, seed: int, epoch: int,
-         epsilon: float) -> List[int]:
+         epsilon: float, fixed: Optional[np.ndarray] = None) -> List[int]:
     """PSLD's prediction-guided exploitation and exploration (times: the predicted
-    per-block time of every rank, NaN unknown). Exploration is drawn from (seed, epoch),
-    so every rank makes the same choice."""
+    marginal per-block time of every rank, fixed: its predicted fixed delay, NaN
+    unknown). Exploration is drawn from (seed, epoch), so every rank makes the same choice."""
     n = len(current)
-    counts = least_time(times, servers, n)
+    counts = least_time(times, servers, n, fixed)
     t = _fill(times, servers)
+    f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
     now = np.array([sum(o == s for o in current) for s in servers])
-    if np.max(counts * t) > (1 - GAIN) * np.max(now * t):
+    if np.max(_span(counts, t, f)) > (1 - GAIN) * np.max(_span(now, t, f)):
         counts = now                         # no straggler worth a switch: keep the assignment
     rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
     if len(servers) > 1 and n > 1 and rng.random() < epsilon:
         idle = [i for i in range(len(servers)) if counts[i] == 0]
         pick = int(rng.choice(idle)) if idle else int(rng.integers(len(servers)))
-        busiest = int(np.argmax(counts * _fill(times, servers) - (np.arange(len(servers)) == pick)))
+        busiest = int(np.argmax(_span(counts, t, f) - 1e300 * (np.arange(len(servers)) == pick)))
         if busiest != pick and counts[busiest] > 0:
             counts[busiest] -= 1
             counts[pick] += 1
@@ -177,20 +184,25 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
 
 
 class Predictor:
-    """psld's per-owner prediction: a moving average of the measured per-block times; an
-    owner that served nothing keeps its last prediction. Every rank feeds it the same
-    epochs, so every rank predicts the same."""
+    """psld's per-owner prediction: moving averages of the measured marginal and fixed
+    times; an owner that served nothing keeps its last prediction. Every rank feeds it
+    the same epochs, so every rank predicts the same."""
 
     def __init__(self, size: int) -> None:
-        self.est = np.full(size, np.nan)
+        self.est = np.full(size, np.nan)         # marginal seconds per block
+        self.fixed = np.full(size, np.nan)
 
-    def update(self, measured: np.ndarray) -> np.ndarray:
-        new = ~np.isnan(measured)
-        old = ~np.isnan(self.est)
-        both = new & old
-        self.est[both] = ALPHA * measured[both] + (1 - ALPHA) * self.est[both]
-        self.est[new & ~old] = measured[new & ~old]
-        return self.est.copy()
+    @staticmethod
+    def _average(est: np.ndarray, measured: np.ndarray) -> None:
+        new, old = ~np.isnan(measured), ~np.isnan(est)
+        est[new & old] = ALPHA * measured[new & old] + (1 - ALPHA) * est[new & old]
+        est[new & ~old] = measured[new & ~old]
+
+    def update(self, measured: "OwnerTimes"):
+        """(marginal, fixed) predictions after this epoch's measurements."""
+        self._average(self.est, measured.marginal)
+        self._average(self.fixed, measured.fixed)
+        return self.est.copy(), self.fixed.copy()
 
 
 def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Sequence[int],
@@ -204,7 +216,8 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
         t = measured.per_block
         predictor.est[~np.isnan(t)] = t[~np.isnan(t)]          # the last measurement of each owner
         return proportional(predictor.est, servers, current)
-    return psld(predictor.update(measured.marginal), servers, current, seed=seed, epoch=epoch, epsilon=epsilon)
+    marginal, fixed = predictor.update(measured)
+    return psld(marginal, servers, current, seed=seed, epoch=epoch, epsilon=epsilon, fixed=fixed)
 
 
 class Balancer:

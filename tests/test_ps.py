@@ -119,7 +119,8 @@ def observe(t, counts, latency=0.0, ranks=3):
 
 def test_owner_times_marginal_cost_excludes_latency():
     m = observe([0.01, 0.04, 0.01, 0.01], [5, 2, 1, 0], latency=0.1)
-    assert np.allclose(m.marginal[:3], [0.01, 0.04, 0.01]) and np.isnan(m.marginal[3])   # one block: latency less
+    assert np.allclose(m.marginal[:3], [0.01, 0.04, 0.025]) and np.isnan(m.marginal[3])   # one block: the mean
+    assert np.allclose(m.fixed[:3], [0.1, 0.1, 0.085]) and np.isnan(m.fixed[3])
     assert np.allclose(m.per_block[:3], [0.03, 0.09, 0.11]) and np.isnan(m.per_block[3])
 
 
@@ -162,6 +163,15 @@ def test_psld_exploit_explore_seeded():
     a = balance.psld(np.array([1.0, 5, 1, 1, 1]), [1, 2, 4], ps.round_robin(9, [1, 2, 4]), seed=0, epoch=0,
                      epsilon=1.0)
     assert set(a) <= {1, 2, 4}
+
+
+def test_psld_drops_an_owner_that_starts_late():
+    """An owner whose blocks all come back late but together (a CPU-starved process: its
+    marginal cost is like the others', its fixed delay is not) loses its blocks."""
+    p, cur = 4, ps.round_robin(16, range(4))
+    m = observe([1.0, 1.0, 1.0, 1.0], np.bincount(cur, minlength=p), latency=np.array([0.5, 0.5, 0.5, 6.0]))
+    a = balance.decide("psld", m, balance.Predictor(p), list(range(p)), cur, 0, 0, 0.0)
+    assert counts(a, p)[3] == 0, counts(a, p)
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0):
