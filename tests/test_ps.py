@@ -210,3 +210,10 @@ def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
     flat = model_epochs("psld", lambda o, e: 1.0, 400, epsilon=0.1)
     mean_round = np.mean([max(counts(a, p)) for a in flat])
     assert mean_round <= 4 * 1.03 + 0.1, mean_round
+
+
+@pytest.mark.mpiexec
+def test_ps_partial_inline_progress(mpirun):
+    """The same with progress inline (no progress thread: the balancer thread's decisions
+    still reach the engine, and parked rounds are armed by them)."""
+    mpirun("ps_partial_checks.py", 3, "majority", "40", "psld", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=300)
