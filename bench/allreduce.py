@@ -1,4 +1,4 @@
-"""Persistent allreduce vs mpi4py Allreduce, every algorithm, one run (issue 3).
+"""Persistent allreduce vs mpi4py Allreduce, every algorithm, one run.
 
     mpiexec -n 2 python bench/allreduce.py --json lat_p2.json
     mpiexec -n 4 python bench/allreduce.py

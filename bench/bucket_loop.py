@@ -1,4 +1,4 @@
-"""The engine under a training loop's pattern, without torch (issue 12).
+"""The engine under a training loop's pattern, without torch.
 
     mpiexec -n 2 python bench/bucket_loop.py mpi full solo full solo mpi
 

@@ -46,6 +46,7 @@ missing() {   # what the run needs and does not find
     "$PY" -c "import mpi4py.MPI" 2>/dev/null || out+=" mpi4py(+libmpi)"
     "$PY" -c "import cffi" 2>/dev/null || out+=" cffi"
     command -v mpiexec >/dev/null || out+=" mpiexec"
+    "$PY" -c "import pytest_mpi" 2>/dev/null || out+=" pytest-mpi"
     echo "$out"
 }
 

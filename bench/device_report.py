@@ -330,7 +330,7 @@ def markdown(report: dict) -> str:
               + (f"; versions not read: {_cell(gpu['versions_error'])}" if "versions_error" in gpu else ""),
               f"- CPU: {cpu.get('model')}; {cpu.get('affinity')} of {cpu.get('cpu_count')} cores usable; "
               f"cgroup cpu.max {cpu.get('cgroup_cpu_max')}; {cpu.get('memory_gib')} GiB; Python {cpu.get('python')}",
-              f"- partialcoll: " + (", ".join(f"{k} {v}" for k, v in pci.items()) if pci else "not importable"), ""]
+              "- partialcoll: " + (", ".join(f"{k} {v}" for k, v in pci.items()) if pci else "not importable"), ""]
     lines += ["| step | status | seconds | note |", "|---|---|---|---|"]
     for s in report.get("setup", []):
         lines.append(f"| setup: {s['step']} | {s['status']} | {s['seconds']:.0f} | {_cell(s['detail'])} |")

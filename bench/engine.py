@@ -1,4 +1,4 @@
-"""Engine microbenchmarks (issue 2). Run: mpiexec -n 2 python bench/engine.py
+"""Engine microbenchmarks. Run: mpiexec -n 2 python bench/engine.py
 
 (a) round trip of a 2-op persistent schedule (send + recv, 8 bytes) at P = 2, as a
     ratio to an mpi4py Send/Recv ping-pong measured in the same run;

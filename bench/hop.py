@@ -1,4 +1,4 @@
-"""Hop's heterogeneity experiments on NeighborAllreduce (issue 15), one short run.
+"""Hop's heterogeneity experiments on NeighborAllreduce, one short run.
 
     flock /tmp/pc-bench.lock mpiexec -n 8 python bench/hop.py [--json hop.json]
 
@@ -87,7 +87,7 @@ def run_partial(comm, args, slow, mode):
     base = (np.arange(args.count, dtype=np.float32) % 13)
     coll = pc.PartialAllreduce(args.count, np.float32, comm=comm, mode=mode)
     x = np.empty(args.count, np.float32)
-    for k in range(args.warmup):
+    for _ in range(args.warmup):
         x[:] = base
         coll.post(x).wait()
     comm.Barrier()
@@ -107,7 +107,7 @@ def run_partial(comm, args, slow, mode):
 def main():
     try:
         run_all()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - reported, then the job is aborted
         import traceback
         traceback.print_exc()
         sys.stderr.flush()

@@ -1,4 +1,4 @@
-"""Idle CPU of a rank whose collective is armed (issue 11). Run: mpiexec -n 2 python bench/idle.py
+"""Idle CPU of a rank whose collective is armed. Run: mpiexec -n 2 python bench/idle.py
 
 For each vector size x mode x progress ("thread", "inline") two scenarios, each
 `--seconds` long, reporting the CPU (user + system, all threads) of the busiest rank

@@ -331,7 +331,7 @@ def table(sizes: Sequence[int], nbytes: int, ppn: int, all_ranks: int, max_nodes
                 fam = Family(name, p, nbytes, ppn, all_ranks, max_nodes)
                 row = {"algorithm": name, "P": p, **fam.counts()}
                 row["steps"], row["steps_how"] = fam.steps()
-            except Exception as exc:           # a new algorithm that cannot be built dry here
+            except Exception as exc:  # noqa: BLE001 - a new algorithm that cannot be built dry here
                 row = {"algorithm": name, "P": p, "error": f"{type(exc).__name__}: {exc}"}
             row["seconds"] = time.perf_counter() - t0
             rows.append(row)
@@ -410,8 +410,8 @@ def activation_hops(p: int, mode: str, seed: int = 0, quorum: Optional[int] = No
 
 def hops_table(sizes: Sequence[int]) -> List[dict]:
     rows = []
-    print(f"# activation of round 0: message steps until each rank joins (max / mean over ranks), "
-          f"activation messages per rank (most sent, most received)")
+    print("# activation of round 0: message steps until each rank joins (max / mean over ranks), "
+          "activation messages per rank (most sent, most received)")
     print(f"# {'mode':<9} {'P':>5} {'hops max':>9} {'hops mean':>10} {'sent/rank':>10} {'recv/rank':>10}  started by")
     for p in sizes:
         for mode in MODES:
@@ -509,7 +509,8 @@ def measure(comm, base_iters: int = 200) -> dict:
         runs = [("mpi", None)] + [(a, "full") for a in sorted(ALGORITHMS)] + [("recursive_doubling", "solo")]
         for alg, mode in runs:
             if mode is None:
-                call = lambda: comm.Allreduce(x, y)
+                def call():
+                    comm.Allreduce(x, y)
                 coll = None
             else:
                 kw = {"groups": pairs} if alg == "tree" else {}
@@ -517,7 +518,8 @@ def measure(comm, base_iters: int = 200) -> dict:
                     continue
                 coll = pc.PartialAllreduce(count, np.float32, MPI.SUM, comm, mode=mode,
                                            algorithm=alg if p > 1 else "auto", **kw)
-                call = lambda coll=coll: coll.post(x, out=y).wait()
+                def call(coll=coll):
+                    coll.post(x, out=y).wait()
             for _ in range(3):
                 call()
             if mode != "solo":

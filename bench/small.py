@@ -1,4 +1,4 @@
-"""Small messages (issue 13): post(x, out=y).wait() vs MPI_Allreduce, interleaved.
+"""Small messages: post(x, out=y).wait() vs MPI_Allreduce, interleaved.
 
 Run: mpiexec -n 2 python bench/small.py      (also -n 1: post+wait with nothing to send)
 
@@ -59,7 +59,7 @@ def main():
     # warm-up, and a check: every peer gives MPI_Allreduce's result (full mode: exactly;
     # solo: a round's data is a sum of whole posts, so with equal posts per rank and a
     # barrier in between it is the same)
-    for name, fn in peers:
+    for _name, fn in peers:
         fn()
     comm.Allreduce(x, ref, op=MPI.SUM)
     if "full" in colls:

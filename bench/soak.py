@@ -1,4 +1,4 @@
-"""Soak (issue 14): many rounds of every mode with random skew: nothing lost, agreement, memory flat.
+"""Soak: many rounds of every mode with random skew: nothing lost, agreement, memory flat.
 
 Run: flock /tmp/pc-bench.lock nice -n 10 mpiexec -n 4 python bench/soak.py          (10^5 rounds x 5 modes)
 

@@ -1,4 +1,4 @@
-"""One rank stalled for a long time (issue 14, item 3): do the others' rounds continue, is memory bounded?
+"""One rank stalled for a long time: do the others' rounds continue, is memory bounded?
 
 Run: flock /tmp/pc-bench.lock nice -n 10 mpiexec -n 4 python bench/stall.py --stall 60 --how sleep
 

@@ -1,4 +1,4 @@
-"""eager-SGD on real data under imbalance: synch vs solo vs majority (issue 12).
+"""eager-SGD on real data under imbalance: synch vs solo vs majority.
 
     flock /tmp/pc-bench.lock mpiexec -n 4 python bench/torch_digits.py --json digits_p4.json --plot digits_p4.png
 
@@ -20,7 +20,7 @@ import sys
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import eager_sgd_digits as example  # noqa: E402
+import eager_sgd_digits as example
 
 
 def plot(table, path, size):

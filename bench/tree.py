@@ -1,4 +1,4 @@
-"""Tree allreduce (issue 16): cross-region bytes and completion times per algorithm.
+"""Tree allreduce: cross-region bytes and completion times per algorithm.
 
     mpiexec -n 8 python bench/tree.py traffic [--count N]
     mpiexec -n 8 python bench/tree.py rotation [--count 4096]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tree_netns.sh NP -- issue 16's chain-blocking scenarios on the shared netns harness
+# tree_netns.sh NP -- the tree allreduce's chain-blocking scenarios on the shared netns harness
 # (docs/tree.md). Setup: copy /work/shared/netns/* to /tmp/netns, make its venv with this
 # package, ./setup.sh 8, then cp bench/tree.py /tmp/netns/tree_bench.py and
 # bench/tree_racks.sh /tmp/netns/racks.sh. One lock hold per scenario (each under 5 min).

@@ -100,7 +100,7 @@ def train(comm, trainer, args, data, test, budget_s=None):
     delay = delays_ms(args, comm.size, epochs * steps_per_epoch)
     order_rng = torch.Generator().manual_seed(100 + comm.rank)
     acc, busy, step = [], 0.0, 0
-    for epoch in range(epochs):
+    for _epoch in range(epochs):
         if budget_s is not None and busy >= budget_s:
             break
         perm = torch.randperm(len(y), generator=order_rng)

@@ -39,7 +39,7 @@ def train(comm, mode, args, w_true, val):
     losses = []
     comm.Barrier()
     t0 = MPI.Wtime()
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         for _ in range(args.steps):
             slow = delay_rng.integers(comm.size)
             x, y = data(data_rng, args.batch, w_true)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ candidates */
 static uint64_t splitmix64(uint64_t x)
@@ -369,6 +370,7 @@ static void coll_round_done(pc_owner *o)
         c->errpeer = pc_last_error_peer();
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
         STORE(c->err, rc);
+        mpi_alarm_deaf(&c->alarm);
     }
 }
 
@@ -379,6 +381,33 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
     c->errpeer = peer;
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     STORE(c->err, code);
+    mpi_alarm_deaf(&c->alarm);     /* no round runs any more: nothing to be told */
+}
+
+/* [pass] A peer's report (pc_coll_abort on that rank): the collective fails here with
+ * PC_ERR_PEER, its armed round is withdrawn, and waiters wake. Unit lock held. */
+static void coll_send_report(pc_coll *c);
+
+static int coll_poll(pc_unit *u)
+{
+    pc_coll *c = (pc_coll *)u;
+    if (c->report_pending) {             /* recorded where no MPI call may be made (abandon) */
+        coll_send_report(c);
+        return 1;
+    }
+    if (c->alarm.nsend) mpi_alarm_sent(&c->alarm);
+    if (!mpi_alarm_heard(&c->alarm)) return 0;
+    if (c->err || c->reported || LOAD(c->finished)) return 1;
+    memcpy(&c->peer, c->alarm.in, sizeof c->peer);
+    c->peer.type[sizeof c->peer.type - 1] = c->peer.message[sizeof c->peer.message - 1] = 0;
+    c->errpeer = c->peer.rank;
+    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->peer.rank,
+             c->peer.type, c->peer.message, c->rank);
+    STORE(c->err, PC_ERR_PEER);
+    if (c->armed && c->armed->running) sched_withdraw(c->armed);
+    note_event();
+    notify_done();
+    return 1;
 }
 
 static void coll_destroy(pc_coll *c)
@@ -396,6 +425,7 @@ static void coll_destroy(pc_coll *c)
         free(c->mask_slot);
     }
     free(c->res_mask); free((void *)c->spec.identity);
+    mpi_alarm_free(&c->alarm);
     pthread_mutex_destroy(&c->owner.unit.lock);
     free(c);
 }
@@ -409,6 +439,7 @@ static void coll_unit_abandon(pc_unit *u)
     pc_coll *c = (pc_coll *)u;
     pc_sched *s = c->armed;
     if (s && s->running && !s->live) sched_withdraw(s);
+    mpi_alarm_deaf(&c->alarm);
 }
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
@@ -436,6 +467,8 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     pc_coll *c = calloc(1, sizeof *c);
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
     unit_init(&c->owner.unit, coll_unit_destroy, coll_unit_abandon);
+    c->owner.unit.poll = coll_poll;
+    c->alarm.comm = *(MPI_Comm *)comm_handle;
     c->rank = rank;
     c->size = size;
     c->spec = *spec;
@@ -498,6 +531,7 @@ int pc_coll_begin(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
     int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
+    if (rc == PC_OK && c->size > 1) rc = mpi_alarm_listen(&c->alarm, c->alarm.comm);
     unit_unlock(&c->owner.unit);
     return rc;
 }
@@ -738,7 +772,10 @@ int pc_coll_free(pc_coll *c)
     unit_lock(&c->owner.unit);
     int rc = !coll_idle(c) && !c->owner.unit.leaked
              ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
-    if (rc == PC_OK) unit_doom(&c->owner.unit);
+    if (rc == PC_OK) {
+        mpi_alarm_deaf(&c->alarm);
+        unit_doom(&c->owner.unit);
+    }
     unit_unlock(&c->owner.unit);
     if (rc == PC_OK) reap_units();
     return rc;
@@ -750,7 +787,8 @@ int pc_coll_free(pc_coll *c)
  * rank's input yet (its receives cancelled); a round already moving data finishes, so
  * peers are not left with half a message. The collective is freed once none of its
  * schedules runs and no pass holds it: the engine never points at freed memory. Peers
- * still using the collective time out, as with any collective call one rank never makes. */
+ * still using the collective hear of it where Python reported it first (pc_coll_abort
+ * with a negative timeout: the pass sends it), else they time out. */
 int pc_coll_abandon(pc_coll *c, int *deferred)
 {
     *deferred = 0;
@@ -766,6 +804,75 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
     reap_units();
     if (*deferred) kick();
     return PC_OK;
+}
+
+/* Record this rank's report (unit lock held): the collective stops here; 1 if it is to
+ * be sent (not after a peer's report, the final round, or a report already made). */
+static int coll_report(pc_coll *c, const char *type, const char *message)
+{
+    if (c->reported || c->err == PC_ERR_PEER || LOAD(c->finished) || c->size < 2) return 0;
+    memset(&c->report, 0, sizeof c->report);
+    c->report.rank = c->rank;
+    snprintf(c->report.type, sizeof c->report.type, "%s", type ? type : "");
+    snprintf(c->report.message, sizeof c->report.message, "%s", message ? message : "");
+    c->reported = 1;
+    if (!c->err) {
+        c->errpeer = -1;
+        snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers: the collective "
+                 "cannot be used any more", c->rank, c->report.type);
+        STORE(c->err, PC_ERR_STATE);
+    }
+    notify_done();
+    return 1;
+}
+
+/* Send the recorded report to every peer (unit lock held; MPI calls). */
+static void coll_send_report(pc_coll *c)
+{
+    c->report_pending = 0;
+    mpi_alarm_deaf(&c->alarm);           /* this rank is done with the collective */
+    mpi_alarm_send(&c->alarm, &c->report);
+    if (c->armed && c->armed->running) sched_withdraw(c->armed);
+}
+
+int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
+{
+    if (!c) return PC_OK;
+    unit_lock(&c->owner.unit);
+    if (coll_report(c, type, message)) {
+        if (timeout_s < 0) {             /* no MPI call here: the next progress pass sends it */
+            c->report_pending = 1;
+            unit_unlock(&c->owner.unit);
+            kick();
+            return PC_OK;
+        }
+        coll_send_report(c);
+    }
+    unit_unlock(&c->owner.unit);
+    /* the sends: eager everywhere (512 bytes), but a network may need MPI progress */
+    double until = now_us() + (timeout_s > 0 ? timeout_s * 1e6 : 0);
+    for (;;) {
+        unit_lock(&c->owner.unit);
+        int sent = mpi_alarm_sent(&c->alarm);
+        unit_unlock(&c->owner.unit);
+        if (sent || now_us() >= until) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return PC_OK;
+}
+
+int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
+{
+    unit_lock(&c->owner.unit);
+    int rc = c->err == PC_ERR_PEER ? PC_OK : fail(PC_ERR_STATE, "no peer reported an error");
+    if (rc == PC_OK) {
+        *rank = c->peer.rank;
+        snprintf(type, (size_t)tlen, "%s", c->peer.type);
+        snprintf(message, (size_t)mlen, "%s", c->peer.message);
+    }
+    unit_unlock(&c->owner.unit);
+    return rc;
 }
 
 /* traffic: the bytes of the sends each schedule posted to peer i since creation */

@@ -40,6 +40,7 @@ const char *pc_strerror(int code)
     case PC_ERR_THREAD: return "thread error";
     case PC_ERR_DTYPE_OP: return "operation not defined for this datatype";
     case PC_ERR_TRUNCATE: return "message size mismatch";
+    case PC_ERR_PEER: return "a peer failed";
     }
     return "unknown error";
 }

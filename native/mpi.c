@@ -116,9 +116,12 @@ void mpi_free_msgs(pc_msgs *m)
     free(m->left); free(m->done); free(m->sent);
 }
 
+/* The version wraps at 2^vbits - 1, not 2^vbits: the version of all ones is never
+ * used, so that the top tag, (2^(seqbits + vbits)) - 1, stays free for peer errors
+ * (mpi_alarm_tag). */
 int mpi_tag(const pc_msgs *m, int64_t version, int seq)
 {
-    int64_t v = version & ((1LL << m->vbits) - 1);
+    int64_t v = version % ((1LL << m->vbits) - 1);
     return (int)((v << m->seqbits) | seq);
 }
 
@@ -288,7 +291,7 @@ int mpi_comm_info(MPI_Comm comm, int *rank, int *size)
  * the fewest bits that count them; every other bit of MPI_TAG_UB is the version's, so
  * executions wrap as late as the MPI allows. PARTIALCOLL_TAG_UB (tests) forces the view
  * of a smaller MPI_TAG_UB. At least 4 bits of version are left, else an error. */
-int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
+static int tag_ub_bits(MPI_Comm comm, long long *tag_ub_out)
 {
     int *ub = NULL, flag = 0;
     if (MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag) != MPI_SUCCESS) flag = 0;
@@ -297,6 +300,14 @@ int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
     if (forced && atoll(forced) >= 255 && atoll(forced) < tag_ub) tag_ub = atoll(forced);
     int bits = 0;
     while (bits < 31 && (1LL << (bits + 1)) - 1 <= tag_ub) bits++;
+    *tag_ub_out = tag_ub;
+    return bits;
+}
+
+int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
+{
+    long long tag_ub;
+    int bits = tag_ub_bits(comm, &tag_ub);
     int s = 0;
     while ((1LL << s) < seq_needed) s++;
     *seqbits = s;
@@ -310,4 +321,84 @@ int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits)
 int pc_tag_bits(void *comm_handle, int seq_needed, int *seqbits, int *vbits)
 {
     return mpi_tag_bits(*(MPI_Comm *)comm_handle, seq_needed, seqbits, vbits);
+}
+
+/* ------------------------------------------------------------------ peer errors */
+/* A collective's alarm (coll.c; docs/faults.md, "A rank that fails"): a receive from
+ * any rank with the reserved tag, posted while the collective is open, and this rank's
+ * own report, sent to every peer. Every function runs under the owning unit's lock,
+ * except mpi_alarm_free() (no MPI call: it may run where the collective is freed). */
+static int mpi_alarm_tag(MPI_Comm comm)
+{
+    long long tag_ub;
+    return (int)((1LL << tag_ub_bits(comm, &tag_ub)) - 1);    /* version all ones: never a round's */
+}
+
+int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm)
+{
+    a->comm = comm;
+    a->tag = mpi_alarm_tag(comm);
+    if (mpi_comm_info(comm, &a->rank, &a->size)) return PC_ERR_MPI;
+    if (!a->in && !(a->in = malloc(PC_ALARM_BYTES))) return fail(PC_ERR_NOMEM, "out of memory");
+    int rc = MPI_Irecv(a->in, PC_ALARM_BYTES, MPI_BYTE, MPI_ANY_SOURCE, a->tag, comm, &a->rx);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        mpi_message(rc, msg);
+        return fail(PC_ERR_MPI, "posting the receive for peer errors: %s", msg);
+    }
+    a->listening = 1;
+    return PC_OK;
+}
+
+int mpi_alarm_heard(pc_alarm *a)
+{
+    int flag = 0;
+    if (!a->listening || MPI_Test(&a->rx, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) return 0;
+    a->listening = 0;
+    return 1;
+}
+
+void mpi_alarm_deaf(pc_alarm *a)
+{
+    if (!a->listening) return;
+    MPI_Cancel(&a->rx);                  /* local for a receive: the wait below returns */
+    MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+    a->listening = 0;
+}
+
+int mpi_alarm_send(pc_alarm *a, const void *msg)
+{
+    if (a->nsend) return PC_OK;
+    if (!a->out && !(a->out = malloc(PC_ALARM_BYTES))) return fail(PC_ERR_NOMEM, "out of memory");
+    if (!a->tx && !(a->tx = malloc(sizeof(MPI_Request) * (size_t)(a->size > 1 ? a->size : 1))))
+        return fail(PC_ERR_NOMEM, "out of memory");
+    memcpy(a->out, msg, PC_ALARM_BYTES);
+    for (int r = 0; r < a->size; r++) {
+        if (r == a->rank) continue;
+        /* a peer that is gone may refuse: the others are told all the same */
+        if (MPI_Isend(a->out, PC_ALARM_BYTES, MPI_BYTE, r, a->tag, a->comm, &a->tx[a->nsend]) == MPI_SUCCESS)
+            a->nsend++;
+    }
+    return PC_OK;
+}
+
+int mpi_alarm_sent(pc_alarm *a)
+{
+    int flag = 0;
+    if (a->nsend == 0) return 1;
+    if (MPI_Testall(a->nsend, a->tx, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+        a->lost = 1;                     /* a send failed (a dead peer): never freed */
+        a->nsend = 0;
+        return 1;
+    }
+    if (flag) a->nsend = 0;
+    return flag;
+}
+
+void mpi_alarm_free(pc_alarm *a)
+{
+    /* a receive still posted, or sends in flight: MPI may still write or read them */
+    if (!a->listening) free(a->in);
+    if (a->nsend == 0 && !a->lost) { free(a->out); free(a->tx); }
+    memset(a, 0, sizeof *a);
 }

@@ -39,7 +39,8 @@
 /* CDEF BEGIN -- this block is also the cffi cdef: plain declarations only. */
 enum {
     PC_OK = 0, PC_ERR_ARG = 1, PC_ERR_MPI = 2, PC_ERR_NOMEM = 3, PC_ERR_STATE = 4,
-    PC_ERR_TIMEOUT = 5, PC_ERR_THREAD = 6, PC_ERR_DTYPE_OP = 7, PC_ERR_TRUNCATE = 8
+    PC_ERR_TIMEOUT = 5, PC_ERR_THREAD = 6, PC_ERR_DTYPE_OP = 7, PC_ERR_TRUNCATE = 8,
+    PC_ERR_PEER = 9      /* a peer reported an error on this collective (pc_coll_abort) */
 };
 enum { PC_SEND = 0, PC_RECV = 1, PC_COMPUTE = 2, PC_NOP = 3, PC_TRIGGER = 4, PC_TAKE = 5, PC_DELIVER = 6 };
 enum {
@@ -214,6 +215,16 @@ int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1);
 int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too */
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
 int pc_coll_abandon(pc_coll *c, int *deferred);
+/* A rank that fails tells its peers (docs/faults.md): send this rank's report (its
+ * exception's type and message) to every peer on the collective's communicator, stop the
+ * collective here (later calls: PC_ERR_STATE), and wait up to timeout_s for the sends.
+ * A peer's pending and later posts, tests and waits on it then fail with PC_ERR_PEER,
+ * and pc_coll_peer_error() says who failed and how. Nothing is sent after a peer's own
+ * report (the first report is the one every rank hears) or after the final round.
+ * timeout_s < 0: no MPI call here (a garbage collector's thread): the next progress pass
+ * sends it. */
+int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s);
+int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen);
 /* traffic: add the bytes of the sends each schedule posted to peer i since creation
  * to sent[i], i < n; pass a collective (all its round schedules) or a schedule */
 int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n);

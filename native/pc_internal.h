@@ -73,6 +73,33 @@ int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits);
 int mpi_tag(const pc_msgs *m, int64_t version, int seq);
 int64_t mpi_max_chunk(void);
 
+/* A collective's peer errors (coll.c): a receive from any rank with the reserved tag
+ * (the top tag: no round's version is all ones), posted while the collective is open,
+ * and this rank's own report to every peer. Message: PC_ALARM_BYTES, a pc_alarm_msg.
+ * Protected by the owning unit's lock. */
+#define PC_ALARM_BYTES 512
+typedef struct pc_alarm_msg {
+    int32_t rank;            /* the rank that failed first (a report is never relayed) */
+    char type[60];           /* its exception type, NUL-terminated */
+    char message[448];       /* its message, NUL-terminated */
+} pc_alarm_msg;
+
+typedef struct pc_alarm {
+    MPI_Comm comm;
+    int tag, rank, size;
+    int listening;           /* rx is posted */
+    int nsend, lost;         /* sends in flight; lost: a send failed (buffers never freed) */
+    MPI_Request rx, *tx;
+    char *in, *out;          /* PC_ALARM_BYTES each */
+} pc_alarm;
+
+int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm);
+int mpi_alarm_heard(pc_alarm *a);            /* 1: a peer's report is in a->in */
+void mpi_alarm_deaf(pc_alarm *a);            /* cancel the receive */
+int mpi_alarm_send(pc_alarm *a, const void *msg);   /* msg: PC_ALARM_BYTES, to every peer */
+int mpi_alarm_sent(pc_alarm *a);             /* 1: every send completed (or failed) */
+void mpi_alarm_free(pc_alarm *a);            /* no MPI call; leaks what MPI may still touch */
+
 /* ------------------------------------------------------------------ units */
 /* What one lock guards: a partial collective with its schedules, or a standalone schedule. */
 typedef struct pc_unit {
@@ -85,6 +112,8 @@ typedef struct pc_unit {
     int withdraw;            /* abandoned: the next pass withdraws what has not started (unit) */
     void (*destroy)(struct pc_unit *);   /* frees the owner (registered by it) */
     void (*abandon)(struct pc_unit *);   /* withdraws what it may (registered; unit lock held) */
+    int (*poll)(struct pc_unit *);       /* [pass] messages outside its schedules (a collective's
+                                          * peer errors), or NULL; unit lock held; 1: progressed */
     struct pc_unit *next_doomed;         /* E.doomed (E.lock) */
 } pc_unit;
 
@@ -206,6 +235,11 @@ struct pc_coll {
     int64_t *retired_sent;   /* P: the traffic of freed retired schedules */
     char errmsg[384];
     int errpeer;
+    pc_alarm alarm;          /* (unit) peer errors: pc_coll_abort, coll_poll */
+    int reported;            /* (unit) this rank made its report (pc_coll_abort) ... */
+    int report_pending;      /* (unit) ... which the next pass sends (made where no MPI call may be) */
+    pc_alarm_msg report;     /* (unit) that report */
+    pc_alarm_msg peer;       /* (unit) the report heard, when err is PC_ERR_PEER */
 };
 
 int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */

@@ -177,6 +177,7 @@ int engine_pass(void)
             u->abandon(u);
             progressed = 1;
         }
+        if (u->poll) progressed |= u->poll(u);
         progressed |= sched_progress(s);
         pthread_mutex_unlock(&u->lock);
     }

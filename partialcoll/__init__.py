@@ -18,13 +18,14 @@ Names (none shadows a builtin or an mpi4py name):
       Timeout             (TimeoutError) wait(timeout=...) or close(timeout=...) expired
       EngineError         (RuntimeError) the engine cannot run (no MPI_THREAD_MULTIPLE ...)
       OutOfMemory         (MemoryError)  the engine could not allocate memory
+      PeerError           (RuntimeError) a peer failed while the collective was open
 PartialAllreduce (and its shorthands) agree on errors across ranks: a bad argument
 on one rank raises ArgumentError on every rank. Integer options accept any integral number
 (Python or NumPy, never bool).
 """
 from ._engine import finalize, progress_mode
 from ._errors import (ArgumentError, EngineError, InvalidBufferError, MPIError, OpError, OutOfMemory,
-                      PartialcollError, StateError, Timeout)
+                      PartialcollError, PeerError, StateError, Timeout)
 from ._info import info
 from ._partial import (PartialAllreduce, PartialRequest, Result, allreduce_init, majority_allreduce,
                        probe_allreduce, quorum_allreduce, solo_allreduce)
@@ -39,8 +40,8 @@ __all__ = [
     "Schedule", "ScheduleOp", "Request", "candidates",
     "rc", "info", "finalize", "progress_mode",
     "PartialcollError", "ArgumentError", "InvalidBufferError", "OpError", "StateError", "MPIError",
-    "Timeout", "EngineError", "OutOfMemory", "__version__",
+    "Timeout", "PeerError", "EngineError", "OutOfMemory", "__version__",
 ]
-from .neighbor import NeighborAllreduce, NeighborRequest, NeighborResult  # noqa: E402
-from .topology import double_ring_graph, ring_based_graph, ring_graph  # noqa: E402
+from .neighbor import NeighborAllreduce, NeighborRequest, NeighborResult
+from .topology import double_ring_graph, ring_based_graph, ring_graph
 __all__ += ["NeighborAllreduce", "NeighborRequest", "NeighborResult", "ring_graph", "ring_based_graph", "double_ring_graph"]

@@ -67,6 +67,7 @@ class BufRef:
 
     def address(self) -> int:
         """Absolute address (plain arrays only; slots are resolved by the engine)."""
+        assert self.array is not None, "a slot's address is the engine's"
         return self.array.__array_interface__["data"][0] + self.offset
 
     def describe(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 from mpi4py import MPI  # must come first: loads the libmpi the native module links against
 
@@ -81,7 +81,7 @@ def join_node(comm: MPI.Comm) -> None:
             except OSError:
                 path = None
         path = node.bcast(path, root=0)
-        seg = None
+        seg: Union[mmap.mmap, bytearray, None] = None
         if path is not None:
             try:
                 with open(path, "r+b") as f:

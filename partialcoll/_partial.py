@@ -14,17 +14,18 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine
+from . import _device, _engine, _propagate
 from . import balance as balance_mod
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._agree import agree, as_problem
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OutOfMemory, PartialcollError, Peers,
-                      StateError, as_timeout, check, check_round, wait_in_slices)
+                      StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity, integer, op_code
@@ -68,23 +69,34 @@ def _silent_of(c):
     return silent
 
 
+def _peer_error_of(c):
+    """For a wait that the engine failed with a peer's report: (rank, type, message)."""
+    def peer_error():
+        ffi = _engine.ffi
+        rank, kind, msg = ffi.new("int *"), ffi.new("char[64]"), ffi.new("char[512]")
+        check(_engine.lib.pc_coll_peer_error(c, rank, kind, 64, msg, 512))
+        return rank[0], ffi.string(kind).decode(errors="replace"), ffi.string(msg).decode(errors="replace")
+    return peer_error
+
+
 class Result:
     """What a round gives back (the same data, round, counts and active set on every rank).
 
-    data         the reduction, divided by the collective's divisor (a device array where
-                 the post's buffers were on the device)
-    round        round number n (the last one, if several are folded)
-    active       ranks whose data is inside data: their post #round, or leftovers of
-                 earlier posts that no round had read (eager-SGD's s_t; with several
-                 folded rounds, the ranks active in any of them)
-    nap          len(active) for one round; summed over the rounds data covers (RNA's
-                 number of active processes)
-    posts        how many posts' data is inside data: data / posts is the exact mean of
-                 what was contributed (op SUM, divisor 1); a rank whose accumulator held
-                 two posts adds two
-    contributed  whether this post's data is inside data
-    rounds       how many rounds data covers (1; 0 or more with late="fold" and at close)
-    closing      ranks that had begun close() when the round read their input
+    Attributes:
+        data: the reduction, divided by the collective's divisor (a device array where
+            the post's buffers were on the device)
+        round: round number n (the last one, if several are folded)
+        active: ranks whose data is inside data: their post #round, or leftovers of
+            earlier posts that no round had read (eager-SGD's s_t; with several
+            folded rounds, the ranks active in any of them)
+        nap: len(active) for one round; summed over the rounds data covers (RNA's
+            number of active processes)
+        posts: how many posts' data is inside data: data / posts is the exact mean of
+            what was contributed (op SUM, divisor 1); a rank whose accumulator held
+            two posts adds two
+        contributed: whether this post's data is inside data
+        rounds: how many rounds data covers (1; 0 or more with late="fold" and at close)
+        closing: ranks that had begun close() when the round read their input
     """
 
     __slots__ = ("data", "round", "active", "nap", "posts", "contributed", "rounds", "closing")
@@ -160,19 +172,38 @@ class PartialRequest:
 class PartialAllreduce:
     """A persistent partial allreduce over comm (created collectively).
 
-    divisor: every round's result is its reduction divided by this (op SUM of a real
-    floating dtype; eager-SGD's average is divisor=P), in the pass that makes the sum, so
-    an average costs no pass of its own.
-
-    algorithm="ps" (PSLD's aggregation, docs/psld.md): the vector is cut into blocks of
-    block_bytes (default 4 MiB, the last one shorter); each block's owner receives every
-    rank's block, reduces it and sends the result back. servers: the ranks that may own
-    blocks (default all; a server need not post). balance: "static" (round-robin, the
-    default), "proportional" (blocks in proportion to each owner's measured speed) or
-    "psld" (PSLD's prediction-guided exploitation, exploring with probability epsilon);
-    with the last two, every rank computes a new assignment from the owners' times every
-    rebalance_every rounds, and all switch to it at the same round. assignment() and
-    owner_times() say where the blocks are and what each owner costs.
+    Args:
+        count: elements per rank in every round.
+        dtype: element type: any NumPy number type, float16, bfloat16 (ml_dtypes or the
+            name "bfloat16"), complex.
+        op: the reduction, an MPI.Op (MPI.SUM ... MPI.BXOR) or its name.
+        comm: an intracommunicator; the collective runs on its own duplicate.
+        mode: who may start a round: "solo" (any rank's post), "majority" (the round's
+            one designated rank, chosen from seed), "probe" (the first of q designated
+            ranks), "quorum" (the k-th post) or "full" (every rank's post).
+        candidates: probe's q (default 2).
+        quorum: quorum's k (required there).
+        seed: chooses the designated ranks of majority and probe (the same on every rank).
+        max_staleness: s makes every s-th round full, so no rank falls more than s rounds
+            behind.
+        late: what a late post's wait returns: "latest" (the latest completed round) or
+            "fold" (every round completed since this rank's last result, folded).
+        algorithm: "auto", "recursive_doubling", "ring", "tree" or "ps" (PSLD's block
+            owners: each block of the vector is reduced by its owner, which receives it from
+            every rank and sends the result back).
+        groups: the tree's regions (one list per level, or one list): default the
+            shared-memory nodes.
+        divisor: every round's result is its reduction divided by this (op SUM of a real
+            floating dtype; eager-SGD's average is divisor=P), in the pass that makes the
+            sum, so an average costs no pass of its own.
+        block_bytes: "ps": the size of a block (default 4 MiB; the last block is shorter).
+        servers: "ps": the ranks that may own blocks (default all; a server need not post).
+        balance: "ps": "static" (round-robin owners, the default), "proportional" (blocks in
+            proportion to each owner's measured speed) or "psld" (PSLD's prediction-guided
+            exploitation and exploration); every rank computes the same new assignment
+            from the owners' measured times, and all switch to it at the same round.
+        epsilon: "psld": the probability of exploring (moving a block to another server).
+        rebalance_every: "proportional", "psld": rounds per decision.
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
@@ -252,6 +283,8 @@ class PartialAllreduce:
         self._fb: tuple = (None, None, None, None)    # x, its cffi view, out, its view (post)
         self._build(comm)
         self._closed = False
+        self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
+        _propagate.register(self)
 
     @staticmethod
     def _validate(count, dtype, op, mode, q, k, seed, max_staleness, late, algorithm, size, groups=None,
@@ -343,7 +376,7 @@ class PartialAllreduce:
             "identity": ffi.cast("void *", ident.ctypes.data)})
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm = dup
+        self._comm: Optional[MPI.Comm] = dup
         out = ffi.new("pc_coll **")
         self._coll = None
         try:
@@ -366,7 +399,8 @@ class PartialAllreduce:
             if self._every:
                 self._balancer = balance_mod.Balancer(self, self._coll, self.balance, self.servers, self._owners,
                                                       self.seed, self._epsilon, self._every)
-            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll))
+            self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll),
+                                _peer_error_of(self._coll))
         except BaseException:
             self._abandon()
             raise
@@ -565,8 +599,10 @@ class PartialAllreduce:
         A peer the MPI reports as failed raises MPIError naming it (checked every slice of
         the wait); a Timeout names the peers not heard from in the armed round."""
         ffi = _engine.ffi
+        staging = self._staging
         if on_device:
-            data = self._staging.outbox
+            assert staging is not None        # posts to the device path made it
+            data = staging.outbox
         else:
             data = out if out is not None else np.empty(self.count, self.dtype)
         mask = ffi.new("uint64_t[]", self._mask_len)
@@ -574,8 +610,8 @@ class PartialAllreduce:
         wait_in_slices(_wait_take, timeout, self._native_coll(), index, ffi.from_buffer(data), mask, info,
                        peers=self._peers, what=what or f"round {index}")
         self._outs.pop(index, None)       # the engine is done with this request's out
-        if on_device:
-            data = self._staging.deliver(out)
+        if staging is not None and on_device:
+            data = staging.deliver(out)
         active, closing = self._ranks_of(tuple(mask[0:2 * self._mask_words]))
         return Result(data=data, round=info.round, active=active, nap=info.nap, posts=info.posts,
                       contributed=info.post_lo <= index < info.post_hi, rounds=info.rounds, closing=closing)
@@ -657,7 +693,9 @@ class PartialAllreduce:
         try:
             check_round(lib.pc_coll_close(c), self._peers, "close()")     # an error met since the last wait
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
-        except PartialcollError:
+        except PartialcollError as exc:
+            if isinstance(exc, Timeout):     # the peers may be alive, in rounds: tell them
+                self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
             self._abandon()              # the final round cannot complete here
             raise
         self._stop_balancer()            # the final round is over: no decision is needed any more
@@ -671,7 +709,10 @@ class PartialAllreduce:
             raise
         self._closed = True
         self._coll = None
-        self._comm.Free()
+        _propagate.forget(self)
+        comm = self._comm
+        assert comm is not None           # cleared only by _abandon(), which marks it closed
+        comm.Free()
         self._outs = {}
         self._fb = (None, None, None, None)
         return result
@@ -685,6 +726,18 @@ class PartialAllreduce:
         check(_engine.lib.pc_traffic(self._native_coll(), _engine.ffi.NULL,
                                      _engine.ffi.cast("int64_t *", sent.ctypes.data), self.size))
         return sent
+
+    def _report(self, exc_type: str, message: str, seconds: float) -> int:
+        """Tell every peer that this rank failed with exc_type: message (their calls on this
+        collective then raise PeerError); the collective cannot be used here after. 0 where
+        it is closed, else 1 (the engine sends nothing where a peer's report came first, or
+        after the final round). seconds: how long to wait for the messages to leave;
+        negative: no MPI call here, the engine's next pass sends them."""
+        if self._closed or getattr(_engine, "lib", None) is None:
+            return 0
+        check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
+                                        message.encode(errors="replace")[:447], seconds))
+        return 1
 
     def _abandon(self) -> None:
         """Drop the collective without the collective close(): this rank only. The engine
@@ -705,6 +758,11 @@ class PartialAllreduce:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
+            try:    # no MPI call here (any thread): the engine's next pass sends the report
+                self._report("dropped", "the collective was dropped without close() (garbage-collected, "
+                             "or left behind by an exception or sys.exit())", -1.0)
+            except Exception:       # noqa: BLE001 - __del__ must not raise
+                pass
             self._abandon()
 
     def __enter__(self) -> "PartialAllreduce":
@@ -717,8 +775,11 @@ class PartialAllreduce:
             self.close()
         else:
             # close() is collective: running it while other ranks may not reach it would
-            # hang them; the exception propagates here and the others time out instead.
-            self._abandon()
+            # hang them; the exception propagates here, and the peers hear of it (PeerError).
+            try:
+                self._report(exc_type.__name__, _propagate.describe(exc[0]), _propagate.REPORT_SECONDS)
+            finally:
+                self._abandon()
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "

@@ -11,37 +11,45 @@ IDLE_POLICIES = ("auto", "spin", "sleep")
 class RC:
     """Runtime options, read when the engine starts (first use, or after finalize).
 
-    progress      "thread" (a native progress thread, default) or "inline" (test/wait
-                  drive progress); environment PARTIALCOLL_PROGRESS.
-    spin_us       busy-poll this long after the last event (default 20).
-    yield_us      then sched_yield() this long (default 200).
-    sleep_min_us  then sleep, doubling from this (default 10) ...
-    sleep_max_us  ... up to this cap (default 200); a local post wakes the engine at once.
-    deep_after_us after this long without any event (default 20000), the sleep cap grows
-                  to a tenth of the idle time, so a wake-up adds at most ~10 % to it ...
-    deep_sleep_us ... up to this (default 10000): an idle rank costs well under 1 % of a
-                  core, and a rank idle for a second answers a peer within 10 ms.
-    busy_bytes    while a message at least this large moves (its round has read this rank's
-                  input, or a plain schedule has started), keep polling (default 65536) ...
-    busy_cap_us   ... until this long after the last event (default 10000): a peer that is
-                  later than that is waited for asleep.
-    timeout       default timeout in seconds of wait() (None: wait forever); environment
-                  PARTIALCOLL_TIMEOUT.
-    idle          what the progress thread does while a round is armed and nothing moves:
-                  "sleep" (the policy above: spin, yield, then sleep; for nodes with more
-                  threads than CPUs), "spin" (poll while a round is armed, and wait()
-                  polls too, up to poll_max_us after the last event: the lowest latency,
-                  a core per rank), or "auto" (default): "spin" where the node's ranks may
-                  use two CPUs each (partialcoll.info()["cpu_budget"]: affinity and cgroup
-                  quota) and none of them sees interference (run delay of its threads,
-                  cgroup throttling, steal time), else "sleep"; environment
-                  PARTIALCOLL_IDLE. Read when the engine starts: only this option sets the
-                  policy. partialcoll.info()["idle"] says what runs, "idle_reason" why.
-    poll_max_us   polling (idle "spin", or auto's) goes on at most this long after the last
-                  event (default 20000); the bound adapts to a few times the recent gap
-                  between events, then the engine sleeps as above.
-    close_timeout default timeout in seconds of close() (default 300; None: forever), so a
-                  peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
+    Attributes:
+        progress: "thread" (a native progress thread, default) or "inline" (test/wait
+            drive progress); environment PARTIALCOLL_PROGRESS.
+        spin_us: busy-poll this long after the last event (default 20).
+        yield_us: then sched_yield() this long (default 200).
+        sleep_min_us: then sleep, doubling from this (default 10) ...
+        sleep_max_us: ... up to this cap (default 200); a local post wakes the engine at once.
+        deep_after_us: after this long without any event (default 20000), the sleep cap grows
+            to a tenth of the idle time, so a wake-up adds at most ~10 % to it ...
+        deep_sleep_us: ... up to this (default 10000): an idle rank costs well under 1 % of a
+            core, and a rank idle for a second answers a peer within 10 ms.
+        busy_bytes: while a message at least this large moves (its round has read this rank's
+            input, or a plain schedule has started), keep polling (default 65536) ...
+        busy_cap_us: ... until this long after the last event (default 10000): a peer that is
+            later than that is waited for asleep.
+        timeout: default timeout in seconds of wait() (default 600, like PyTorch's NCCL
+            process groups; None: wait forever), so a rank that never posts to a full
+            round is named instead of hanging its peers; environment PARTIALCOLL_TIMEOUT
+            ("none": forever).
+        stall_warning: a wait that has not completed after this many seconds logs, once,
+            the ranks it has not heard from in its round (default 60, as Horovod's stall
+            inspector; None: never), on logger "partialcoll"; environment
+            PARTIALCOLL_STALL_WARNING ("none": never).
+        idle: what the progress thread does while a round is armed and nothing moves:
+            "sleep" (the policy above: spin, yield, then sleep; for nodes with more
+            threads than CPUs), "spin" (poll while a round is armed, and wait()
+            polls too, up to poll_max_us after the last event: the lowest latency,
+            a core per rank), or "auto" (default): "spin" where the node's ranks may
+            use two CPUs each (partialcoll.info()["cpu_budget"]: affinity and cgroup
+            quota) and none of them sees interference (run delay of its threads,
+            cgroup throttling, steal time), else "sleep"; environment
+            PARTIALCOLL_IDLE. Read when the engine starts: only this option sets the
+            policy. partialcoll.info()["idle"] says what runs, "idle_reason" why.
+        poll_max_us: polling (idle "spin", or auto's) goes on at most this long after the last
+            event (default 20000); the bound adapts to a few times the recent gap
+            between events, then the engine sleeps as above.
+        close_timeout: default timeout in seconds of close() (default 300; None: forever), so a
+            peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
+
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
     failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
     """
@@ -49,7 +57,7 @@ class RC:
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
-                 "timeout": None, "idle": "auto", "close_timeout": 300.0,
+                 "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
                  "poll_max_us": 20000.0}
 
     def __init__(self) -> None:
@@ -57,9 +65,10 @@ class RC:
         env = os.environ.get("PARTIALCOLL_PROGRESS")
         if env:
             self.progress = env
-        env = os.environ.get("PARTIALCOLL_TIMEOUT")
-        if env:
-            self.timeout = float(env)
+        for name in ("timeout", "stall_warning"):
+            env = os.environ.get("PARTIALCOLL_" + name.upper())
+            if env:
+                setattr(self, name, None if env.lower() == "none" else float(env))
         env = os.environ.get("PARTIALCOLL_IDLE")
         if env:
             self.idle = env

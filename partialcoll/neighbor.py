@@ -97,7 +97,7 @@ posted beyond what was sent, drain every channel, and free them: nothing stays p
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -126,14 +126,15 @@ _RX, _TX, _TRX, _TTX = 0, 1, 2, 3     # data receive, data send, token receive, 
 class NeighborResult:
     """What an iteration gives back at this rank.
 
-    data         the combination of this rank's update and the in-neighbour updates used
-    iteration    k (this rank's k-th post)
-    updates      ((rank, iteration), ...) of the in-neighbour updates in data, by rank; the
-                 iteration is k in standard and backup modes, in [k - s, k] with staleness
-    active       sorted ranks whose update is in data, this rank included
-    nap          len(active): what weights="mean" divides by
-    contributed  always True (this rank's own update is always in)
-    rounds       1 (the vocabulary of PartialAllreduce's Result)
+    Attributes:
+        data: the combination of this rank's update and the in-neighbour updates used
+        iteration: k (this rank's k-th post)
+        updates: ((rank, iteration), ...) of the in-neighbour updates in data, by rank; the
+            iteration is k in standard and backup modes, in [k - s, k] with staleness
+        active: sorted ranks whose update is in data, this rank included
+        nap: len(active): what weights="mean" divides by
+        contributed: always True (this rank's own update is always in)
+        rounds: 1 (the vocabulary of PartialAllreduce's Result)
     """
 
     __slots__ = ("data", "iteration", "updates", "active", "nap")
@@ -197,7 +198,9 @@ class _Channels:
         self.started: List[int] = []
         self.completed: List[int] = []
         self.dry: List[Schedule] = []
-        self.c_natives = self.c_execs = self.c_done = None
+        self.c_natives: Any = None        # cffi arrays, made by freeze()
+        self.c_execs: Any = None
+        self.c_done: Any = None
 
     def add(self, native, kind: int, peer: int, slot: int, dry: Schedule) -> int:
         self.natives.append(native)
@@ -276,7 +279,7 @@ class NeighborAllreduce:
                                 "make one with comm.Create_dist_graph_adjacent(sources, destinations) or "
                                 "pc.ring_graph(comm) (this is rank %d)" % comm.Get_rank())
         size, rank = comm.Get_size(), comm.Get_rank()
-        srcs, dsts, _ = comm.Get_dist_neighbors()
+        srcs, dsts, _ = cast(MPI.Distgraphcomm, comm).Get_dist_neighbors()   # its topology checked above
         problem, params = None, None
         try:
             sources = self._neighbours(srcs, "sources", rank)
@@ -286,6 +289,7 @@ class NeighborAllreduce:
             problem = exc
             sources, destinations = [], []
         graph = agree(comm, "NeighborAllreduce", problem, params, (sources, destinations))
+        assert params is not None                    # agree() raised on every rank otherwise
         everyone = [(None, None, s_r, d_r) for s_r, d_r in graph]
         for r, (_, _, s_r, d_r) in enumerate(everyone):
             for d in d_r:
@@ -381,7 +385,7 @@ class NeighborAllreduce:
                     s = Schedule(rank=self.rank, size=self.size)
                     s.send(self._tx[r], dest=dst, label=f"update of iteration = {r} mod {R}")
                     self._tx_ch[i][r] = ch.add(_create_native(s, data, None, 1), _TX, i, r, s)
-                if tokens:
+                if tok is not None:
                     for i, dst in enumerate(self.destinations):      # tokens come from out-neighbours
                         s = Schedule(rank=self.rank, size=self.size)
                         s.recv(self._token, source=dst, label=f"token = {r + 1} mod {R}")
@@ -430,7 +434,7 @@ class NeighborAllreduce:
     def stats(self) -> Dict[str, object]:
         """Counters: updates received, used, dropped unused (late, or superseded with
         staleness), skip updates received; max_buffered (most updates held at once) and
-        buffers (receive slots: R x |N_in|); iterations skipped; tokens received from each
+        buffers (receive slots: ``R x |N_in|``); iterations skipped; tokens received from each
         out-neighbour and granted to each in-neighbour (max_gap)."""
         out: Dict[str, object] = dict(self._stats)
         out["tokens_received"] = dict(zip(self.destinations, self._tokens)) if self.max_gap is not None else {}
@@ -854,15 +858,16 @@ class NeighborAllreduce:
 
     # -- lifetime ----------------------------------------------------------------------
     def _close_done(self, send_to, grant_to) -> bool:
-        ch = self._ch
+        ch, post_limit, tk_limit = self._ch, self._post_limit, self._tk_limit
+        assert post_limit is not None and (tk_limit is not None or self.max_gap is None)   # set by close()
         if any(ch.started[c] != ch.completed[c] for c in range(len(ch.natives))):
             return False
-        if any(self._next_post[j] <= self._post_limit[j] for j in range(len(self.sources))):
+        if any(self._next_post[j] <= post_limit[j] for j in range(len(self.sources))):
             return False
         if any(self._sent[i] <= send_to[i] for i in range(len(self.destinations))):
             return False
-        if self.max_gap is not None:
-            if any(self._tk_next[i] <= self._tk_limit[i] for i in range(len(self.destinations))):
+        if tk_limit is not None:
+            if any(self._tk_next[i] <= tk_limit[i] for i in range(len(self.destinations))):
                 return False
             if any(self._granted[j] < grant_to[j] for j in range(len(self.sources))):
                 return False

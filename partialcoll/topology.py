@@ -18,7 +18,7 @@ the three communicator helpers are thin, collective wrappers around
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple, cast
 
 from mpi4py import MPI
 
@@ -36,7 +36,7 @@ def neighbors(kind: str, size: int) -> Dict[int, Tuple[List[int], List[int]]]:
     strides = {"ring": (1,), "ring_based": (1, size // 2), "double_ring": (1, 2)}[kind]
     out = {}
     for r in range(size):
-        peers = set()
+        peers: Set[int] = set()
         for d in strides:
             peers.update(((r + d) % size, (r - d) % size))
         peers.discard(r)
@@ -49,7 +49,8 @@ def graph(comm: MPI.Comm, kind: str) -> MPI.Distgraphcomm:
     """Hop's graph `kind` over comm's ranks (collective over comm)."""
     check_comm(comm, kind + "_graph")
     sources, destinations = neighbors(kind, comm.Get_size())[comm.Get_rank()]
-    return comm.Create_dist_graph_adjacent(sources, destinations, reorder=False)
+    intra = cast(MPI.Intracomm, comm)     # check_comm: an intracommunicator
+    return intra.Create_dist_graph_adjacent(sources, destinations, reorder=False)
 
 
 def ring_graph(comm: MPI.Comm = MPI.COMM_WORLD) -> MPI.Distgraphcomm:

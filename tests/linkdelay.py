@@ -12,7 +12,14 @@ starts it on the emulated switch for pytest --hosts N --link-delay D):
   ip netns exec pcn1 python3 linkdelay.py 0:1ms 1:1ms
   (queue 0 delayed 1 ms, queue 1 delayed 1 ms)  -- see linkctl.sh
 """
-import ctypes, errno, os, select, signal, socket, struct, sys, time
+import ctypes
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
 from collections import deque
 
 NETLINK_NETFILTER = 12
@@ -126,7 +133,7 @@ def main():
         delays[int(q)] = parse_time(d)
     try:  # 1 ns timer slack -> sub-50us wake-up precision
         ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)
-    except Exception:
+    except Exception:  # noqa: BLE001 - optional: only a finer timer
         pass
     nfq = NFQ()
     for q in delays:

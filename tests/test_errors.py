@@ -221,3 +221,34 @@ def test_c_api_checks_its_caller():
         print("checked")
     """)
     assert p.returncode == 0 and "checked" in p.stdout, p.stdout + p.stderr
+
+
+def test_stall_warning_and_default_timeout():
+    """pc.rc.timeout has a finite default (600 s) and pc.rc.stall_warning (60 s) a stall
+    inspector: a wait still running after it logs, once, the peers not heard from
+    (environment: PARTIALCOLL_TIMEOUT / PARTIALCOLL_STALL_WARNING, "none" for None)."""
+    p = run_py("""
+        import os
+        import numpy as np
+        from mpi4py import MPI
+        import partialcoll as pc
+        from partialcoll._rc import RC
+        assert pc.rc.timeout == 600.0 and pc.rc.stall_warning == 60.0, pc.rc
+        os.environ.update(PARTIALCOLL_TIMEOUT="none", PARTIALCOLL_STALL_WARNING="2.5")
+        assert RC().timeout is None and RC().stall_warning == 2.5
+        e = pc.PeerError("text", 2, "KeyboardInterrupt", "msg")
+        assert (e.rank, e.ranks, e.exc_type, e.message) == (2, (2,), "KeyboardInterrupt", "msg")
+        assert isinstance(e, pc.PartialcollError) and "PeerError" in pc.__all__
+        pc.rc.stall_warning = 0.3
+        s = pc.Schedule(MPI.COMM_SELF)
+        s.recv(np.zeros(1), 0)                 # no send: never heard from
+        s.commit()
+        try:
+            s.start().wait(timeout=1.2)
+        except pc.Timeout:
+            print("timed out")
+        pc.finalize()
+    """)
+    warnings = [line for line in p.stderr.splitlines() if "stall warning after 0.3 s" in line]
+    assert p.returncode == 0 and "timed out" in p.stdout, p.stdout + p.stderr
+    assert len(warnings) == 1 and "no message from rank 0" in warnings[0], p.stderr

@@ -95,3 +95,77 @@ def test_failed_receive_names_its_peer(mpirun, nprocs):
     assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
     for rank, (exc, took, ranks) in got.items():
         assert exc == "MPIError" and ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)
+
+
+# -- a rank that fails tells its peers (tests/mpi/peer_fails.py) ---------------------------
+PEER_FAULT = re.compile(r"FAULT rank=(\d+) case=(\w+) mode=(\w+) raised=(\w+) named=([\d,-]+) exc_type=(\S+) "
+                        r"at=([\d.]+) close=(\S+) close_s=([\d.]+)")
+FAILING = re.compile(r"FAILING case=(\w+) at=([\d.]+)")
+MODES = ("solo", "majority", "probe", "quorum", "full")
+EXPECTED_TYPE = {"badbuf": "InvalidBufferError", "raise": "RuntimeError", "sigint": "KeyboardInterrupt",
+                 "sigterm": "SIGTERM", "exit": "exit", "with": "RuntimeError", "thread": "RuntimeError", "drop": "dropped", "close": "Timeout"}
+
+
+def peer_faults(out):
+    """{(case, rank, mode): (raised, named, exc_type, at, close, close_s)}, {case: failing at}"""
+    got = {(m[1], int(m[0]), m[2]): (m[3], m[4], m[5], float(m[6]), m[7], float(m[8]))
+           for m in PEER_FAULT.findall(out)}
+    return got, {m[0]: float(m[1]) for m in FAILING.findall(out)}
+
+
+def check_peer_error(out, case, nprocs):
+    """Every survivor raised PeerError naming rank 0 and its exception type on every
+    collective within 2 s of the failure, and close() then raised at once."""
+    got, failing = peer_faults(out)
+    for rank in range(1, nprocs):
+        for mode in MODES:
+            raised, named, exc_type, at, close, close_s = got.get((case, rank, mode), (None,) * 6)
+            assert raised == "PeerError" and named == "0" and exc_type == EXPECTED_TYPE[case], \
+                (case, rank, mode, raised, named, exc_type, out[-3000:])
+            assert at - failing[case] < 2.0, (case, rank, mode, at - failing[case])
+            assert close == "PeerError" and close_s < 1.0, (case, rank, mode, close, close_s)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+@pytest.mark.parametrize("case", ["badbuf", "raise", "sigint", "sigterm", "exit"])
+def test_failure_reaches_every_peer(mpirun, case, nprocs):
+    """Rank 0 fails with the five collectives (one per mode) open, in a way that ends its
+    process: an uncaught InvalidBufferError or user exception, SIGINT, SIGTERM, sys.exit()
+    without close(). Every survivor raises PeerError naming rank 0 and what it raised, on
+    every collective, within 2 s; close() then raises at once; and the job ends by itself
+    under a plain mpiexec (sigterm: the rank dies of the signal, which makes MPICH's
+    mpiexec end the job unless -disable-auto-cleanup, so that run keeps going)."""
+    out = mpirun("peer_fails.py", nprocs, case, keep_going=case == "sigterm", expect_passed=nprocs - 1,
+                 timeout=90)
+    check_peer_error(out, case, nprocs)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+def test_failure_in_process(mpirun, nprocs):
+    """The failures that leave rank 0 running, each in every mode: an exception leaves
+    `with` blocks (PeerError at every survivor); a thread of rank 0 that made and used
+    collectives dies of an exception (PeerError); rank 0 drops its collectives without
+    close() (PeerError, "dropped"); rank 0 closes early and its close()
+    times out (PeerError, exc_type Timeout); rank 0 never posts: solo, probe and quorum go
+    on without it, majority and full time out (2 s) naming the ranks not heard from (0
+    among them), after the stall inspector (0.5 s) logged them, and rank 0 hears of it."""
+    out = mpirun("peer_fails.py", nprocs, "inproc", timeout=120,
+                 env={"PARTIALCOLL_TIMEOUT": "2", "PARTIALCOLL_STALL_WARNING": "0.5"})
+    for case in ("with", "thread", "drop", "close"):
+        check_peer_error(out, case, nprocs)
+    got, _ = peer_faults(out)
+    named = set()
+    for rank in range(1, nprocs):
+        for mode in ("solo", "probe", "quorum"):
+            assert got[("never", rank, mode)][0] == "nothing", (rank, mode)
+        for mode in ("majority", "full"):
+            raised, who, exc_type = got[("never", rank, mode)][:3]
+            assert raised == "Timeout" or (raised == "PeerError" and exc_type == "Timeout"), (rank, mode, raised)
+            if raised == "Timeout":
+                named |= {int(r) for r in who.split(",")}
+        assert re.search(rf"partialcoll: round \d+ has waited [\d.]+ s at rank {rank}: no message from rank", out), \
+            (rank, out[-3000:])
+    assert 0 in named, named
+    for mode in ("majority", "full"):    # rank 0, back, hears that its peers gave up
+        raised, who, exc_type = got[("never", 0, mode)][:3]
+        assert raised == "PeerError" and who != "0" and exc_type == "Timeout", (mode, raised, who, exc_type)

@@ -48,6 +48,7 @@ def activation(s: Schedule, trigger: ScheduleOp, *, k: int) -> ScheduleOp:
         notes = [s.recv(flag, r, label="notification: rank posted") for r in range(s.size) if r != LEADER]
         active = s.nop(after=[trigger] + notes, need=k, label=f"{k} ranks have posted")
     else:
+        assert parent is not None         # every rank but the leader has one
         active = s.recv(flag, parent, label="activation from my parent")
         s.send(flag, LEADER, after=[trigger, active], need="any", label="notify the leader")
     for child in children:

@@ -43,7 +43,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     tmp = s.scratch(buf.count, buf.dtype)
     pof2 = 1 << (p.bit_length() - 1)
     rem = p - pof2
-    last = after
+    last: Optional[ScheduleOp] = after
 
     # Fold in the extra ranks.
     if rank < 2 * rem:
@@ -71,6 +71,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
         pending_tmp = last
 
     # Fold out: give the extra rank its result.
+    assert last is not None               # p >= 2: at least one exchange above
     if rank < 2 * rem:
         return s.send(buf, rank - 1, after=last, label="fold out: the result to the extra rank")
     return last

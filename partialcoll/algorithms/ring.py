@@ -59,7 +59,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     # Reduce-scatter.
     rs_sends: List[ScheduleOp] = []
     reduced: List[ScheduleOp] = []          # reduced[t]: the compute of step t (frees tmps[t % 2])
-    last = after
+    last: Optional[ScheduleOp] = after
     for t in range(p - 1):
         out, into = seg(rank - t), seg(rank - t - 1)
         tmp = tmps[t % 2].segment(0, into.count)
@@ -78,4 +78,5 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
         ag_sends.append(s.send(out, right, after=last, label=f"allgather {t}: send seg {(rank + 1 - t) % p}"))
         last = s.recv(into, left, after=[rs_sends[t], reduced[-1]],
                       label=f"allgather {t}: recv seg {(rank - t) % p}")
+    assert last is not None               # p >= 2: at least one step above
     return s.nop(after=ag_sends + [last], label="allreduce complete")

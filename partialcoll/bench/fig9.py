@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 PAPER_P32 = {"solo": 53.32, "majority": 2.46}      # eager-SGD, PPoPP'20, Sec. 6 (P = 32, Piz Daint)
-TARGETS_P8 = {"solo": 20.0, "majority": 2.4, "probe": 5.5}   # issue 13, paper method, P = 8
+TARGETS_P8 = {"solo": 20.0, "majority": 2.4, "probe": 5.5}   # the targets set for the paper method, P = 8
 COLORS = {"solo": "C0", "majority": "C1", "probe": "C2", "quorum": "C3", "full": "C4", "impi": "C5"}
 
 
-def main(argv: List[str] = None) -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m partialcoll.bench.fig9", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-o", "--output", required=True, help="the PNG to write")
@@ -61,11 +61,11 @@ def main(argv: List[str] = None) -> None:
         ax.set_title(titles[sync])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("MPI_Allreduce latency / mode latency")
-    handles = {}
+    handles: Dict[str, Any] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)
-    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.legend(list(handles.values()), list(handles.keys()), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle("eager-SGD Fig. 9: linear skew 1 ms, 8 B, 64 iterations (2-core machine, shared)")
     fig.savefig(args.output, dpi=110, bbox_inches="tight")
 

@@ -78,6 +78,7 @@ def _measure(comm, args, mode: str, count: int, dtype, iters: int, warm: int, qu
             t0 = time.perf_counter()
             nap = coll.call(x, y)
             return time.perf_counter() - t0, nap
+        assert values is not None         # made with the checker
         fill(x, values.post(rank, n))
         t0 = time.perf_counter()
         res, _ = coll.call_result(x, y)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, cast
 
 import torch.distributed as dist
 from mpi4py import MPI
@@ -40,7 +40,7 @@ def group_comm(global_ranks: List[int]) -> MPI.Comm:
     everyone = world.Get_group()
     members = everyone.Incl(list(global_ranks))
     try:
-        return world.Create_group(members)
+        return cast(MPI.Intracomm, world).Create_group(members)   # set_world() took an intracommunicator
     finally:
         members.Free()
         everyone.Free()
@@ -190,6 +190,7 @@ def mpi_store(comm: MPI.Comm, timeout: timedelta) -> "dist.Store":
             os.environ["GLOO_SOCKET_IFNAME"] = name
     if comm.Get_rank() == 0:
         return store
+    assert host is not None               # this rank is not among the unreached
     return dist.TCPStore(host, port, comm.Get_size(), is_master=False, timeout=timeout)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -78,7 +78,10 @@ def host_copy(t: torch.Tensor, write_back: bool) -> Tuple[torch.Tensor, Optional
         return t, None
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
     host.copy_(t.detach())
-    return host, ((lambda: t.copy_(host)) if write_back else None)
+
+    def back() -> None:
+        t.copy_(host)
+    return host, (back if write_back else None)
 
 
 def tensor_of(data, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -147,7 +150,7 @@ def future(devices: Optional[List[torch.device]] = None) -> torch.futures.Future
     """A torch future for values on `devices` (CUDA tensors need theirs named: the future
     then records an event on the current stream when it completes, and its waiters
     synchronize with it)."""
-    cuda = [d for d in devices or () if d.type == "cuda"]
+    cuda: List[Union[int, str, torch.device]] = [d for d in devices or () if d.type == "cuda"]
     return torch.futures.Future(devices=cuda) if cuda else torch.futures.Future()
 
 

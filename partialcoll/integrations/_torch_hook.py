@@ -41,20 +41,21 @@ class _BucketColl:
 class PartialHookState:
     """Options and per-bucket collectives of ``partial_allreduce_hook`` (PowerSGDState's role).
 
-    process_group  DDP's process group (default: the default group): its processes are
-                   the ones the hook reduces over, through their MPI communicator
-    comm           optional: that communicator itself (checked against the group)
-    mode, late, max_staleness, ...   options of each bucket's PartialAllreduce
-    average      "world": divide the round's sum by P (eager-SGD); "nap": by the number
-                 of posts inside it (RNA's NAP, counting leftovers: the exact mean of
-                 what it holds); "none": leave the sum
-    start_iter   iterations reduced by a plain allreduce of ``process_group`` first (as
-                 PowerSGD's start_powerSGD_iter): DDP rebuilds its buckets after the
-                 first iteration, so collectives made before would be thrown away
-    model_sync_every  k: every k iterations, the parameters are averaged over the group
-                 before the forward pass (``sync_hook``, a forward pre-hook of the DDP
-                 module; partial_ddp registers it), which bounds how far the partial
-                 modes let the models drift apart
+    Args:
+        process_group: DDP's process group (default: the default group): its processes are
+            the ones the hook reduces over, through their MPI communicator
+        comm: optional: that communicator itself (checked against the group)
+        mode, late, max_staleness, ...: options of each bucket's PartialAllreduce
+        average: "world": divide the round's sum by P (eager-SGD); "nap": by the number
+            of posts inside it (RNA's NAP, counting leftovers: the exact mean of
+            what it holds); "none": leave the sum
+        start_iter: iterations reduced by a plain allreduce of ``process_group`` first (as
+            PowerSGD's start_powerSGD_iter): DDP rebuilds its buckets after the
+            first iteration, so collectives made before would be thrown away
+        model_sync_every: k: every k iterations, the parameters are averaged over the group
+            before the forward pass (``sync_hook``, a forward pre-hook of the DDP
+            module; partial_ddp registers it), which bounds how far the partial
+            modes let the models drift apart
 
     Collectives are keyed by the bucket's parameters, never by ``bucket.index()``: a
     bucket that changes (DDP rebuilt its buckets) gets a new collective, and the old
@@ -178,8 +179,8 @@ def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.
                 average: str = "world", hook_options: Optional[dict] = None,
                 **ddp_options) -> Tuple[torch.nn.parallel.DistributedDataParallel, PartialHookState]:
     """The common case in one call: the ``partialcoll`` process group (if none is set up
-    yet), DistributedDataParallel(module, **ddp_options) and the partial hook over DDP's
-    process group.
+    yet), ``DistributedDataParallel(module, **ddp_options)`` and the partial hook over DDP's
+    process group::
 
         ddp, state = partial_ddp(model, mode="solo", late="fold")   # late= goes to the hook
         ...

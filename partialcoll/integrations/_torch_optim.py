@@ -32,14 +32,14 @@ waits).
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from .._errors import ArgumentError, StateError
-from .._partial import PartialAllreduce, Result
+from .._partial import PartialAllreduce, PartialRequest, Result
 from ._torch_common import buffer_of, check_average, fused_divisor, host_copy, host_view, np_dtype, settle
 
 
@@ -60,20 +60,21 @@ class _Bucket:
         self.coll = PartialAllreduce(self.numel, np_dtype(like), MPI.SUM,
                                      divisor=fused_divisor(average, size, like), **coll_args)
         self.pending = 0                  # parameters of this step still to be accumulated
-        self.request = None
-        self.land = None
+        self.request: Optional[PartialRequest] = None
+        self.land: Optional[Callable[[], None]] = None
 
     def views(self, i: int) -> List[torch.Tensor]:
         """Each parameter's view of flat buffer i (made on first use)."""
-        if self._views[i] is None:
+        views = self._views[i]
+        if views is None:
             p0 = self.params[0]
             flat = self.flats[i] = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
             out, offset = [], 0
             for p in self.params:
                 out.append(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
-            self._views[i] = out
-        return self._views[i]
+            views = self._views[i] = out
+        return views
 
     def post(self) -> None:
         """Post this rank's gradients (a None gradient counts as zeros)."""
@@ -89,9 +90,11 @@ class _Bucket:
                 view.copy_(g)
         self.dst = src if lend else 1 - src
         self.views(self.dst)
-        x, land = buffer_of(self.flats[src])
+        flat_src, flat_dst = self.flats[src], self.flats[self.dst]
+        assert flat_src is not None and flat_dst is not None      # views() made them
+        x, land = buffer_of(flat_src)
         if not lend:
-            out, land = buffer_of(self.flats[self.dst])
+            out, land = buffer_of(flat_dst)
         else:
             out = x
         self.land = land
@@ -99,6 +102,7 @@ class _Bucket:
 
     def finish(self, average: str, size: int) -> Result:
         """Wait for the round; the gradients become views of its result."""
+        assert self.request is not None   # post() came first
         res = self.request.wait()
         self.request = None
         settle(res, self.land, average, size, self.coll.divisor, self.params[0].dtype)
@@ -194,7 +198,7 @@ class GradientSynchronizer:
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps an optimizer instance (Horovod's DistributedOptimizer contract): gradients
-    are averaged by partial allreduces, each bucket posted while backward runs.
+    are averaged by partial allreduces, each bucket posted while backward runs::
 
         opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="solo")
         loss.backward(); opt.step()              # step() synchronizes, then steps
@@ -251,10 +255,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # GradScaler.step hands a fused optimizer its scale and inf flags as these two
     # attributes (and deletes them after the step): they are the wrapped optimizer's
-    grad_scale = property(lambda self: getattr(self._optim, "grad_scale"),
+    grad_scale = property(lambda self: self._optim.grad_scale,
                           lambda self, v: setattr(self._optim, "grad_scale", v),
                           lambda self: delattr(self._optim, "grad_scale"))
-    found_inf = property(lambda self: getattr(self._optim, "found_inf"),
+    found_inf = property(lambda self: self._optim.found_inf,
                          lambda self, v: setattr(self._optim, "found_inf", v),
                          lambda self: delattr(self._optim, "found_inf"))
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from datetime import timedelta
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ NAME = "partialcoll"
 ENGINE_MIN_BYTES = 64 << 10          # smaller allreduces go to MPI directly (latency)
 MAX_CACHED = 32                      # persistent allreduces kept per process group
 
-_R = dist.ReduceOp.RedOpType
+_R: Any = dist.ReduceOp.RedOpType     # torch's stub lists none of its members
 _MPI_OPS = {_R.SUM: MPI.SUM, _R.AVG: MPI.SUM, _R.PRODUCT: MPI.PROD, _R.MIN: MPI.MIN, _R.MAX: MPI.MAX,
             _R.BAND: MPI.BAND, _R.BOR: MPI.BOR, _R.BXOR: MPI.BXOR}
 _BOOL_OPS = {_R.SUM: MPI.LOR, _R.MAX: MPI.LOR, _R.BOR: MPI.LOR, _R.PRODUCT: MPI.LAND, _R.MIN: MPI.LAND,
@@ -137,7 +137,7 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
     itself, which it then frees). timeout: of every wait (None: none)."""
 
     def __init__(self, comm: MPI.Comm, timeout: Optional[timedelta] = None, own: bool = False) -> None:
-        super().__init__(comm.Get_rank(), comm.Get_size())
+        super().__init__(comm.Get_rank(), comm.Get_size())   # type: ignore[call-arg]  # (rank, size): torch's Python-group constructor, not in its stub
         self.comm = comm if own else comm.Dup()
         self._rank, self._size = self.comm.Get_rank(), self.comm.Get_size()
         self._timeout: Optional[float] = None
@@ -324,7 +324,7 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         self._reduce_scatter_into(output, input, opts.reduceOp)
         return Work.done([output], _devices([output]))
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single   # type: ignore[assignment]  # the protocol's opts, as above
 
     def _reduce_scatter_into(self, out: torch.Tensor, stacked: torch.Tensor, op) -> None:
         kind = _op_type(op)
@@ -479,6 +479,6 @@ def init_process_group(comm: Optional[MPI.Comm] = None, backend: str = NAME,
     register_backend()
     _torch_comm.set_launch_env(comm)
     _torch_comm.set_world(comm)
-    kwargs = {} if timeout is None else {"timeout": timeout}
+    kwargs: Dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     store = _torch_comm.mpi_store(comm, timeout or timedelta(minutes=5))
     dist.init_process_group(backend, store=store, rank=comm.Get_rank(), world_size=comm.Get_size(), **kwargs)

@@ -35,7 +35,7 @@ def main(body) -> None:
     comm = MPI.COMM_WORLD
     try:
         body(comm)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure is reported, then the job is aborted
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()

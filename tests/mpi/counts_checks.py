@@ -49,7 +49,7 @@ def test_counts_are_exact(comm):
     x = np.full(4, 1000 ** r, np.int64)
     posted, seen = 0, [0] * p
     multi = 0
-    for i in range(ROUNDS):
+    for _i in range(ROUNDS):
         time.sleep(rng.uniform(0, 0.006))
         reqs = [coll.post(x) for _ in range(1 + (rng.uniform() < 0.2))]
         posted += len(reqs)

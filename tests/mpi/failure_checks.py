@@ -24,7 +24,7 @@ def test_size_mismatch_fails_only_its_execution(comm):
     else:
         s.send(np.zeros(2, np.float64), 0)
     s.commit()
-    for execution in range(3):
+    for _execution in range(3):
         req = s.start()
         if comm.rank == 0:
             assert expect_raises(pc.MPIError, req.wait, timeout=20).ranks == (1,)

@@ -155,7 +155,7 @@ def check_tokens(comm, stats, options, last):
 @pytest.mark.parametrize("kind", GRAPHS)
 def test_graph(comm, kind):
     asked("graphs")
-    size, rank = comm.size, comm.rank
+    rank = comm.rank
     g = topology.graph(comm, kind)
     n_in = len(g.Get_dist_neighbors()[0])
     # standard mode: exact averages against NumPy, every update of iteration k
@@ -233,7 +233,7 @@ def test_fig3(comm):
             results.append((k, res.updates, res.nap, float(res.data[0]), True))
         t_end = time.monotonic() + 20
         while coll.stats["received"] < 2 * 12 and time.monotonic() < t_end:
-            coll.lag                             # serves the channels: every update has come in
+            _ = coll.lag                         # serves the channels: every update has come in
             time.sleep(0.001)
         stats = coll.stats
         trace = list(coll.trace)

@@ -188,7 +188,7 @@ def test_several_open_at_once(comm):
     colls = [make(4 + j, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=j, **options(comm))
              for j in range(3)]
     sums = [np.zeros(4 + j, np.int64) for j in range(3)]
-    for i in range(20):
+    for _i in range(20):
         reqs = [c.post(np.full(4 + j, (j + 1) * 100 + comm.rank, np.int64)) for j, c in enumerate(colls)]
         for j, r in enumerate(reqs):
             sums[j] += r.wait().data

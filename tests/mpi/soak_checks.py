@@ -8,8 +8,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import soak  # noqa: E402
-from _util import ARGS, run_module  # noqa: E402
+import soak
+from _util import ARGS, run_module
 
 ROUNDS = ARGS[0] if ARGS else "2000"
 

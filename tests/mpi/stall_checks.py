@@ -15,8 +15,8 @@ import sys
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import stall  # noqa: E402
-from _util import ARGS, run_module  # noqa: E402
+import stall
+from _util import ARGS, run_module
 
 HOW = ARGS[0] if ARGS else "sleep"
 STALL = ARGS[1] if len(ARGS) > 1 else "3"

@@ -289,7 +289,7 @@ class Recorder:
 def nothing_lost(comm, m, w0, lr, flushed, local_sum):
     """applied updates + the final flush == the sum of every rank's local gradients."""
     for p, p0 in zip(m.parameters(), w0):
-        applied = (p0.double() - p.detach().double()) / lr
+        applied = ((p0.double() - p.detach().double()) / lr).cpu()      # the flush is host data
         total = applied + flushed.get(id(p), 0)
         everyone = np.empty(p.numel())
         comm.Allreduce(local_sum[id(p)].cpu().numpy().ravel(), everyone)

@@ -49,7 +49,7 @@ def check_one(comm, groups, count, dtype, op, rounds=1, seed=0, mode="full"):
 
 def test_every_shape(comm):
     p = comm.size
-    for name, groups in shapes(p).items():
+    for _name, groups in shapes(p).items():
         for count in sorted({0, 1, p + 1, 1000, 2 ** 17 + 3}):       # 2^17 + 3 float64: chunked
             check_one(comm, groups, count, np.float64, MPI.SUM, rounds=2, seed=count)
             check_one(comm, groups, count, np.int64, MPI.MAX)

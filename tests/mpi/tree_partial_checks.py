@@ -42,8 +42,8 @@ class TreeAllreduce(pc.PartialAllreduce):
 if SHAPE == "chunked":
     tree.CHUNK_BYTES = 8
 pc.PartialAllreduce = TreeAllreduce
-import partial_checks  # noqa: E402  (reads MODE and ROUNDS from ARGS)
-from partial_checks import *  # noqa: E402,F401,F403  (its checks, collected here too)
+import partial_checks  # noqa: E402,F401  (imported for its effect: reads MODE and ROUNDS from ARGS)
+from partial_checks import *  # noqa: E402,F403  (its checks, collected here too)
 
 
 def test_every_allreduce_was_a_tree(comm):

@@ -1,0 +1,118 @@
+"""A rank that fails tells its peers (docs/faults.md): the collectives open on this rank,
+and the hooks that report a failure on them before the process goes away.
+
+A report goes through the engine (pc_coll_abort: one message to every peer on each
+open collective's own communicator); the peers' pending and later calls on that
+collective raise PeerError naming this rank, its exception type and message. The hooks
+are installed when the first collective is made, each chained to what was there:
+
+- sys.excepthook: an exception nobody caught (KeyboardInterrupt from SIGINT included)
+  is reported on every open collective, then the previous hook prints it;
+- threading.excepthook: an exception that ends another thread is reported on the
+  collectives that thread made;
+- SIGTERM, only where its handler is the default one and the first collective is made
+  on the main thread (only it may set handlers): report, restore the default, and raise
+  the signal again (the process ends as it would have);
+- atexit: collectives still open when the interpreter exits (sys.exit(), no close())
+  are reported ("exit").
+
+An exception the application catches is not reported: it may carry on (a bad buffer on
+one rank is an error there, and the collective still works after). A `with` block left
+by an exception, and a close() that times out, report it, since this rank then drops
+the collective. A killed process (SIGKILL) cannot report: peers rely on the MPI's
+failure query and on their timeouts.
+
+Threads: register/forget/report run on application threads; the set of open
+collectives is a WeakSet (a collective dropped without close() leaves it).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Dict, Optional
+
+REPORT_SECONDS = 1.0        # how long a report waits, in all, for its messages to leave
+
+_open: "weakref.WeakSet" = weakref.WeakSet()
+_installed = False
+_previous: Dict[str, Any] = {}
+
+
+def register(coll) -> None:
+    """A collective was made: report on it if this rank fails (hooks installed once)."""
+    _open.add(coll)
+    if not _installed:
+        _install()
+
+
+def forget(coll) -> None:
+    """The collective was closed: nothing to report on it any more."""
+    _open.discard(coll)
+
+
+def report(exc_type: str, message: str, thread: Optional[int] = None) -> int:
+    """Tell the peers of every open collective (of `thread` only, where given) that this
+    rank failed with exc_type: message; returns on how many collectives it was said."""
+    deadline = time.monotonic() + REPORT_SECONDS
+    told = 0
+    for coll in list(_open):
+        if thread is not None and coll._thread != thread:
+            continue
+        try:
+            told += coll._report(exc_type, message, max(deadline - time.monotonic(), 0.0))
+        except Exception:       # noqa: BLE001 - a failing rank reports what it can
+            pass
+    return told
+
+
+def describe(exc: BaseException) -> str:
+    """The message a report carries for exc."""
+    return str(exc) or repr(exc)
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    try:
+        report(exc_type.__name__, describe(exc))
+    finally:
+        _previous["excepthook"](exc_type, exc, tb)
+
+
+def _threading_excepthook(args) -> None:
+    try:
+        if args.exc_type is not SystemExit and args.thread is not None:
+            report(args.exc_type.__name__, f"{describe(args.exc_value)} (in thread {args.thread.name})",
+                   thread=args.thread.ident)
+    finally:
+        _previous["threading"](args)
+
+
+def _on_sigterm(signum, frame) -> None:
+    try:
+        report("SIGTERM", f"the process received signal {signum} (SIGTERM)")
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _at_exit() -> None:
+    report("exit", "the process exited with the collective open (no close())")
+
+
+def _install() -> None:
+    global _installed
+    _installed = True
+    _previous["excepthook"] = sys.excepthook
+    sys.excepthook = _excepthook
+    _previous["threading"] = threading.excepthook
+    threading.excepthook = _threading_excepthook
+    try:        # only where nobody handles SIGTERM, and only the main thread may set handlers
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:
+        pass
+    atexit.register(_at_exit)   # after the engine's finalize: runs before it
