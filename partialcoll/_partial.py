@@ -250,10 +250,12 @@ class PartialAllreduce:
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
         self.divisor = params["divisor"]
         # algorithm "ps": blocks, their owners, and how they are balanced (balance.py)
-        self.block_bytes, self.servers = params.get("block_bytes"), params.get("servers")
-        self.balance = params.get("balance")
-        self._owners: Optional[list] = None
+        self.block_bytes: Optional[int] = params.get("block_bytes")
+        self.servers: list = params.get("servers") or []
+        self.balance: str = params.get("balance") or "static"
+        self._owners: list = []          # "ps": the first assignment (else empty)
         self._every = 0                  # rounds per epoch of the balancer (0: none)
+        self._epsilon = 0.0
         self._balancer: Optional[balance_mod.Balancer] = None
         if self.block_bytes is not None:
             nblocks = ps.block_count(self.count, self.dtype.itemsize, self.block_bytes)
@@ -344,7 +346,6 @@ class PartialAllreduce:
         else:
             extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
             if self.algorithm == "ps":
-                s._timers = []
                 extra = {"block_bytes": self.block_bytes, "assignment": owners or self._owners, "timers": s._timers}
             done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, divisor=self.divisor, **extra),
                     ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
@@ -407,8 +408,9 @@ class PartialAllreduce:
 
     def _native_of(self, sched: Schedule):
         """The engine's schedule of a round schedule of this collective (its timers set)."""
+        assert self._comm is not None
         native = _create_native(sched, self._comm, self._coll, self._pairs)
-        timers = getattr(sched, "_timers", None)
+        timers = sched._timers
         if timers:
             check(_engine.lib.pc_sched_set_timers(native, len(timers), [x for t in timers for x in t]))
         return native
@@ -422,7 +424,7 @@ class PartialAllreduce:
     def assignment(self, round: Optional[int] = None) -> np.ndarray:
         """Algorithm "ps": the owner of each block (int array), as decided for `round`
         (default: the latest decision; rounds switch to it a few rounds later)."""
-        if self._owners is None:
+        if self.block_bytes is None:
             raise ArgumentError(f"assignment() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
         b = self._balancer
         if b is None:
@@ -435,7 +437,7 @@ class PartialAllreduce:
         """Algorithm "ps": each rank's measured service time per block as an owner, in
         seconds (float64, NaN where it served none), agreed by every rank: the latest
         epoch's with balance=, else the mean over every round so far."""
-        if self._owners is None:
+        if self.block_bytes is None:
             raise ArgumentError(f"owner_times() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
         ffi = _engine.ffi
         sums, got = ffi.new("int64_t[]", _engine.lib.PC_TIME_FIELDS * self.size), ffi.new("int *")

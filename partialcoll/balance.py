@@ -35,7 +35,7 @@ import numpy as np
 from ._errors import ArgumentError
 from ._types import integer
 from .algorithms import OWNED
-from .algorithms.ps import BLOCK_BYTES, round_robin
+from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
 ALPHA = 0.5                  # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
@@ -180,7 +180,7 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
         if busiest != pick and counts[busiest] > 0:
             counts[busiest] -= 1
             counts[pick] += 1
-    return _place(counts, servers, current)
+    return _place(counts.tolist(), servers, current)
 
 
 class Predictor:

@@ -3,7 +3,7 @@ behind each mode, and the columns every table has."""
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -238,7 +238,7 @@ class Collective:
                 import cupyx
                 self.staged = (cupyx.empty_pinned(count, dtype), cupyx.empty_pinned(count, dtype))
             return
-        kw = {"quorum": quorum} if mode == "quorum" else {"candidates": candidates} if mode == "probe" else {}
+        kw: Dict[str, Any] = {"quorum": quorum} if mode == "quorum" else {"candidates": candidates} if mode == "probe" else {}
         self.coll = pc.PartialAllreduce(count, dtype, MPI.SUM, comm, mode=mode, algorithm=algorithm, seed=seed,
                                         late=late, **kw)
 

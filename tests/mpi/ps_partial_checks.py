@@ -47,8 +47,8 @@ class PsAllreduce(pc.PartialAllreduce):
 
 
 pc.PartialAllreduce = PsAllreduce
-import partial_checks  # noqa: E402  (reads MODE and ROUNDS from ARGS)
-from partial_checks import *  # noqa: E402,F401,F403  (its checks, collected here too)
+import partial_checks  # noqa: E402,F401  (imported for its effect: reads MODE and ROUNDS from ARGS)
+from partial_checks import *  # noqa: E402,F403  (its checks, collected here too)
 
 
 def test_zz_assignments_agree(comm):
