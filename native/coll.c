@@ -146,8 +146,24 @@ int coll_maybe_trigger(pc_coll *c)
     return rc;
 }
 
+static void coll_retire(pc_coll *c, pc_sched *s);
+
 static int coll_arm(pc_coll *c, int64_t n)
 {
+    int64_t K = c->spec.rebalance_every;
+    if (K > 0 && n >= 2 * K && c->decided < n / K - 1) {   /* decision n / K - 2 is not in yet */
+        c->parked = n;
+        return PC_OK;
+    }
+    if (c->next_from >= 0 && n >= c->next_from) {          /* a decided switch starts here */
+        for (int k = 0; k < 2; k++) {
+            if (!c->next[k]) continue;
+            coll_retire(c, c->sched[k][0]);
+            c->sched[k][0] = c->next[k];
+            c->next[k] = NULL;
+        }
+        c->next_from = -1;
+    }
     int kind = pc_coll_round_kind(c, n), v = (int)(n % c->variants);
     pc_sched *s = c->sched[kind][v];
     if (!s) return fail(PC_ERR_STATE, "no schedule for round %lld (kind %d, variant %d)", (long long)n, kind, v);
@@ -188,7 +204,13 @@ static int coll_take(pc_owner *o)
     c->round_hi = c->taken_posts = c->posts;
     uint64_t *m = c->mask_slot;
     int W = W_of(c);
-    memset(m, 0, sizeof(uint64_t) * (size_t)pc_coll_mask_words(c->size));
+    memset(m, 0, sizeof(uint64_t) * (size_t)c->spec.mask_words);
+    if (c->spec.timed) {               /* my row of the owners' times, measured since my last TAKE */
+        int P = c->size;
+        memcpy(m + pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)c->rank, c->meas,
+               sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+        memset(c->meas, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+    }
     if (k > 0) m[c->rank / 64] |= 1ULL << (c->rank % 64);
     if (c->closing) m[W + c->rank / 64] |= 1ULL << (c->rank % 64);
     m[2 * W + c->rank] = (uint64_t)k;
@@ -211,6 +233,94 @@ static void mask_fold(pc_coll *c, const uint64_t *m)
     for (int r = 0; r < c->size; r++) c->res_mask[2 * W + r] += m[2 * W + r];
 }
 
+/* ------------------------------------------------------------------ owners
+ * Load-aware owners (algorithm "ps" with balance=, partialcoll/balance.py). A timed
+ * schedule names (send, receive, owner) per block this rank sends away; when a round has
+ * completed here, coll_measure adds each owner's span (first send to it -> last result
+ * from it) and block count to meas. The next round's TAKE writes meas as this rank's row
+ * of the MASK slot (PC_TIME_FIELDS P words per rank; BOR of disjoint rows is a gather), and its
+ * DELIVER sums the rows into agreed: the same numbers on every rank, since every rank
+ * delivers every round. Every K = rebalance_every rounds, agreed becomes epoch e's
+ * snapshot; Python (every rank alike) computes decision e from it and hands the new
+ * schedules to pc_coll_switch; they run from round (e + 2) K on, on every rank, so no
+ * round mixes two assignments. A round that needs a decision not yet in is parked and
+ * armed by pc_coll_switch. Replaced schedules are retired: freed once no progress pass
+ * pins the collective (a pass may hold a pointer to a schedule it copied from the
+ * running list), else when the collective is freed. Everything here: unit lock held. */
+static void coll_measure(pc_coll *c, const pc_sched *s)
+{
+    int P = c->size;
+    double sent[P], first[P], last[P];
+    int64_t blocks[P];
+    for (int o = 0; o < P; o++) { sent[o] = first[o] = 1e300; last[o] = 0; blocks[o] = 0; }
+    for (int i = 0; i < s->ntimers; i++) {
+        const int *t = s->timers + 3 * i;
+        int o = t[2];
+        double ts = s->ops[t[0]].t_us, tr = s->ops[t[1]].t_us;
+        if (ts < sent[o]) sent[o] = ts;
+        if (tr < first[o]) first[o] = tr;
+        if (tr > last[o]) last[o] = tr;
+        blocks[o]++;
+    }
+    for (int o = 0; o < P; o++) {     /* meas: spans, first results' latencies, blocks, samples */
+        if (!blocks[o] || last[o] < sent[o]) continue;
+        c->meas[o] += (int64_t)((last[o] - sent[o]) * 1e3);
+        c->meas[P + o] += (int64_t)((first[o] - sent[o]) * 1e3);
+        c->meas[2 * P + o] += blocks[o];
+        c->meas[3 * P + o] += 1;
+    }
+}
+
+static void coll_agree_times(pc_coll *c, const uint64_t *rows)
+{
+    int P = c->size;
+    for (int r = 0; r < P; r++)
+        for (int j = 0; j < PC_TIME_FIELDS * P; j++)
+            c->agreed[j] += (int64_t)rows[PC_TIME_FIELDS * (size_t)P * (size_t)r + (size_t)j];
+}
+
+/* Round n has completed here: if it ends an epoch, publish the epoch's snapshot. Only
+ * now, not at DELIVER, so that the decision made from it comes after the next round was
+ * armed (applying the previous decision's switch): one switch pending at a time. */
+static void coll_epoch_end(pc_coll *c, int64_t n)
+{
+    int P = c->size;
+    int64_t K = c->spec.rebalance_every;
+    if (K <= 0 || (n + 1) % K) return;
+    int64_t e = (n + 1) / K - 1;
+    memcpy(c->snap[e % 2], c->agreed, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+    memset(c->agreed, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+    STORE(c->epochs, e + 1);
+    notify_done();                     /* pc_coll_stats waits for it */
+}
+
+/* Free the retired schedules if no pass pins the collective (E.lock: pins). */
+static void coll_reap_retired(pc_coll *c)
+{
+    pthread_mutex_lock(&E.lock);
+    int free_now = c->owner.unit.pins == 0;
+    pthread_mutex_unlock(&E.lock);
+    if (!free_now) return;
+    for (int i = 0; i < c->nretired; i++) {
+        sched_add_traffic(c->retired[i], c->retired_sent, c->size);
+        sched_destroy(c->retired[i]);
+    }
+    c->nretired = 0;
+}
+
+static void coll_retire(pc_coll *c, pc_sched *s)
+{
+    if (!s) return;
+    if (c->nretired == c->capretired) {
+        int cap = 2 * c->capretired + 4;
+        pc_sched **p = realloc(c->retired, sizeof(pc_sched *) * (size_t)cap);
+        if (!p) return;                /* kept running nowhere: leaked rather than freed under a pass */
+        c->retired = p;
+        c->capretired = cap;
+    }
+    c->retired[c->nretired++] = s;
+}
+
 static int coll_deliver(pc_owner *o)
 {
     pc_coll *c = (pc_coll *)o;
@@ -225,6 +335,7 @@ static int coll_deliver(pc_owner *o)
     int64_t nap = 0, posts = 0;
     for (int w = 0; w < W; w++) nap += __builtin_popcountll(m[w]);
     for (int r = 0; r < c->size; r++) posts += (int64_t)m[2 * W + r];
+    if (c->spec.timed) coll_agree_times(c, m + pc_coll_mask_words(c->size));
     void *src = c->work_slot;
     if ((c->fold || c->closing) && c->pending > 0) {
         result_internal(c);               /* never write into a completed request's buffer */
@@ -258,6 +369,8 @@ static int coll_deliver(pc_owner *o)
 static void coll_round_done(pc_owner *o)
 {
     pc_coll *c = (pc_coll *)o;
+    if (c->armed && c->armed->ntimers) coll_measure(c, c->armed);
+    if (c->spec.timed) coll_epoch_end(c, c->armed_round);
     c->armed = NULL;
     if (LOAD(c->finished) || c->err || c->abandoned) return;
     int rc = coll_arm(c, LOAD(c->completed));
@@ -311,7 +424,10 @@ static void coll_destroy(pc_coll *c)
     for (int k = 0; k < 2; k++) {
         for (int v = 0; c->sched[k] && v < c->variants; v++) if (c->sched[k][v]) sched_destroy(c->sched[k][v]);
         free(c->sched[k]);
+        if (c->next[k]) sched_destroy(c->next[k]);
     }
+    for (int i = 0; i < c->nretired; i++) sched_destroy(c->retired[i]);
+    free(c->retired); free(c->meas); free(c->agreed); free(c->snap[0]); free(c->snap[1]); free(c->retired_sent);
     if (!leaked) {
         for (int b = 0; b < 3; b++) free(c->buf[b]);
         free(c->mask_slot);
@@ -349,9 +465,12 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
                     spec->variants);
     int rank, size;
     if (mpi_comm_info(*(MPI_Comm *)comm_handle, &rank, &size)) return PC_ERR_MPI;
-    if (spec->mask_words != pc_coll_mask_words(size))
-        return fail(PC_ERR_ARG, "mask_words is %d, but P = %d needs %d (pc_coll_mask_words)", spec->mask_words,
-                    size, pc_coll_mask_words(size));
+    int want = pc_coll_mask_words(size) + (spec->timed ? PC_TIME_FIELDS * size * size : 0);
+    if (spec->mask_words != want)
+        return fail(PC_ERR_ARG, "mask_words is %d, but P = %d needs %d (pc_coll_mask_words%s)", spec->mask_words,
+                    size, want, spec->timed ? " + PC_TIME_FIELDS P^2 timed words" : "");
+    if (spec->rebalance_every < 0 || (spec->rebalance_every > 0 && !spec->timed) || (spec->variants > 1 && spec->timed))
+        return fail(PC_ERR_ARG, "rebalance_every needs timed schedules, and timed ones one variant");
     if ((spec->mode == PC_MODE_PROBE && (spec->candidates < 1 || spec->candidates > size))
         || (spec->mode == PC_MODE_QUORUM && (spec->quorum < 1 || spec->quorum > size)))
         return fail(PC_ERR_ARG, "probe's q or quorum's k out of [1, %d]", size);
@@ -373,6 +492,16 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     c->res_mask = calloc(1, mbytes);
     for (int k = 0; k < 2; k++) c->sched[k] = calloc((size_t)c->variants, sizeof(pc_sched *));
     for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
+    size_t tb = sizeof(int64_t) * PC_TIME_FIELDS * (size_t)size;
+    c->meas = calloc(1, tb); c->agreed = calloc(1, tb); c->snap[0] = calloc(1, tb); c->snap[1] = calloc(1, tb);
+    c->retired_sent = calloc((size_t)size, sizeof(int64_t));
+    c->parked = -1;
+    c->next_from = -1;
+    if (!c->meas || !c->agreed || !c->snap[0] || !c->snap[1] || !c->retired_sent) {
+        free(id);
+        coll_destroy(c);
+        return fail(PC_ERR_NOMEM, "out of memory");
+    }
     if (!id || !c->mask_slot || !c->res_mask || !c->sched[0] || !c->sched[1] || !c->buf[0] || !c->buf[1] || !c->buf[2]) {
         free(id);
         coll_destroy(c);
@@ -767,7 +896,86 @@ int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n)
     pc_unit *u = c ? &c->owner.unit : s->unit;
     unit_lock(u);
     if (s) sched_add_traffic(s, sent, n);
+    for (int i = 0; c && i < n && i < c->size; i++) sent[i] += c->retired_sent[i];
+    for (int i = 0; c && i < c->nretired; i++) sched_add_traffic(c->retired[i], sent, n);
     for (int k = 0; c && k < 2 * c->variants; k++) sched_add_traffic(c->sched[k / c->variants][k % c->variants], sent, n);
     unit_unlock(u);
     return PC_OK;
+}
+
+/* ------------------------------------------------------------------ owners: the API */
+typedef struct { pc_coll *c; int64_t epoch; } coll_epoch_arg;
+
+static int coll_epoch_out(void *p)
+{
+    coll_epoch_arg *a = p;
+    return LOAD(a->c->epochs) > a->epoch || LOAD(a->c->finished) || LOAD(a->c->err) || a->c->abandoned;
+}
+
+int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)
+{
+    *got = 0;
+    if (epoch >= 0) {
+        coll_epoch_arg a = {c, epoch};
+        int rc = coll_epoch_out(&a) ? PC_OK : wait_until(coll_epoch_out, &a, timeout_s);
+        if (rc) {                      /* the balancer's slice ended: free what was retired meanwhile */
+            unit_lock(&c->owner.unit);
+            coll_reap_retired(c);
+            unit_unlock(&c->owner.unit);
+            return rc;
+        }
+    }
+    size_t tb = sizeof(int64_t) * PC_TIME_FIELDS * (size_t)c->size;
+    unit_lock(&c->owner.unit);
+    int rc = c->err ? coll_error(c) : PC_OK;
+    int64_t e = c->epochs;
+    if (rc == PC_OK && epoch >= 0 && e > epoch) {
+        if (epoch < e - 2) rc = fail(PC_ERR_STATE, "epoch %lld's times are gone (%lld out)", (long long)epoch,
+                                     (long long)e);
+        else { memcpy(sums, c->snap[epoch % 2], tb); *got = 1; }
+    } else if (rc == PC_OK && epoch < 0) {
+        memcpy(sums, e > 0 ? c->snap[(e - 1) % 2] : c->agreed, tb);
+        *got = 1;
+    }
+    unit_unlock(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
+{
+    pc_sched *s[2] = {s0, s1};
+    for (int k = 0; k < 2; k++)
+        if (s[k] && s[k]->owner != &c->owner) return fail(PC_ERR_ARG, "pc_coll_switch: a schedule of another collective");
+    unit_lock(&c->owner.unit);
+    int rc = PC_OK;
+    if (LOAD(c->finished) || c->err || c->abandoned)
+        rc = PC_OK;                    /* no round will run again: nothing to switch */
+    else if (epoch != c->decided || c->next_from >= 0 || c->spec.rebalance_every <= 0)
+        rc = fail(PC_ERR_STATE, "decision %lld out of order (%lld made, a switch %s)", (long long)epoch,
+                  (long long)c->decided, c->next_from >= 0 ? "pending" : "not pending");
+    if (rc == PC_OK && !(LOAD(c->finished) || c->err || c->abandoned)) {
+        c->decided = epoch + 1;
+        if (s0 || s1) {
+            c->next[0] = s0;
+            c->next[1] = s1;
+            c->next_from = (epoch + 2) * c->spec.rebalance_every;
+        }
+        if (c->parked >= 0 && !c->err && !c->abandoned && !LOAD(c->finished)) {
+            int64_t n = c->parked;
+            c->parked = -1;
+            rc = coll_arm(c, n);
+            if (rc && !c->err) {
+                c->errpeer = pc_last_error_peer();
+                snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
+                STORE(c->err, rc);
+            }
+            kick();
+        }
+    } else {                           /* owned from here on: freed with the collective */
+        coll_retire(c, s0);
+        coll_retire(c, s1);
+    }
+    coll_reap_retired(c);
+    unit_unlock(&c->owner.unit);
+    return rc;
 }

@@ -64,6 +64,9 @@ enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
  * the last read weighing j (RNA's linear weights: newer weigh more). MEAN and RNA: op SUM
  * of a real floating dtype. */
 enum { PC_ACC_SUM = 0, PC_ACC_MEAN = 1, PC_ACC_RNA = 2 };
+/* timed owners: per owner, the sums of its spans (first block sent -> last result, ns),
+ * its first results' latencies (ns), its blocks and its samples (rank x round) */
+enum { PC_TIME_FIELDS = 4 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
 /* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
  * receive ever targets memory Python may free */
@@ -126,6 +129,11 @@ typedef struct pc_collspec {
     int variants;        /* schedules per round kind (0 or 1: one); round n runs on
                           * variant n mod variants (the tree's rotated aggregators) */
     uint64_t seed;
+    int timed;           /* 1: the schedules carry timers (pc_sched_set_timers) and the MASK
+                          * slot PC_TIME_FIELDS P^2 more words, each rank's row of
+                          * measured service times per owner (pc_coll_stats) */
+    int rebalance_every; /* K > 0: every K rounds the agreed times form an epoch's snapshot;
+                          * round n >= 2K waits for decision n / K - 2 (pc_coll_switch) */
     int dtype, redop;
     int64_t count;
     const void *identity;    /* one element: the op's identity */
@@ -200,6 +208,17 @@ int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, ui
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
 int pc_coll_close(pc_coll *c);
+/* Load-aware owners (algorithm "ps", partialcoll/balance.py). Timers: n triples (send op,
+ * receive op, owner) of blocks this rank sends away; the engine times each owner per
+ * round, from the first send to it to the last result from it (its span), per block. */
+int pc_sched_set_timers(pc_sched *s, int n, const int *triples);
+/* sums: PC_TIME_FIELDS x P, each summed over ranks and rounds: the owners' spans (ns),
+ * first results' latencies (ns), blocks, samples: epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
+ * collective finished first); epoch < 0: the latest snapshot, or the sums so far */
+int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got);
+/* Decision `epoch` (in order, on every rank): the schedules of rounds from (epoch + 2) K on
+ * (NULL, NULL: keep the current ones). The collective owns s0, s1 from here on. */
+int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1);
 int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too */
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
 int pc_coll_abandon(pc_coll *c, int *deferred);

@@ -137,6 +137,7 @@ typedef struct pc_op {
     void *own[3];            /* storage for plain buffers */
     int nsucc, *succ;        /* ops that depend on this one */
     int got, state;          /* per execution */
+    double t_us;             /* timed schedules: SEND when posted, RECV when completed (unit) */
 } pc_op;
 
 /* What a schedule's owner (a partial collective) registers: its buffer slots and the
@@ -176,6 +177,7 @@ struct pc_sched {
     int flags;               /* SF_* (atomic) */
     char errmsg[384];
     int errpeer;
+    int ntimers, *timers;    /* (send op, recv op, owner) triples (pc_sched_set_timers; unit) */
     int on_list;             /* on E.running (E.lock) */
     pc_sched *next, *prev;   /* E.running (E.lock) */
 };
@@ -222,6 +224,18 @@ struct pc_coll {
     pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;
     int abandoned;
+    /* load-aware owners (spec.timed, spec.rebalance_every; coll.c "Owners"), all (unit) but epochs */
+    int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
+    int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */
+    int64_t *snap[2];        /* epoch e's agreed sums in snap[e % 2] */
+    int64_t epochs;          /* (atomic) snapshots out */
+    int64_t decided;         /* decisions received (pc_coll_switch) */
+    int64_t parked;          /* a round waiting for its decision, or -1 */
+    pc_sched *next[2];       /* a decided switch, applied when round next_from is armed */
+    int64_t next_from;
+    pc_sched **retired;      /* replaced schedules, freed once no pass can hold them */
+    int nretired, capretired;
+    int64_t *retired_sent;   /* P: the traffic of freed retired schedules */
     char errmsg[384];
     int errpeer;
     pc_alarm alarm;          /* (unit) peer errors: pc_coll_abort, coll_poll */

@@ -70,6 +70,7 @@ static int sched_drain(pc_sched *s)
 
 void sched_destroy(pc_sched *s)
 {
+    free(s->timers);
     free(s->ops); free(s->succ_store); free(s->stack); free(s->is_recv); free(s->op_bytes);
     mpi_free_msgs(&s->msgs);
     if (!s->msgs.lost) free(s->scratch);     /* else MPI may still write into it: kept */
@@ -89,6 +90,7 @@ int op_complete(pc_sched *s, int first)
         int i = s->stack[--top];
         pc_op *op = &s->ops[i];
         op->state = ST_DONE;
+        if (op->kind == PC_RECV && s->ntimers) op->t_us = now_us();
         if (op->kind != PC_TRIGGER) s->remaining--;
         for (int k = 0; k < op->nsucc; k++) {
             pc_op *n = &s->ops[op->succ[k]];
@@ -110,6 +112,7 @@ static int op_fire(pc_sched *s, int i)
     op->state = ST_FIRED;
     switch (op->kind) {
     case PC_SEND: case PC_RECV:
+        if (s->ntimers) op->t_us = now_us();
         rc = mpi_post(&s->msgs, i, op->kind == PC_SEND, op_addr(op, 0), op->nbytes, op->peer,
                       mpi_tag(&s->msgs, s->version, op->tag_seq), E.policy.busy_bytes);
         if (rc) sched_fail(s, i, rc, pc_last_error());
@@ -498,5 +501,21 @@ int pc_sched_abandon(pc_sched *s, int *deferred)
     unit_unlock(s->unit);
     reap_units();
     if (*deferred) kick();
+    return PC_OK;
+}
+
+int pc_sched_set_timers(pc_sched *s, int n, const int *triples)
+{
+    if (n < 0 || s->timers) return fail(PC_ERR_ARG, "timers: set once, n >= 0");
+    for (int i = 0; i < n; i++) {
+        int a = triples[3 * i], b = triples[3 * i + 1], o = triples[3 * i + 2];
+        if (a < 0 || a >= s->nops || b < 0 || b >= s->nops || s->ops[a].kind != PC_SEND || s->ops[b].kind != PC_RECV
+            || o < 0 || o >= s->msgs.size)
+            return fail(PC_ERR_ARG, "timer %d: (%d, %d, owner %d) is not (send, receive, rank)", i, a, b, o);
+    }
+    s->timers = malloc(sizeof(int) * 3 * (size_t)(n ? n : 1));
+    if (!s->timers) return fail(PC_ERR_NOMEM, "out of memory");
+    memcpy(s->timers, triples, sizeof(int) * 3 * (size_t)n);
+    s->ntimers = n;
     return PC_OK;
 }

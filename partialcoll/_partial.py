@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _device, _engine, _propagate
+from . import balance as balance_mod
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._agree import agree, as_problem
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError,
@@ -31,7 +32,7 @@ from ._types import (OP_NAMES, as_dtype, check_comm, check_divisor, check_op_dty
                      integer, op_code)
 from .activation import BUILDERS
 from .activation.candidates import candidates
-from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, tree
+from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, ps, tree
 from .algorithms.recursive_doubling import allreduce_packed
 from .schedule import Schedule, _create_native, pair_messages
 
@@ -190,7 +191,9 @@ class PartialAllreduce:
             behind.
         late: what a late post's wait returns: "latest" (the latest completed round) or
             "fold" (every round completed since this rank's last result, folded).
-        algorithm: "auto", "recursive_doubling", "ring" or "tree".
+        algorithm: "auto", "recursive_doubling", "ring", "tree" or "ps" (PSLD's block
+            owners: each block of the vector is reduced by its owner, which receives it from
+            every rank and sends the result back).
         groups: the tree's regions (one list per level, or one list): default the
             shared-memory nodes.
         divisor: every round's result is its reduction divided by this (op SUM of a real
@@ -204,6 +207,14 @@ class PartialAllreduce:
             still counts the posts whose data is inside; with "mean" or "rna" each active
             rank contributes one average, so data / nap (not data / posts) is the mean
             over contributors.
+        block_bytes: "ps": the size of a block (default 4 MiB; the last block is shorter).
+        servers: "ps": the ranks that may own blocks (default all; a server need not post).
+        balance: "ps": "static" (round-robin owners, the default), "proportional" (blocks in
+            proportion to each owner's measured speed) or "psld" (PSLD's prediction-guided
+            exploitation and exploration); every rank computes the same new assignment
+            from the owners' measured times, and all switch to it at the same round.
+        epsilon: "psld": the probability of exploring (moving a block to another server).
+        rebalance_every: "proportional", "psld": rounds per decision.
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
@@ -226,7 +237,9 @@ class PartialAllreduce:
                  comm: MPI.Comm = MPI.COMM_WORLD, *,
                  mode: str = "solo", candidates: Optional[int] = None, quorum: Optional[int] = None, seed: int = 0,
                  max_staleness: Optional[int] = None, late: str = "latest",
-                 algorithm: str = "auto", groups=None, divisor: float = 1.0, accumulate: str = "sum") -> None:
+                 algorithm: str = "auto", groups=None, divisor: float = 1.0, accumulate: str = "sum",
+                 block_bytes: Optional[int] = None, servers: Optional[Sequence[int]] = None,
+                 balance: Optional[str] = None, epsilon: float = 0.1, rebalance_every: int = 4) -> None:
         check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
@@ -234,6 +247,8 @@ class PartialAllreduce:
         try:
             params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
                                     late, algorithm, size, groups, divisor, accumulate)
+            params.update(balance_mod.validate(algorithm, size, block_bytes, servers, balance, epsilon,
+                                               rebalance_every))
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = as_problem(exc, "PartialAllreduce"), None
         node = agree(comm, "PartialAllreduce", problem, params, _engine.node_needed(),
@@ -246,6 +261,20 @@ class PartialAllreduce:
         self.candidates, self.quorum, self.max_staleness = params["candidates"], params["quorum"], params["max_staleness"]
         self.divisor = params["divisor"]
         self.accumulate = accumulate
+        # algorithm "ps": blocks, their owners, and how they are balanced (balance.py)
+        self.block_bytes: Optional[int] = params.get("block_bytes")
+        self.servers: list = params.get("servers") or []
+        self.balance: str = params.get("balance") or "static"
+        self._owners: list = []          # "ps": the first assignment (else empty)
+        self._every = 0                  # rounds per epoch of the balancer (0: none)
+        self._epsilon = 0.0
+        self._balancer: Optional[balance_mod.Balancer] = None
+        if self.block_bytes is not None:
+            nblocks = ps.block_count(self.count, self.dtype.itemsize, self.block_bytes)
+            self._owners = ps.round_robin(nblocks, self.servers)
+            if self.balance != "static" and size > 1 and nblocks > 1 and len(self.servers) > 1:
+                self._every = params["rebalance_every"]
+            self._epsilon = params["epsilon"]
         nbytes = self.count * self.dtype.itemsize
         # the regions: those given, or one per shared-memory node (collective, agreed), found
         # where the tree is named or "auto" may pick it (every rank decides alike)
@@ -314,9 +343,11 @@ class PartialAllreduce:
                 "groups": groups, "divisor": divisor, "accumulate": accumulate}
 
     # -- construction ---------------------------------------------------------------
-    def _round_schedule(self, activation: str, rotation: int = 0) -> Schedule:
+    def _round_schedule(self, activation: str, rotation: int = 0, owners: Optional[list] = None) -> Schedule:
         """Pure builder of one round: trigger -> activation -> take -> allreduce(s) -> deliver.
-        rotation: the tree's rotated variant (round n runs on variant n mod self._variants)."""
+        rotation: the tree's rotated variant (round n runs on variant n mod self._variants).
+        owners: algorithm "ps": the owner of each block (default: the first assignment);
+        the schedule's _timers are then its blocks' timers (ps.allreduce)."""
         s = Schedule(rank=self.rank, size=self.size)
         trigger = s._trigger()
         if activation == "quorum":
@@ -325,12 +356,14 @@ class PartialAllreduce:
             go = BUILDERS[activation](s, trigger)
         take = s._take(after=go)
         work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
-        mask = BufRef.slot_ref(SLOT_MASK, self._mask_len, np.uint64)
+        mask = BufRef.slot_ref(SLOT_MASK, self._slot_mask_len, np.uint64)
         if self.algorithm == "recursive_doubling" and work.nbytes <= _PACK_BYTES:
             # small: data and bitmasks travel in the same messages (half the messages)
             done = [allreduce_packed(s, [(work, op_code(self.op), self.divisor), (mask, _BOR, 1.0)], after=take)]
         else:
             extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
+            if self.algorithm == "ps":
+                extra = {"block_bytes": self.block_bytes, "assignment": owners or self._owners, "timers": s._timers}
             done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, divisor=self.divisor, **extra),
                     ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
@@ -341,6 +374,8 @@ class PartialAllreduce:
         _engine.ensure_started()
         self._mask_words = max(1, math.ceil(self.size / 64))     # W: words of active (closing) bits
         self._mask_len = lib.pc_coll_mask_words(self.size)       # the MASK slot: 2 W, then posts per rank
+        timed = self.algorithm == "ps"                            # then a row of owner times per rank
+        self._slot_mask_len = self._mask_len + (lib.PC_TIME_FIELDS * self.size * self.size if timed else 0)
         self._res_len = 7 + self._mask_len                       # pc_coll_wait1's res
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_pool: list = []
@@ -353,7 +388,8 @@ class PartialAllreduce:
             "mode": _MODE_CODES[self.mode], "late": _LATE_CODES[self.late],
             "candidates": self.candidates or 0, "quorum": self.quorum or 0,
             "max_staleness": self.max_staleness or 0,
-            "mask_words": self._mask_len, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
+            "mask_words": self._slot_mask_len, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
+            "timed": int(timed), "rebalance_every": self._every,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
             "identity": ffi.cast("void *", ident.ctypes.data), "accumulate": _ACCUMULATE[self.accumulate]})
         dup = comm.Dup()
@@ -370,16 +406,65 @@ class PartialAllreduce:
             for kind, activation in kinds.items():
                 self._schedules[kind] = [self._round_schedule(activation, v) for v in range(self._variants)]
             every = [sched for scheds in self._schedules.values() for sched in scheds]
+            if self._every:      # a later assignment may give every block to one server: room in the tags
+                every += [self._round_schedule(a, 0, [self.servers[0]] * len(self._owners)) for a in kinds.values()]
             pairs = dup.allreduce(pair_messages(*every), op=MPI.MAX)      # one tag layout for all ranks
+            self._pairs, self._kinds = pairs, kinds
             for kind, scheds in self._schedules.items():
                 for v, sched in enumerate(scheds):
-                    check(lib.pc_coll_set_sched(self._coll, kind, v, _create_native(sched, dup, self._coll, pairs)))
+                    check(lib.pc_coll_set_sched(self._coll, kind, v, self._native_of(sched)))
             check(lib.pc_coll_begin(self._coll))
+            if self._every:
+                self._balancer = balance_mod.Balancer(self, self._coll, self.balance, self.servers, self._owners,
+                                                      self.seed, self._epsilon, self._every)
             self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll),
                                 _peer_error_of(self._coll))
         except BaseException:
             self._abandon()
             raise
+
+    def _native_of(self, sched: Schedule):
+        """The engine's schedule of a round schedule of this collective (its timers set)."""
+        assert self._comm is not None
+        native = _create_native(sched, self._comm, self._coll, self._pairs)
+        timers = sched._timers
+        if timers:
+            check(_engine.lib.pc_sched_set_timers(native, len(timers), [x for t in timers for x in t]))
+        return native
+
+    def _native_rounds(self, owners: list):
+        """[balancer thread] The engine's round schedules (kind 0, kind 1; NULL where the
+        mode has no such kind) for the assignment owners."""
+        built = {kind: self._native_of(self._round_schedule(a, 0, owners)) for kind, a in self._kinds.items()}
+        return built.get(0, _engine.ffi.NULL), built[1]
+
+    def assignment(self, round: Optional[int] = None) -> np.ndarray:
+        """Algorithm "ps": the owner of each block (int array), as decided for `round`
+        (default: the latest decision; rounds switch to it a few rounds later)."""
+        if self.block_bytes is None:
+            raise ArgumentError(f"assignment() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
+        b = self._balancer
+        if b is None:
+            return np.array(self._owners, np.int64)
+        if b.error is not None:
+            raise b.error
+        return np.array(b.current if round is None else b.assignment_of(round), np.int64)
+
+    def owner_times(self) -> np.ndarray:
+        """Algorithm "ps": each rank's measured service time per block as an owner, in
+        seconds (float64, NaN where it served none), agreed by every rank: the latest
+        epoch's with balance=, else the mean over every round so far."""
+        if self.block_bytes is None:
+            raise ArgumentError(f"owner_times() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
+        ffi = _engine.ffi
+        sums, got = ffi.new("int64_t[]", _engine.lib.PC_TIME_FIELDS * self.size), ffi.new("int *")
+        check(_engine.lib.pc_coll_stats(self._native_coll(), -1, 0.0, sums, got))
+        return balance_mod.OwnerTimes(list(sums)).per_block
+
+    def _stop_balancer(self) -> None:
+        b = getattr(self, "_balancer", None)
+        if b is not None:
+            b.stop()
 
     def _activation_kind(self) -> str:
         return "quorum" if self.mode == "quorum" else "solo"
@@ -636,6 +721,9 @@ class PartialAllreduce:
                 self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
             self._abandon()              # the final round cannot complete here
             raise
+        self._stop_balancer()            # the final round is over: no decision is needed any more
+        if self._balancer is not None:
+            self._balancer.trim(result.round)
         self._traffic = self.traffic()
         try:
             check(lib.pc_coll_free(self._coll))
@@ -678,6 +766,7 @@ class PartialAllreduce:
         """Drop the collective without the collective close(): this rank only. The engine
         withdraws the armed round and frees its memory once nothing is in flight; what the
         engine may still touch of ours (out= buffers, staging) is kept until finalize."""
+        self._stop_balancer()            # before the engine may free what it reads
         coll, self._coll, self._closed = getattr(self, "_coll", None), None, True
         comm, self._comm = getattr(self, "_comm", None), None
         if getattr(_engine, "lib", None) is None:      # interpreter shutdown

@@ -14,7 +14,7 @@ runs it on a duplicate of the communicator, so schedules never share tags.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 from mpi4py import MPI
 
@@ -134,6 +134,7 @@ class Schedule:
         self._dup: Optional[MPI.Comm] = None
         self._persistent = True
         self._scratch_bytes = 0        # scratch memory the engine allocates for this schedule
+        self._timers: List[Tuple[int, int, int]] = []   # timed owners ("ps"): (send, recv, owner) per block
         self._mirrors = _device.Mirrors()  # pinned host mirrors of device buffers
         self._unstaged: Optional[Request] = None   # an execution whose outputs are not on the device yet
 

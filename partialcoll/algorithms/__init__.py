@@ -3,13 +3,16 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Sequence
 
-from . import recursive_doubling, ring, tree
+from . import ps, recursive_doubling, ring, tree
 
 ALGORITHMS: Dict[str, Callable] = {
     "recursive_doubling": recursive_doubling.allreduce,
     "ring": ring.allreduce,
     "tree": tree.allreduce,          # takes groups=, seed= and rotation= (see tree.py)
+    "ps": ps.allreduce,              # takes block_bytes=, assignment=, servers=, timers= (see ps.py)
 }
+# the algorithms whose blocks have owners (balance= moves blocks between them)
+OWNED = ("ps",)
 
 # "auto": recursive doubling up to this many bytes, ring above (measured: see docs/benchmarks.md).
 AUTO_RING_BYTES = 64 * 1024

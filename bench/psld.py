@@ -1,0 +1,210 @@
+"""PSLD's experiments, scaled down: slow aggregators under algorithm="ps".
+
+    flock /tmp/pc-bench.lock python bench/psld.py one        [--np 4] [--mib 16] [--rounds 30]
+    flock /tmp/pc-bench.lock python bench/psld.py two
+    flock /tmp/pc-bench.lock python bench/psld.py transient  [--rounds 60]
+    flock /tmp/pc-bench.lock python bench/psld.py none
+
+A driver: it launches one MPI job per scenario (mpiexec; the slow ranks' command lines
+start with ``taskset -c CPU``) and prints the table. In the job, every rank both posts
+and aggregates (BytePS' colocated servers); a full-mode allreduce of --mib MiB of
+float32 in blocks of --block-mib, side by side in one job:
+
+  mpi        MPI_Allreduce through mpi4py (the peer), with the interference on
+  baseline   balance="static" with nothing slow (no busy processes)
+  static     round-robin owners, the slow rank(s) interfered with
+  proportional, psld   the same, rebalanced every 2 rounds (psld: epsilon 0.1)
+Each configuration runs --repeat times, in rotated order; the run of median round time
+is reported (the machine is shared: its load drifts during a run).
+
+Interference (PSLD's "computation interference"): the slow rank is pinned to one CPU
+with taskset, and while a configuration with interference runs, it starts --hogs busy
+processes pinned to the same CPU (and kills them after). Scenarios:
+  one        the last rank slow
+  two        the last two ranks slow (both pinned to the same CPU, with the hogs)
+  transient  the last rank slow for the first third of the rounds, then not: psld must
+             give it blocks back (exploration), the others need not
+  none       nothing slow: psld (epsilon 0.1) against psld with epsilon 0 and static:
+             what exploration costs
+Printed per configuration: mean round time over the second half of the rounds (ms; the
+round time is the slowest rank's), the ratio to the baseline and to static, the largest
+share of the blocks a slow rank holds at the end, and the first round at which it fell below
+1/(2P) (for transient: its share over the last third).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+
+
+def driver(args) -> None:
+    p, slow_cpu = args.np, str(args.cpu)
+    slow = {"one": [p - 1], "two": [p - 2, p - 1], "transient": [p - 1], "none": [p - 1]}[args.scenario]
+    worker = [sys.executable, HERE, args.scenario, "--worker", "--np", str(p), "--mib", str(args.mib),
+              "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
+              "--repeat", str(args.repeat),
+              "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
+    cmd = ["mpiexec"]
+    for r in range(p):
+        if cmd[-1] != "mpiexec":
+            cmd.append(":")
+        cmd += ["-n", "1"] + (["taskset", "-c", slow_cpu] if r in slow else []) + worker
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if out.returncode:
+        sys.exit(out.stdout[-4000:] + out.stderr[-4000:])
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    res = json.loads(line[7:])
+    report(res, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f)
+
+
+def report(res: dict, args) -> None:
+    p = res["P"]
+    print(f"scenario {res['scenario']}: P = {p}, {res['mib']} MiB float32, blocks of {res['block_mib']} MiB "
+          f"({res['nblocks']} blocks), {res['rounds']} rounds per configuration, slow ranks {res['slow']} "
+          f"(taskset -c {args.cpu}, {res['hogs']} busy processes); each configuration run {args.repeat} "
+          f"times in rotated order, the run of median round time shown")
+    base = res["configs"]["baseline"]["mean_ms"]
+    static = res["configs"].get("static", {}).get("mean_ms")
+    print(f"{'config':14} {'round ms':>9} {'x baseline':>10} {'static / x':>10} {'slow share':>10} "
+          f"{'< 1/(2P) at':>11}")
+    for name, c in res["configs"].items():
+        share = c.get("slow_share")
+        print(f"{name:14} {c['mean_ms']:9.1f} {c['mean_ms'] / base:10.2f} "
+              f"{(static / c['mean_ms']) if static else float('nan'):10.2f} "
+              f"{'' if share is None else f'{share:.3f}':>10} {str(c.get('below_at', '')):>11}")
+    if res["scenario"] == "transient":
+        for name, c in res["configs"].items():
+            if "recovered_share" in c:
+                print(f"  {name}: slow rank's share while slow {c['slow_share_during']:.3f}, "
+                      f"over the last third (recovered) {c['recovered_share']:.3f}")
+
+
+def worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    import partialcoll as pc
+    from partialcoll.algorithms import ps
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    slow = [int(s) for s in args.slow.split(",")]
+    count = int(args.mib * (1 << 20)) // 4
+    block = int(args.block_mib * (1 << 20))
+    nblocks = ps.block_count(count, 4, block)
+    x = np.full(count, 1.0 + rank, np.float32)
+    rounds = args.rounds
+    hogs: list = []
+
+    def interfere(on: bool) -> None:
+        if rank in slow and on and not hogs:
+            for _ in range(args.hogs):
+                hogs.append(subprocess.Popen(["taskset", "-c", args.cpu, sys.executable, "-c", "while True: pass"]))
+        elif not on:
+            for h in hogs:
+                h.kill()
+                h.wait()
+            hogs.clear()
+        comm.Barrier()
+
+    def measure(make, interfered) -> dict:
+        """Round times (the slowest rank's) and the slow ranks' share per round."""
+        coll = make()
+        comm.Barrier()
+        ends = []
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            if args.scenario == "transient" and i == rounds // 3:
+                interfere(False)                 # the straggler recovers
+            elif i == 0:
+                interfere(interfered)
+            if coll is None:
+                out = np.empty_like(x)
+                comm.Allreduce(x, out, op=MPI.SUM)
+            else:
+                coll.post(x).wait(timeout=120)
+            ends.append(time.perf_counter() - t0)
+        interfere(False)
+        shares = []
+        if coll is not None:
+            coll.close()
+            for i in range(rounds):
+                a = coll.assignment(round=i)
+                shares.append(max(float(np.count_nonzero(a == s)) / len(a) for s in slow))   # the busiest slow rank
+        every = comm.gather(ends)
+        if rank:
+            return {}
+        t = np.max(np.array(every), axis=0)
+        per = np.diff(np.concatenate([[0.0], t]))
+        out = {"mean_ms": float(per[rounds // 2:].mean() * 1e3), "per_round_ms": [round(v * 1e3, 2) for v in per]}
+        if shares:
+            out["slow_share"] = shares[-1]
+            below = [i for i, s in enumerate(shares) if s < 1 / (2 * p)]
+            out["below_at"] = below[0] if below else None
+            out["shares"] = shares
+            if args.scenario == "transient":
+                out["slow_share_during"] = float(np.mean(shares[rounds // 6:rounds // 3]))
+                out["recovered_share"] = float(np.mean(shares[2 * rounds // 3:]))
+        return out
+
+    def ps_coll(balance, **kw):
+        return lambda: pc.allreduce_init(count, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=block,
+                                         balance=balance, rebalance_every=2, seed=1, **kw)
+
+    configs = {"mpi": (lambda: None, True), "baseline": (ps_coll("static"), False)}
+    if args.scenario == "none":
+        configs.update({"static": (ps_coll("static"), False), "psld eps 0": (ps_coll("psld", epsilon=0.0), False),
+                        "psld": (ps_coll("psld"), False), "proportional": (ps_coll("proportional"), False)})
+    else:
+        configs.update({"static": (ps_coll("static"), True), "proportional": (ps_coll("proportional"), True),
+                        "psld": (ps_coll("psld"), True)})
+    runs: dict = {name: [] for name in configs}
+    names = list(configs)
+    for rep in range(args.repeat):                # rotated order: drift on the shared machine spreads evenly
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            make, interfered = configs[name]
+            runs[name].append(measure(make, interfered))
+    results = {}
+    for name, got in runs.items():               # the repetition of median mean round time
+        if rank == 0:
+            means = [g["mean_ms"] for g in got]
+            results[name] = dict(sorted(got, key=lambda g: g["mean_ms"])[len(got) // 2], all_ms=means)
+    if rank == 0:
+        print("RESULT " + json.dumps({"scenario": args.scenario, "P": p, "mib": args.mib, "block_mib": args.block_mib,
+                                      "nblocks": nblocks, "rounds": rounds, "slow": slow, "hogs": args.hogs,
+                                      "configs": results}), flush=True)
+    pc.finalize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=["one", "two", "transient", "none"])
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--mib", type=float, default=16)
+    ap.add_argument("--block-mib", type=float, default=1)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--hogs", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every configuration (median reported)")
+    ap.add_argument("--cpu", default=str(max(os.sched_getaffinity(0))))
+    ap.add_argument("--timeout", type=float, default=170)
+    ap.add_argument("--json", help="driver: also write the results here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--slow", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Parameter-server allreduce (PSLD's aggregation): blocks reduced by their owners.
+
+How it works. The vector is cut into blocks of `block_bytes` (the last one shorter).
+Block b has an owner, assignment[b]. Every other rank sends its block b to the owner,
+which reduces the blocks as they arrive (``blk = tmp (op) blk``, in peer order, so every
+element is reduced on one path and every rank ends with the same bits) and sends the
+result back: reduce to the owners, then broadcast from the owners. An owner receives
+from every peer in parallel into two scratch blocks per peer (double-buffered across the
+blocks it owns), so its scratch is at most 2 (p - 1) blocks whatever it owns.
+
+Messages: a non-owner sends and receives each block once; an owner of k blocks receives
+and sends k (p - 1) blocks. The owners set the speed: a slow or overloaded owner makes
+its blocks late, which is what balancing (partialcoll/balance.py) moves blocks away from.
+
+Worked example, p = 3, count = 5 elements, blocks of 2 elements, owners [0, 1, 0]:
+
+    block 0 [0:2)  ranks 1, 2 send it to 0; 0 reduces, sends the result to 1 and 2
+    block 1 [2:4)  ranks 0, 2 send it to 1; 1 reduces, sends it back
+    block 2 [4:5)  ranks 1, 2 send it to 0 (into 0's second scratch block per peer); ...
+
+Timers: for each block this rank sends to another owner, (send op, receive op, owner):
+the engine measures the owner's service time from the send to the result's arrival.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from .._buffers import BufRef
+from ..schedule import ScheduleOp, Schedule
+from ._alone import alone
+
+BLOCK_BYTES = 4 << 20        # PSLD's block size
+
+
+def block_count(count: int, itemsize: int, block_bytes: int = BLOCK_BYTES) -> int:
+    """How many blocks a vector of count elements of itemsize bytes is cut into."""
+    per = max(1, block_bytes // itemsize)
+    return -(-count // per)
+
+
+def round_robin(nblocks: int, servers: Sequence[int]) -> List[int]:
+    """The static assignment: block b to servers[b mod len(servers)]."""
+    return [servers[b % len(servers)] for b in range(nblocks)]
+
+
+def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None, divisor: float = 1.0,
+              block_bytes: int = BLOCK_BYTES, assignment: Optional[Sequence[int]] = None,
+              servers: Optional[Sequence[int]] = None,
+              timers: Optional[List[Tuple[int, int, int]]] = None) -> ScheduleOp:
+    """Add a parameter-server allreduce of buf (in place) to s; returns its last op.
+
+    assignment: the owner of each block (default: round-robin over servers, default all
+    ranks). divisor: the owner divides in its last reduction. timers: if given, gets
+    (send op index, receive op index, owner) of every block this rank sends away."""
+    p, rank = s.size, s.rank
+    if p == 1 or buf.count == 0:
+        return alone(s, buf, after, divisor)
+    per = max(1, block_bytes // buf.dtype.itemsize)
+    nblocks = -(-buf.count // per)
+    owners = list(assignment) if assignment is not None else round_robin(nblocks, list(servers or range(p)))
+    assert len(owners) == nblocks and all(0 <= o < p for o in owners), (nblocks, owners)
+    mine = [b for b in range(nblocks) if owners[b] == rank]
+    peers = [j for j in range(p) if j != rank]
+    nbuf = min(2, len(mine))
+    tmp = {j: [s.scratch(per, buf.dtype) for _ in range(nbuf)] for j in peers} if mine else {}
+    reduced: dict = {j: [] for j in peers}        # per peer: the computes that read its scratch blocks
+    ends: List[ScheduleOp] = []
+    for b in range(nblocks):
+        blk = buf.segment(b * per, min((b + 1) * per, buf.count))
+        o = owners[b]
+        if o != rank:
+            sent = s.send(blk, o, after=after, label=f"block {b}: send to owner {o}")
+            got = s.recv(blk, o, after=sent, label=f"block {b}: result from owner {o}")
+            if timers is not None:
+                timers.append((sent.index, got.index, o))
+            ends.append(got)
+            continue
+        k = len(reduced[peers[0]])                  # this is the k-th block this rank owns
+        last = after
+        for i, j in enumerate(peers):
+            t = tmp[j][k % nbuf].segment(0, blk.count)
+            got = s.recv(t, j, after=reduced[j][k - 2] if k >= 2 else None,
+                         label=f"block {b}: recv from {j}")
+            last = s.compute(op, t, blk, out=blk, after=[got, last] if last is not None else [got],
+                             label=f"block {b}: blk = tmp (op) blk",
+                             divisor=divisor if i == len(peers) - 1 else 1.0)
+            reduced[j].append(last)
+        ends += [s.send(blk, j, after=last, label=f"block {b}: result to {j}") for j in peers]
+    return s.nop(after=ends, label="allreduce complete")

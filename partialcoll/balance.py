@@ -1,0 +1,310 @@
+"""Load-aware owners for algorithm "ps" (PSLD: Chen et al., SoCC 2020).
+
+The vector is cut into blocks, each reduced by its owner (algorithms/ps.py). The engine
+times every owner (its span per round, from the first block sent to it to the last
+result from it, per block: coll.c "Owners") and sums the times over ranks inside the
+rounds themselves, so every rank holds the same numbers. Every `rebalance_every` rounds
+(an epoch) a thread of each rank turns epoch e's times into a new assignment with the
+pure functions below -- every rank alike, from the same numbers, the collective's seed
+and e -- builds the round schedules for it and hands them to the engine, which runs
+them from round (e + 2) * rebalance_every on, on every rank: no round mixes two
+assignments, and a switch moves no data (owners only aggregate), so nothing posted is
+lost across one.
+
+balance=
+  "static"        round-robin over the servers, never changed
+  "proportional"  PSLD's strawman: blocks in proportion to each owner's measured speed
+  "psld"          PSLD's method: predicted per-block times (a moving average of the
+                  measurements; an owner without blocks keeps its last prediction), then
+                  with probability 1 - epsilon *exploit*: the assignment of least
+                  predicted round time (blocks handed one by one to the owner that would
+                  finish them first, so slow owners fall out of the set of effective
+                  servers and come back when the set cannot keep up), if it is GAIN
+                  shorter than the current one's (else the current one), and with
+                  probability epsilon *explore*: one block moved to a random server, an
+                  idle one first, so a server that recovered wins its blocks back.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from ._errors import ArgumentError
+from ._types import integer
+from .algorithms import OWNED
+from .algorithms.ps import BLOCK_BYTES
+
+BALANCES = ("static", "proportional", "psld")
+ALPHA = 0.5                  # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
+GAIN = 0.15                  # psld exploits only for a predicted round time this much shorter
+                             # (a straggler detected, not noise in the measurements)
+
+
+def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every) -> dict:
+    """The owner options (block_bytes=, servers=, balance=, ...) checked against the
+    algorithm and the communicator's size; the normalized values."""
+    owned = algorithm in OWNED
+    for name, value in (("block_bytes", block_bytes), ("servers", servers), ("balance", balance)):
+        if value is not None and not owned:
+            raise ArgumentError(f"{name}= is for an algorithm whose blocks have owners "
+                                f"({', '.join(repr(a) for a in OWNED)}); {algorithm!r} has none")
+    if not owned:
+        return {}
+    block_bytes = BLOCK_BYTES if block_bytes is None else integer(block_bytes, "block_bytes", 1)
+    if servers is None:
+        servers = list(range(size))
+    else:
+        try:
+            servers = sorted({integer(s, "a server", 0, size - 1) for s in servers})
+        except ArgumentError:
+            raise ArgumentError(f"servers= must be ranks of the communicator (0 .. {size - 1}), "
+                                f"not {servers!r}") from None
+        except TypeError:
+            raise ArgumentError(f"servers= must be a list of ranks, not {servers!r}") from None
+        if not servers:
+            raise ArgumentError("servers= is empty: at least one rank must own blocks")
+    balance = "static" if balance is None else balance
+    if balance not in BALANCES:
+        raise ArgumentError(f"balance must be one of {', '.join(BALANCES)}, not {balance!r}")
+    epsilon = float(epsilon)
+    if not 0.0 <= epsilon <= 1.0:
+        raise ArgumentError(f"epsilon must be in [0, 1], not {epsilon!r}")
+    rebalance_every = integer(rebalance_every, "rebalance_every", 1)
+    return {"block_bytes": block_bytes, "servers": servers, "balance": balance, "epsilon": epsilon,
+            "rebalance_every": rebalance_every}
+
+
+class OwnerTimes:
+    """An epoch's times per owner, from the engine's sums over ranks and rounds (spans,
+    first results' latencies, blocks, samples: pc_coll_stats). NaN where an owner served
+    no block.
+
+    per_block  span / blocks: the mean service time per block (seconds; owner_times())
+    marginal   what one more block costs the owner: (span - first latency) / (blocks - 1),
+               averaged (an owner that served one block at a time: the others' mean)
+    fixed      what its first block costs beyond that: first latency - marginal (waiting
+               for the slowest sender, common to every owner, plus the owner's own delay
+               in starting: a CPU-starved owner answers late, then quickly)
+    psld predicts an owner's span for n blocks as fixed + n * marginal.
+    """
+
+    def __init__(self, sums: Sequence[int]) -> None:
+        s = np.asarray(sums, np.float64).reshape(4, -1) / np.array([[1e9], [1e9], [1], [1]])
+        span, first, blocks, samples = s
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.per_block = np.where(blocks > 0, span / blocks, np.nan)
+            extra = blocks - samples
+            several = extra > 0
+            marginal = np.where(several, (span - first) / np.where(several, extra, 1), np.nan)
+            latency = np.where(samples > 0, first / np.where(samples > 0, samples, 1), np.nan)
+            one = (samples > 0) & ~several          # one block at a time: the others' mean marginal cost
+            marginal[one] = np.nanmean(marginal) if several.any() else latency[one]
+            self.marginal = marginal
+            self.fixed = np.maximum(latency - marginal, 0.0)
+
+
+def _fill(t: np.ndarray, servers: Sequence[int]) -> np.ndarray:
+    """Times of the servers, unknown ones (NaN) as the mean of the known (1 if none)."""
+    ts = np.array([t[s] for s in servers], np.float64)
+    known = ts[~np.isnan(ts)]
+    ts[np.isnan(ts)] = known.mean() if known.size else 1.0
+    return np.maximum(ts, 1e-12)
+
+
+def _place(counts: Sequence[int], servers: Sequence[int], current: Sequence[int]) -> List[int]:
+    """An assignment giving servers[i] counts[i] blocks, keeping each block with its
+    current owner where that owner still has room (fewest blocks change owner)."""
+    room = {s: int(k) for s, k in zip(servers, counts)}
+    out = [-1] * len(current)
+    for b, o in enumerate(current):
+        if room.get(o, 0) > 0:
+            out[b] = o
+            room[o] -= 1
+    spare = [s for s in servers for _ in range(room[s])]
+    for b in range(len(out)):
+        if out[b] < 0:
+            out[b] = spare.pop(0)
+    return out
+
+
+def proportional(times: np.ndarray, servers: Sequence[int], current: Sequence[int]) -> List[int]:
+    """PSLD's strawman: blocks in proportion to speed (1 / per-block time), largest
+    remainders rounded up."""
+    n = len(current)
+    speed = 1.0 / _fill(times, servers)
+    share = n * speed / speed.sum()
+    counts = np.floor(share).astype(int)
+    for i in np.argsort(-(share - counts), kind="stable")[:n - counts.sum()]:
+        counts[i] += 1
+    return _place(counts, servers, current)
+
+
+def _span(counts: np.ndarray, t: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """Predicted span per server: fixed + n t where it holds n > 0 blocks, else 0."""
+    return np.where(counts > 0, fixed + counts * t, 0.0)
+
+
+def least_time(times: np.ndarray, servers: Sequence[int], nblocks: int,
+               fixed: Optional[np.ndarray] = None) -> np.ndarray:
+    """Blocks per server minimizing the predicted round time max(fixed_s + n_s t_s) (fixed:
+    0 where not given): each block to the server that would finish it first (optimal for
+    equal blocks). Servers slower than the resulting round time get none."""
+    t = _fill(times, servers)
+    f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
+    counts = np.zeros(len(servers), int)
+    for _ in range(nblocks):
+        counts[int(np.argmin(f + (counts + 1) * t))] += 1
+    return counts
+
+
+def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, seed: int, epoch: int,
+         epsilon: float, fixed: Optional[np.ndarray] = None) -> List[int]:
+    """PSLD's prediction-guided exploitation and exploration (times: the predicted
+    marginal per-block time of every rank, fixed: its predicted fixed delay, NaN
+    unknown). Exploration is drawn from (seed, epoch), so every rank makes the same choice."""
+    n = len(current)
+    counts = least_time(times, servers, n, fixed)
+    t = _fill(times, servers)
+    f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
+    now = np.array([sum(o == s for o in current) for s in servers])
+    if np.max(_span(counts, t, f)) > (1 - GAIN) * np.max(_span(now, t, f)):
+        counts = now                         # no straggler worth a switch: keep the assignment
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
+    if len(servers) > 1 and n > 1 and rng.random() < epsilon:
+        idle = [i for i in range(len(servers)) if counts[i] == 0]
+        pick = int(rng.choice(idle)) if idle else int(rng.integers(len(servers)))
+        busiest = int(np.argmax(_span(counts, t, f) - 1e300 * (np.arange(len(servers)) == pick)))
+        if busiest != pick and counts[busiest] > 0:
+            counts[busiest] -= 1
+            counts[pick] += 1
+    return _place(counts.tolist(), servers, current)
+
+
+class Predictor:
+    """psld's per-owner prediction: moving averages of the measured marginal and fixed
+    times; an owner that served nothing keeps its last prediction. Every rank feeds it
+    the same epochs, so every rank predicts the same."""
+
+    def __init__(self, size: int) -> None:
+        self.est = np.full(size, np.nan)         # marginal seconds per block
+        self.fixed = np.full(size, np.nan)
+
+    @staticmethod
+    def _average(est: np.ndarray, measured: np.ndarray) -> None:
+        new, old = ~np.isnan(measured), ~np.isnan(est)
+        est[new & old] = ALPHA * measured[new & old] + (1 - ALPHA) * est[new & old]
+        est[new & ~old] = measured[new & ~old]
+
+    def update(self, measured: "OwnerTimes"):
+        """(marginal, fixed) predictions after this epoch's measurements."""
+        self._average(self.est, measured.marginal)
+        self._average(self.fixed, measured.fixed)
+        return self.est.copy(), self.fixed.copy()
+
+
+def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Sequence[int],
+           current: Sequence[int], seed: int, epoch: int, epsilon: float) -> List[int]:
+    """Epoch e's new assignment from its measured times (pure but for the predictor's
+    history, which every rank builds alike): proportional to the measured per-block
+    times, psld from the predicted marginal ones."""
+    if balance == "static":
+        return list(current)
+    if balance == "proportional":
+        t = measured.per_block
+        predictor.est[~np.isnan(t)] = t[~np.isnan(t)]          # the last measurement of each owner
+        return proportional(predictor.est, servers, current)
+    marginal, fixed = predictor.update(measured)
+    return psld(marginal, servers, current, seed=seed, epoch=epoch, epsilon=epsilon, fixed=fixed)
+
+
+class Balancer:
+    """The thread of one rank that makes a collective's decisions (see the module doc).
+
+    Threads: it reads the engine's snapshots (pc_coll_stats, which waits without the GIL
+    and without the collective's lock), builds schedules in Python and hands them to
+    the engine (pc_coll_switch, under the collective's lock). It holds the collective
+    weakly, so a collective dropped without close() is still abandoned; close() and
+    abandonment stop it (stop, then join) before the engine frees anything it uses.
+    history and the current assignment are written by it and read by the application
+    thread (a list append and a reference swap, atomic under the GIL)."""
+
+    SLICE = 0.05
+
+    def __init__(self, coll, native, balance: str, servers: Sequence[int], assignment: Sequence[int],
+                 seed: int, epsilon: float, every: int) -> None:
+        from . import _engine
+        self._coll = weakref.ref(coll)
+        self._native = native
+        self.balance, self.servers, self.seed, self.epsilon, self.every = balance, list(servers), seed, epsilon, every
+        self.current = list(assignment)
+        self.history: list = [(0, list(assignment))]    # (first round, assignment)
+        self.predictor = Predictor(coll.size)
+        self.error: Optional[BaseException] = None
+        self._stop = False
+        self._lib, self._ffi = _engine.lib, _engine.ffi
+        self.thread = threading.Thread(target=self._run, name="partialcoll-balance", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from ._errors import check, TIMEOUT_CODE
+        lib, ffi = self._lib, self._ffi
+        p = len(self.predictor.est)
+        sums, got = ffi.new("int64_t[]", lib.PC_TIME_FIELDS * p), ffi.new("int *")
+        epoch = 0
+        try:
+            while not self._stop:
+                rc = lib.pc_coll_stats(self._native, epoch, self.SLICE, sums, got)
+                if self._stop or rc == TIMEOUT_CODE:
+                    continue
+                check(rc)
+                if not got[0]:
+                    return                           # the collective finished
+                measured = OwnerTimes(list(sums))
+                new = decide(self.balance, measured, self.predictor, self.servers, self.current, self.seed,
+                             epoch, self.epsilon)
+                s0 = s1 = ffi.NULL
+                if new != self.current:
+                    coll = self._coll()
+                    if coll is None or self._stop:
+                        return
+                    s0, s1 = coll._native_rounds(new)
+                    del coll                         # may run its __del__ here: abandoned, stopped
+                    if self._stop:
+                        return
+                check(lib.pc_coll_switch(self._native, epoch, s0, s1))
+                if new != self.current:
+                    self.history.append(((epoch + 2) * self.every, new))
+                    self.current = new
+                epoch += 1
+        except BaseException as exc:    # noqa: BLE001 - the application's next call reports it
+            self.error = exc
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it (not from the thread itself)."""
+        self._stop = True
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def trim(self, last_round: int) -> None:
+        """Forget decisions for rounds after last_round (made after the final round: never run)."""
+        self.history = [h for h in self.history if h[0] <= last_round]
+        self.current = self.history[-1][1]
+
+    def assignment_of(self, round: int) -> List[int]:
+        """The assignment round `round` runs with (once decided)."""
+        current = self.history[0][1]
+        for first, a in list(self.history):
+            if first <= round:
+                current = a
+        return current
+
+
+def shares(assignment: Sequence[int], size: int) -> np.ndarray:
+    """The fraction of the blocks each rank owns."""
+    a = np.asarray(assignment, int)
+    return np.bincount(a, minlength=size) / max(len(a), 1) if len(a) else np.zeros(size)
+
+

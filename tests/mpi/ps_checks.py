@@ -1,0 +1,156 @@
+"""Algorithm "ps" (blocks reduced by their owners) against MPI_Allreduce, and its owner
+options: python ps_checks.py
+
+Every op x dtype at counts of no block, less than one block, several blocks and a
+partial last block, with every rank a server and with dedicated servers; divisor=;
+a rank that only serves and never posts; owner_times() and assignment() agreed by
+every rank; bad owner options raise the same error on every rank."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from mpi4py import MPI
+
+import partialcoll as pc
+from _data import assert_matches, combos, values
+from _util import expect_raises, run_module
+
+
+def server_sets(p):
+    sets = [None, [0]]
+    if p > 2:
+        sets.append([p - 1, 1])          # a subset, unordered: rank 0 only sends
+    return sets
+
+
+def check(comm, count, dtype, op, servers, block_items=3):
+    x = values(dtype, op, count, comm.rank, 7)
+    ref = np.empty_like(x)
+    comm.Allreduce(x, ref, op=op)
+    coll = pc.allreduce_init(count, dtype, op, comm, algorithm="ps", servers=servers,
+                             block_bytes=block_items * np.dtype(dtype).itemsize)
+    res = coll.post(x).wait(timeout=60)
+    what = f"ps count={count} {np.dtype(dtype)} {op} servers={servers} P={comm.size}"
+    assert_matches(res.data, ref, op, what)
+    assert len(set(comm.allgather(zlib.crc32(res.data.tobytes())))) == 1, f"{what}: ranks disagree bitwise"
+    owners = coll.assignment()
+    assert owners.dtype.kind == "i" and len(owners) == -(-count // block_items), (what, owners)
+    assert set(owners.tolist()) <= set(servers if servers is not None else range(comm.size)), owners
+    coll.close()
+
+
+def test_every_op_dtype_count(comm):
+    """Every op x dtype at 2 elements (less than one block) and 10 (a partial fourth
+    block), every rank a server; with dedicated servers at 10; no elements and exactly
+    one block with SUM."""
+    p = comm.size
+    for dtype, op in combos():
+        for count in (2, 10):
+            check(comm, count, dtype, op, None)
+        for servers in server_sets(p)[1:]:
+            check(comm, 10, dtype, op, servers)
+    for servers in server_sets(p):
+        for count in (0, 3):
+            check(comm, count, np.float64, MPI.SUM, servers)
+
+
+def test_default_block_and_large(comm):
+    """The default 4 MiB blocks: one block below them, several (the last shorter) above."""
+    for count in (1000, (9 << 20) // 4 + 5):
+        x = values(np.float32, MPI.SUM, count, comm.rank)
+        ref = np.empty_like(x)
+        comm.Allreduce(x, ref, op=MPI.SUM)
+        coll = pc.allreduce_init(count, np.float32, MPI.SUM, comm, algorithm="ps")
+        for _ in range(2):
+            assert_matches(coll.post(x).wait(timeout=60).data, ref, MPI.SUM, f"ps {count}")
+        assert len(coll.assignment()) == -(-count * 4 // (4 << 20))
+        coll.close()
+
+
+def test_divisor(comm):
+    p = comm.size
+    x = (np.arange(50) % 7 + comm.rank).astype(np.float64)
+    want = comm.allreduce(x) / p
+    for servers in server_sets(p):
+        coll = pc.allreduce_init(50, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64, servers=servers,
+                                 divisor=p)
+        assert np.array_equal(coll.post(x).wait(timeout=60).data, want)
+        coll.close()
+
+
+def test_server_that_never_posts(comm):
+    """solo, rank 0 the only server: it never posts, yet every round is reduced by it
+    (its progress thread serves), and its close() flushes nothing of its own."""
+    coll = pc.solo_allreduce(20, np.int64, MPI.SUM, comm, algorithm="ps", servers=[0], block_bytes=40,
+                             late="fold", balance="psld", rebalance_every=2)
+    got = np.zeros(20, np.int64)
+    posted = np.zeros(20, np.int64)
+    if comm.rank:
+        for i in range(12):
+            x = np.arange(20, dtype=np.int64) + 100 * comm.rank + i
+            posted += x
+            got += coll.post(x).wait(timeout=60).data
+    got += coll.close().data
+    assert np.array_equal(coll.assignment(), np.zeros(4, np.int64))     # one server: nothing to move
+    total = comm.allreduce(posted)
+    if comm.rank:
+        assert np.array_equal(got, total), (got[:4], total[:4])
+
+
+def test_owner_times_and_assignment(comm):
+    """owner_times(): seconds per block for every owner that served blocks, NaN for the
+    others, the same on every rank (agreed in the rounds): static (all rounds so far) and
+    proportional (the latest epoch, assignments switching)."""
+    p = comm.size
+    for balance in ("static", "proportional"):
+        coll = pc.allreduce_init(4000, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=8000,
+                                 balance=balance, rebalance_every=3)
+        x = np.ones(4000)
+        for _ in range(10):
+            assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p)
+        t = coll.owner_times()
+        assert t.shape == (p,) and t.dtype == np.float64
+        if p == 1:
+            assert np.all(np.isnan(t))      # nobody sends a block away
+        elif balance == "static":
+            owners = set(coll.assignment().tolist())
+            assert all(np.isfinite(t[r]) == (r in owners) for r in range(p)), (t, owners)
+        assert np.all(t[np.isfinite(t)] > 0), t
+        everyone = comm.allgather((t.tobytes(), coll.assignment(round=9).tobytes()))
+        assert all(e == everyone[0] for e in everyone), "owner_times or assignment differ across ranks"
+        coll.close()
+
+
+def test_bad_owner_options(comm):
+    p = comm.size
+    for kwargs, exc, match in [
+        ({"algorithm": "ps", "block_bytes": 0}, pc.ArgumentError, "block_bytes"),
+        ({"algorithm": "ps", "block_bytes": -4}, pc.ArgumentError, "block_bytes"),
+        ({"algorithm": "ps", "servers": [p]}, pc.ArgumentError, "servers"),
+        ({"algorithm": "ps", "servers": [-1]}, pc.ArgumentError, "servers"),
+        ({"algorithm": "ps", "servers": []}, pc.ArgumentError, "empty"),
+        ({"algorithm": "ps", "balance": "fastest"}, pc.ArgumentError, "balance"),
+        ({"algorithm": "ring", "balance": "psld"}, pc.ArgumentError, "owners"),
+        ({"algorithm": "auto", "balance": "static"}, pc.ArgumentError, "owners"),
+        ({"algorithm": "tree", "block_bytes": 8}, pc.ArgumentError, "owners"),
+        ({"algorithm": "recursive_doubling", "servers": [0]}, pc.ArgumentError, "owners"),
+        ({"algorithm": "ps", "epsilon": 2.0}, pc.ArgumentError, "epsilon"),
+    ]:
+        expect_raises(exc, pc.allreduce_init, 10, np.float32, MPI.SUM, comm, match=match, **kwargs)
+    if p > 1:                            # one rank's bad server list: every rank raises
+        servers = [p] if comm.rank == p - 1 else [0]
+        exc = expect_raises(pc.ArgumentError, pc.allreduce_init, 10, np.float32, MPI.SUM, comm, algorithm="ps",
+                            servers=servers)
+        assert "servers" in str(exc), exc
+        exc = expect_raises(pc.ArgumentError, pc.allreduce_init, 10, np.float32, MPI.SUM, comm, algorithm="ps",
+                            balance="psld" if comm.rank else "static")
+        assert "balance" in str(exc), exc
+    coll = pc.allreduce_init(10, np.float32, MPI.SUM, comm, algorithm="ring")
+    expect_raises(pc.ArgumentError, coll.assignment, match="ps")
+    expect_raises(pc.ArgumentError, coll.owner_times, match="ps")
+    coll.close()
+
+
+if __name__ == "__main__":
+    run_module(__file__)

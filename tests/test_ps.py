@@ -1,0 +1,219 @@
+"""The parameter-server allreduce (algorithm "ps") as a pure builder, run in the
+simulator for many P, block sizes and assignments (no MPI processes)."""
+import numpy as np
+import pytest
+
+from partialcoll._buffers import BufRef
+from partialcoll.algorithms import ps
+from partialcoll.schedule import Schedule
+from simulate import run
+
+SIZES = [1, 2, 3, 4, 5, 7, 8]
+
+
+def simulate(p, data, op=0, divisor=1.0, **kw):
+    bufs = [d.copy() for d in data]
+    scheds, timers = [], []
+    for r in range(p):
+        s = Schedule(rank=r, size=p)
+        t = []
+        ps.allreduce(s, BufRef.of(bufs[r], writable=True), op, divisor=divisor, timers=t, **kw)
+        scheds.append(s)
+        timers.append(t)
+    run(scheds)
+    return bufs, scheds, timers
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("count", [0, 1, 3, 8, 9, 100])
+@pytest.mark.parametrize("block", [8, 24, 4 << 20])
+def test_simulated_ps_round_robin(p, count, block):
+    """Every rank ends with the sum, whatever the count is against the block (one
+    block, a partial last block, no elements)."""
+    data = [np.arange(count, dtype=np.int64) * (r + 1) + r for r in range(p)]
+    bufs, scheds, timers = simulate(p, data, block_bytes=block)
+    expect = np.sum(data, axis=0) if count else np.zeros(0, np.int64)
+    for r in range(p):
+        assert np.array_equal(bufs[r], expect), (p, count, block, r)
+    nblocks = ps.block_count(count, 8, block)
+    if p > 1 and count:
+        owners = ps.round_robin(nblocks, list(range(p)))
+        for r in range(p):   # a timer per block sent away, naming its owner
+            assert [o for _, _, o in timers[r]] == [o for o in owners if o != r]
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_simulated_ps_any_assignment(p):
+    """Any owner map, servers= restricting ownership, one owner for everything; the
+    divisor applied exactly once (by the owner); the owner's scratch stays two blocks
+    per peer however many blocks it owns."""
+    rng = np.random.default_rng(p)
+    count = 37
+    data = [rng.standard_normal(count) for _ in range(p)]
+    nblocks = ps.block_count(count, 8, 40)
+    for assignment in (rng.integers(0, p, nblocks).tolist(), [p - 1] * nblocks, None):
+        bufs, scheds, _ = simulate(p, data, divisor=3.0, block_bytes=40, assignment=assignment)
+        for r in range(p):
+            assert np.allclose(bufs[r], np.sum(data, axis=0) / 3.0)
+            assert np.array_equal(bufs[r], bufs[0])       # one reduction path: the same bits
+        if p > 1:
+            divided = sum(op.bufs[2].count for s in scheds for op in s.ops if op.kind == 2 and op.divisor != 1)
+            assert divided == count
+            assert max(s.scratch_bytes for s in scheds) <= 2 * (p - 1) * 64 * -(-40 // 64) + 64 * 2 * p
+    if p > 1:
+        servers = [0, p - 1]
+        bufs, scheds, timers = simulate(p, data, block_bytes=40, servers=servers)
+        assert all(np.allclose(b, np.sum(data, axis=0)) for b in bufs)
+        owners = {o for t in timers for _, _, o in t}
+        assert owners <= set(servers)
+        for r in range(1, p - 1):           # a rank that serves nothing receives nothing but results
+            assert sum(op.kind == 1 for op in scheds[r].ops) == nblocks
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+def test_ps_against_mpi_allreduce(mpirun, nprocs):
+    """Every op x dtype, counts below one block and with a partial last block, dedicated
+    servers, divisor=, a server that never posts, owner times and bad owner options."""
+    mpirun("ps_checks.py", nprocs, timeout=400)
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs,mode,balance", [
+    (2, "solo", "psld"), (3, "majority", "psld"), (3, "probe", "proportional"), (4, "quorum", "psld"),
+    (5, "full", "psld"), (5, "solo", "proportional"), (4, "solo", "static"), (8, "probe", "psld"),
+])
+def test_ps_partial_semantics(mpirun, nprocs, mode, balance):
+    """partial_checks.py's checks (nothing lost or counted twice, agreement, membership,
+    staleness, liveness, bad input) with algorithm="ps" switching its assignment every
+    2 rounds; every rank saw the same assignments."""
+    mpirun("ps_partial_checks.py", nprocs, mode, "40", balance, timeout=300)
+
+
+# -- the assignment functions (balance.py): pure, given times -> assignment ---------------
+from partialcoll import balance  # noqa: E402
+
+
+def counts(assignment, p):
+    return np.bincount(np.asarray(assignment), minlength=p).tolist()
+
+
+def test_static_is_round_robin_and_kept():
+    rr = ps.round_robin(7, [1, 3])
+    assert rr == [1, 3, 1, 3, 1, 3, 1]
+    pred = balance.Predictor(4)
+    measured = observe(np.array([1, 9, 1, 1.0]), [0, 4, 0, 3])
+    assert balance.decide("static", measured, pred, [1, 3], rr, 0, 0, 0.1) == rr
+
+
+def observe(t, counts, latency=0.0, ranks=3):
+    """The engine's sums for owners of per-block cost t holding counts blocks, each of
+    `ranks` senders seeing its first result after latency + t and its last after
+    latency + n t."""
+    t, n = np.asarray(t, float), np.asarray(counts, float)
+    held = n > 0
+    span = np.where(held, (latency + n * t) * ranks, 0) * 1e9
+    first = np.where(held, (latency + t) * ranks, 0) * 1e9
+    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks]).astype(np.int64))
+
+
+def test_owner_times_marginal_cost_excludes_latency():
+    m = observe([0.01, 0.04, 0.01, 0.01], [5, 2, 1, 0], latency=0.1)
+    assert np.allclose(m.marginal[:3], [0.01, 0.04, 0.025]) and np.isnan(m.marginal[3])   # one block: the mean
+    assert np.allclose(m.fixed[:3], [0.1, 0.1, 0.085]) and np.isnan(m.fixed[3])
+    assert np.allclose(m.per_block[:3], [0.03, 0.09, 0.11]) and np.isnan(m.per_block[3])
+
+
+def test_proportional_shares_by_speed():
+    """PSLD's strawman: blocks in proportion to 1 / time, largest remainders; a 4x slower
+    owner keeps a block."""
+    cur = ps.round_robin(16, range(4))
+    a = balance.proportional(np.array([1.0, 1.0, 1.0, 4.0]), range(4), cur)
+    assert counts(a, 4) == [5, 5, 5, 1]
+    # fewest blocks move: each owner keeps blocks it had
+    assert sum(x != y for x, y in zip(a, cur)) == 3
+    assert counts(balance.proportional(np.full(4, np.nan), range(4), cur), 4) == [4, 4, 4, 4]
+
+
+def test_least_time_drops_slow_owners_and_adds_them_back():
+    t = np.array([1.0, 1.0, 1.0, 10.0])
+    assert balance.least_time(t, range(4), 16).tolist() == [6, 5, 5, 0]       # round time 6, not 10
+    assert balance.least_time(t, range(4), 40).tolist() == [13, 13, 13, 1]    # the set cannot keep up: 4 again
+    assert balance.least_time(np.array([1.0, 2.0]), [0, 1], 3).tolist() == [2, 1]
+
+
+def test_psld_exploit_explore_seeded():
+    t = np.array([1.0, 1.0, 1.0, 10.0])
+    cur = ps.round_robin(16, range(4))
+    exploit = balance.psld(t, range(4), cur, seed=5, epoch=0, epsilon=0.0)
+    assert counts(exploit, 4) == [6, 5, 5, 0]
+    # epsilon 1: always explore: the idle owner gets one block from the busiest
+    explore = balance.psld(t, range(4), cur, seed=5, epoch=0, epsilon=1.0)
+    assert counts(explore, 4) == [5, 5, 5, 1]
+    # the same (seed, epoch) makes the same choice; over many epochs about epsilon explore
+    runs = [balance.psld(t, range(4), cur, seed=5, epoch=e, epsilon=0.2) for e in range(400)]
+    assert runs == [balance.psld(t, range(4), cur, seed=5, epoch=e, epsilon=0.2) for e in range(400)]
+    share = sum(counts(a, 4)[3] > 0 for a in runs) / 400
+    assert 0.13 < share < 0.27, share
+    other = [balance.psld(t, range(4), cur, seed=6, epoch=e, epsilon=0.2) for e in range(400)]
+    assert other != runs
+    # measurement noise is no straggler: a predicted gain below GAIN keeps the assignment
+    assert balance.psld(np.array([1.0, 1.15, 0.95, 1.0]), range(4), cur, seed=5, epoch=0, epsilon=0.0) == cur
+    # servers= restricts the owners
+    a = balance.psld(np.array([1.0, 5, 1, 1, 1]), [1, 2, 4], ps.round_robin(9, [1, 2, 4]), seed=0, epoch=0,
+                     epsilon=1.0)
+    assert set(a) <= {1, 2, 4}
+
+
+def test_psld_drops_an_owner_that_starts_late():
+    """An owner whose blocks all come back late but together (a CPU-starved process: its
+    marginal cost is like the others', its fixed delay is not) loses its blocks."""
+    p, cur = 4, ps.round_robin(16, range(4))
+    m = observe([1.0, 1.0, 1.0, 1.0], np.bincount(cur, minlength=p), latency=np.array([0.5, 0.5, 0.5, 6.0]))
+    a = balance.decide("psld", m, balance.Predictor(p), list(range(p)), cur, 0, 0, 0.0)
+    assert counts(a, p)[3] == 0, counts(a, p)
+
+
+def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0):
+    """Run the decisions against a model: owner o takes t_o(epoch) per block; only owners
+    with blocks are measured (as the engine does). Returns the assignments per epoch."""
+    pred = balance.Predictor(p)
+    cur = ps.round_robin(nblocks, list(range(p)))
+    out = [cur]
+    for e in range(epochs):
+        t = np.array([slow_at(o, e) for o in range(p)])
+        measured = observe(t, np.bincount(cur, minlength=p), latency=latency)
+        cur = balance.decide(kind, measured, pred, list(range(p)), cur, seed, e, epsilon)
+        out.append(cur)
+    return out
+
+
+def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
+    p = 4
+    slow = lambda o, e: 8.0 if o == 3 and e < 10 else 1.0          # noqa: E731  (recovers at epoch 10)
+    psld = model_epochs("psld", slow, 80)
+    # one decision takes the slow owner below 1 / (2P) of the blocks
+    assert counts(psld[1], p)[3] / 16 < 1 / (2 * p)
+    # after it recovered, exploration measures it again and it gets a fair share back
+    assert counts(psld[-1], p)[3] >= 3, [counts(a, p) for a in psld[-5:]]
+    # the same with a latency common to every owner (waiting for the slowest sender) 3x a
+    # block's cost: the marginal costs see through it
+    lat = model_epochs("psld", slow, 80, latency=3.0)
+    assert counts(lat[1], p)[3] / 16 < 1 / (2 * p) and counts(lat[-1], p)[3] >= 3
+    prop = model_epochs("proportional", slow, 80)
+    # the strawman keeps it busy with a block: its round takes 8, psld's 6 (in block times)
+    assert counts(prop[1], p)[3] == 1
+    cost = lambda a: max(np.array(counts(a, p)) * np.array([1, 1, 1, 8.0]))   # noqa: E731
+    assert cost(prop[1]) == 8 and cost(psld[1]) == 6
+    # nothing slow: exploration costs an extra block on some owner now and then: the
+    # model's mean round time (max n_o t_o) within 3 % of the balanced 4 blocks
+    flat = model_epochs("psld", lambda o, e: 1.0, 400, epsilon=0.1)
+    mean_round = np.mean([max(counts(a, p)) for a in flat])
+    assert mean_round <= 4 * 1.03 + 0.1, mean_round
+
+
+@pytest.mark.mpiexec
+def test_ps_partial_inline_progress(mpirun):
+    """The same with progress inline (no progress thread: the balancer thread's decisions
+    still reach the engine, and parked rounds are armed by them)."""
+    mpirun("ps_partial_checks.py", 3, "majority", "40", "psld", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=300)
