@@ -358,12 +358,43 @@ int mpi_alarm_heard(pc_alarm *a)
     return 1;
 }
 
+/* Stop listening. The receive is completed, not cancelled: MPI_Cancel of an
+ * MPI_ANY_SOURCE receive is where MPICH's ch4 device has been fragile (a rare heap
+ * corruption in the MPI_Comm_free that followed, under load). A message from this rank
+ * to itself matches the receive, unless a peer's report got there first (it is then
+ * dropped, as a cancel that came too late would drop it), and the message to itself is
+ * then taken by a receive from this rank alone. Cancel stays the fallback where the
+ * receive itself fails (ULFM fails an MPI_ANY_SOURCE receive when any process fails). */
 void mpi_alarm_deaf(pc_alarm *a)
 {
     if (!a->listening) return;
-    MPI_Cancel(&a->rx);                  /* local for a receive: the wait below returns */
-    MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
     a->listening = 0;
+    static const pc_alarm_msg self = {.rank = -1};   /* static: MPI may read it after we return */
+    pc_alarm_msg other;
+    MPI_Request tx;
+    MPI_Status st;
+    if (MPI_Isend(&self, PC_ALARM_BYTES, MPI_BYTE, a->rank, a->tag, a->comm, &tx) != MPI_SUCCESS) {
+        MPI_Cancel(&a->rx);
+        MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+        return;
+    }
+    if (MPI_Wait(&a->rx, &st) == MPI_SUCCESS) {
+        if (st.MPI_SOURCE != a->rank)              /* a report came first: take the message */
+            MPI_Recv(&other, PC_ALARM_BYTES, MPI_BYTE, a->rank, a->tag, a->comm, MPI_STATUS_IGNORE);
+        MPI_Wait(&tx, MPI_STATUS_IGNORE);
+        return;
+    }
+    /* the receive failed: cancel it, and take the message to itself if it is still there */
+    MPI_Cancel(&a->rx);
+    MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+    MPI_Request rx2;
+    int flag = 0;
+    if (MPI_Irecv(&other, PC_ALARM_BYTES, MPI_BYTE, a->rank, a->tag, a->comm, &rx2) == MPI_SUCCESS) {
+        for (int i = 0; i < 100 && !flag; i++) MPI_Test(&rx2, &flag, MPI_STATUS_IGNORE);
+        if (!flag) { MPI_Cancel(&rx2); MPI_Wait(&rx2, MPI_STATUS_IGNORE); }
+    }
+    if (flag) MPI_Wait(&tx, MPI_STATUS_IGNORE);
+    else MPI_Request_free(&tx);                    /* matched by the failed receive, or lost */
 }
 
 int mpi_alarm_send(pc_alarm *a, const void *msg)
