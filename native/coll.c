@@ -366,6 +366,8 @@ static int coll_deliver(pc_owner *o)
     return coll_round_end(c, n, all_closing);
 }
 
+static void coll_deaf(pc_coll *c);
+
 static void coll_round_done(pc_owner *o)
 {
     pc_coll *c = (pc_coll *)o;
@@ -378,8 +380,16 @@ static void coll_round_done(pc_owner *o)
         c->errpeer = pc_last_error_peer();
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
         STORE(c->err, rc);
-        mpi_alarm_deaf(&c->alarm);
+        coll_deaf(c);
     }
+}
+
+/* Stop listening for peer errors; an abandoned collective's communicator may be freed
+ * already, so its receive is cancelled, never completed by a message. */
+static void coll_deaf(pc_coll *c)
+{
+    if (c->abandoned) mpi_alarm_cancel(&c->alarm);
+    else mpi_alarm_deaf(&c->alarm);
 }
 
 static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
@@ -389,7 +399,7 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
     c->errpeer = peer;
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     STORE(c->err, code);
-    mpi_alarm_deaf(&c->alarm);     /* no round runs any more: nothing to be told */
+    coll_deaf(c);     /* no round runs any more: nothing to be told */
 }
 
 /* [pass] A peer's report (pc_coll_abort on that rank): the collective fails here with
@@ -447,7 +457,7 @@ static void coll_unit_abandon(pc_unit *u)
     pc_coll *c = (pc_coll *)u;
     pc_sched *s = c->armed;
     if (s && s->running && !s->live) sched_withdraw(s);
-    mpi_alarm_deaf(&c->alarm);
+    coll_deaf(c);
 }
 
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
@@ -787,7 +797,7 @@ int pc_coll_free(pc_coll *c)
     int rc = !coll_idle(c) && !c->owner.unit.leaked
              ? fail(PC_ERR_STATE, "cannot free a partial collective with a round in flight") : PC_OK;
     if (rc == PC_OK) {
-        mpi_alarm_deaf(&c->alarm);
+        coll_deaf(c);
         unit_doom(&c->owner.unit);
     }
     unit_unlock(&c->owner.unit);
@@ -844,7 +854,7 @@ static int coll_report(pc_coll *c, const char *type, const char *message)
 static void coll_send_report(pc_coll *c)
 {
     c->report_pending = 0;
-    mpi_alarm_deaf(&c->alarm);           /* this rank is done with the collective */
+    coll_deaf(c);           /* this rank is done with the collective */
     mpi_alarm_send(&c->alarm, &c->report);
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
 }

@@ -364,7 +364,17 @@ int mpi_alarm_heard(pc_alarm *a)
  * to itself matches the receive, unless a peer's report got there first (it is then
  * dropped, as a cancel that came too late would drop it), and the message to itself is
  * then taken by a receive from this rank alone. Cancel stays the fallback where the
- * receive itself fails (ULFM fails an MPI_ANY_SOURCE receive when any process fails). */
+ * receive itself fails (ULFM fails an MPI_ANY_SOURCE receive when any process fails),
+ * and mpi_alarm_cancel() where the communicator may be freed already (an abandoned
+ * collective: Python frees its communicator at a later application call). */
+void mpi_alarm_cancel(pc_alarm *a)
+{
+    if (!a->listening) return;
+    a->listening = 0;
+    MPI_Cancel(&a->rx);                  /* local for a receive: the wait below returns */
+    MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+}
+
 void mpi_alarm_deaf(pc_alarm *a)
 {
     if (!a->listening) return;

@@ -96,7 +96,8 @@ typedef struct pc_alarm {
 
 int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm);
 int mpi_alarm_heard(pc_alarm *a);            /* 1: a peer's report is in a->in */
-void mpi_alarm_deaf(pc_alarm *a);            /* cancel the receive */
+void mpi_alarm_deaf(pc_alarm *a);            /* complete the receive (a message to itself) */
+void mpi_alarm_cancel(pc_alarm *a);          /* cancel it: where the communicator may be freed */
 int mpi_alarm_send(pc_alarm *a, const void *msg);   /* msg: PC_ALARM_BYTES, to every peer */
 int mpi_alarm_sent(pc_alarm *a);             /* 1: every send completed (or failed) */
 void mpi_alarm_free(pc_alarm *a);            /* no MPI call; leaks what MPI may still touch */
