@@ -64,7 +64,7 @@ def test_torch_contracts_on_gpu(mpirun, nprocs):
     """CUDA models through partial_ddp, the process group and DistributedOptimizer (every
     rank on the one GPU, or one each where there are several)."""
     if not _cuda():
-        pytest.skip("torch finds no CUDA GPU")
+        pytest.skip("needs a GPU: torch finds no CUDA device")
     mpirun("torch_contract_checks.py", nprocs, env={"PC_TEST_TORCH_DEVICE": "cuda"}, timeout=300)
 
 
