@@ -367,12 +367,17 @@ int mpi_alarm_heard(pc_alarm *a)
  * receive itself fails (ULFM fails an MPI_ANY_SOURCE receive when any process fails),
  * and mpi_alarm_cancel() where the communicator may be freed already (an abandoned
  * collective: Python frees its communicator at a later application call). */
+static void cancel_receive(MPI_Request *r)
+{
+    MPI_Cancel(r);                       /* local for a receive: the wait below returns */
+    MPI_Wait(r, MPI_STATUS_IGNORE);
+}
+
 void mpi_alarm_cancel(pc_alarm *a)
 {
     if (!a->listening) return;
     a->listening = 0;
-    MPI_Cancel(&a->rx);                  /* local for a receive: the wait below returns */
-    MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+    cancel_receive(&a->rx);
 }
 
 void mpi_alarm_deaf(pc_alarm *a)
@@ -384,8 +389,7 @@ void mpi_alarm_deaf(pc_alarm *a)
     MPI_Request tx;
     MPI_Status st;
     if (MPI_Isend(&self, PC_ALARM_BYTES, MPI_BYTE, a->rank, a->tag, a->comm, &tx) != MPI_SUCCESS) {
-        MPI_Cancel(&a->rx);
-        MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+        cancel_receive(&a->rx);
         return;
     }
     if (MPI_Wait(&a->rx, &st) == MPI_SUCCESS) {
@@ -395,13 +399,12 @@ void mpi_alarm_deaf(pc_alarm *a)
         return;
     }
     /* the receive failed: cancel it, and take the message to itself if it is still there */
-    MPI_Cancel(&a->rx);
-    MPI_Wait(&a->rx, MPI_STATUS_IGNORE);
+    cancel_receive(&a->rx);
     MPI_Request rx2;
     int flag = 0;
     if (MPI_Irecv(&other, PC_ALARM_BYTES, MPI_BYTE, a->rank, a->tag, a->comm, &rx2) == MPI_SUCCESS) {
         for (int i = 0; i < 100 && !flag; i++) MPI_Test(&rx2, &flag, MPI_STATUS_IGNORE);
-        if (!flag) { MPI_Cancel(&rx2); MPI_Wait(&rx2, MPI_STATUS_IGNORE); }
+        if (!flag) cancel_receive(&rx2);
     }
     if (flag) MPI_Wait(&tx, MPI_STATUS_IGNORE);
     else MPI_Request_free(&tx);                    /* matched by the failed receive, or lost */
