@@ -117,8 +117,9 @@ int pc_avg_push_local(pc_avg *a, const void *push, void *reply)
 static int avg_take(pc_owner *o) { (void)o; return fail(PC_ERR_STATE, "an averager's schedule has no TAKE"); }
 
 /* [pass] An execution completed: serve the next push. */
-static void avg_done(pc_owner *o)
+static void avg_done(pc_owner *o, pc_sched *s)
 {
+    (void)s;
     avg_client *cl = (avg_client *)o;
     if (cl->stopped) return;
     pc_avg *a = cl->avg;

@@ -368,8 +368,9 @@ static int coll_deliver(pc_owner *o)
 
 static void coll_deaf(pc_coll *c);
 
-static void coll_round_done(pc_owner *o)
+static void coll_round_done(pc_owner *o, pc_sched *s)
 {
+    (void)s;
     pc_coll *c = (pc_coll *)o;
     if (c->armed && c->armed->ntimers) coll_measure(c, c->armed);
     if (c->spec.timed) coll_epoch_end(c, c->armed_round);

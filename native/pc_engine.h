@@ -253,6 +253,37 @@ int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_op
 int pc_avg_push_local(pc_avg *a, const void *push, void *reply);   /* the server's own push */
 int pc_avg_state(pc_avg *a, int64_t *keys, int64_t *pushes);
 int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);
+/* Hop's neighbour allreduce (hop.c, partialcoll/neighbor.py): channels on one
+ * communicator, backup workers (need = n_in - backup of the in-neighbours), the local
+ * staleness bound s, token queues (max_gap g, 0: none), depth R >= 1 + s + max(g, 1)
+ * slots per in-neighbour; up to R iterations outstanding. */
+typedef struct pc_hop pc_hop;
+enum { PC_HOP_WEIGHTS_NONE = 0, PC_HOP_MEAN = 1, PC_HOP_STALENESS = 2 };
+enum { PC_HOP_RECEIVED = 0, PC_HOP_USED = 1, PC_HOP_DROPPED = 2, PC_HOP_SKIP_UPDATES = 3, PC_HOP_MAX_BUFFERED = 4,
+       PC_HOP_BUFFERS = 5, PC_HOP_SKIPPED = 6, PC_HOP_COMPLETED = 7,
+       PC_HOP_EARLY = 8,      /* iterations the engine completed before the application asked */
+       PC_HOP_STATS = 9 };
+typedef struct pc_hopspec {
+    int n_in, n_out;
+    const int *sources, *destinations;   /* ranks in the communicator, ascending, no self */
+    int backup, max_staleness, max_gap, depth;
+    int weights;         /* PC_HOP_* */
+    int dtype, redop;
+    int64_t count;
+} pc_hopspec;
+int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out);
+/* enter the next iteration with update x; its result goes to out (the engine's until
+ * pc_hop_wait returns it); entry: the iteration, when it was entered (ns, CLOCK_MONOTONIC),
+ * tokens to spare after it (-1: no tokens); skip: one such triple per iteration skipped */
+int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry);
+int pc_hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries);
+int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info);
+int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos);
+int pc_hop_close_begin(pc_hop *h, int64_t *last);
+int pc_hop_freeze(pc_hop *h, const int64_t *last, int64_t *posted);
+int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s);
+int pc_hop_serve(pc_hop *h, double seconds);
+int pc_hop_free(pc_hop *h, int *deferred);
 /* CDEF END */
 
 #endif

@@ -9,8 +9,9 @@
  *   progress.c  E, the progress passes, the progress thread, waits
  *   idle.c      the idle policy: the CPU budget, interference, spin bounds
  *   avg.c       asynchronous averaging through a server rank (owns schedules, like coll.c)
+ *   hop.c       Hop's neighbour allreduce: channels, backup workers, staleness, tokens (owns schedules)
  *
- * Calls go one way: coll.c -> sched.c -> mpi.c, avg.c -> sched.c; progress.c drives sched.c through
+ * Calls go one way: coll.c -> sched.c -> mpi.c, avg.c and hop.c -> sched.c; progress.c drives sched.c through
  * sched_progress() and owners (collectives) through the callbacks in pc_owner; sched.c
  * and coll.c signal progress.c (kick, notify_done) and nothing else of it.
  *
@@ -149,7 +150,7 @@ typedef struct pc_owner {
     int64_t slot_bytes[PC_SLOT_SCRATCH];
     int (*take)(struct pc_owner *);
     int (*deliver)(struct pc_owner *);
-    void (*done)(struct pc_owner *);     /* an execution completed */
+    void (*done)(struct pc_owner *, pc_sched *s);   /* an execution of s completed */
     void (*failed)(struct pc_owner *, int code, int peer, const char *msg);
 } pc_owner;
 
@@ -178,6 +179,7 @@ struct pc_sched {
     int flags;               /* SF_* (atomic) */
     char errmsg[384];
     int errpeer;
+    int owner_index;         /* the owner's name for this schedule (hop.c: its channel) */
     int ntimers, *timers;    /* (send op, recv op, owner) triples (pc_sched_set_timers; unit) */
     int on_list;             /* on E.running (E.lock) */
     pc_sched *next, *prev;   /* E.running (E.lock) */

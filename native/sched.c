@@ -147,7 +147,7 @@ void sched_check_done(pc_sched *s)
     running_remove(s);
     STORE(s->executions, s->executions + 1);
     sched_publish(s);
-    if (s->owner) s->owner->done(s->owner);
+    if (s->owner) s->owner->done(s->owner, s);
     notify_done();
 }
 

@@ -31,6 +31,24 @@ def as_array(obj, *, writable: bool, what: str = "buffer") -> np.ndarray:
     return obj
 
 
+def as_buffer(obj, dtype: np.dtype, count: int, *, writable: bool, what: str, who: str) -> np.ndarray:
+    """A host buffer of exactly `count` elements of `dtype` (what a collective was created
+    for): the common case checked cheaply, anything else as_array() plus both checks."""
+    if (type(obj) is np.ndarray and obj.dtype == dtype and obj.size == count
+            and obj.flags.c_contiguous and (obj.flags.writeable or not writable)):
+        return obj
+    return check_elements(as_array(obj, writable=writable, what=what), dtype, count, what=what, who=who)
+
+
+def check_elements(arr, dtype: np.dtype, count: int, *, what: str, who: str):
+    """arr (host or device) if it holds `count` elements of `dtype`, else InvalidBufferError."""
+    if arr.dtype != dtype:
+        raise InvalidBufferError(f"{what} has dtype {arr.dtype}, but this {who} was created for {dtype}")
+    if arr.size != count:
+        raise InvalidBufferError(f"{what} has {arr.size} elements, but this {who} was created for {count}")
+    return arr
+
+
 class BufRef:
     """`count` elements of `dtype` at byte `offset` of an array or a collective's slot."""
 

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from . import _device, _engine, _propagate
 from . import balance as balance_mod
-from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
+from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer, check_elements
 from ._agree import agree, as_problem
 from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError,
                       Peers, StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
@@ -483,18 +483,10 @@ class PartialAllreduce:
     def _check_input(self, x, what: str, writable: bool, backend=None):
         """x as a buffer of this allreduce's dtype and count: a NumPy array, or a device
         array of `backend`."""
-        if backend is not None:
-            arr = _device.device_array(backend, x, what=what)
-        elif (type(x) is np.ndarray and x.dtype == self.dtype and x.size == self.count
-                and x.flags.c_contiguous and (x.flags.writeable or not writable)):
-            return x                     # the common case, checked cheaply
-        else:
-            arr = as_array(x, writable=writable, what=what)
-        if arr.dtype != self.dtype:
-            raise InvalidBufferError(f"{what} has dtype {arr.dtype}, but this allreduce was created for {self.dtype}")
-        if arr.size != self.count:
-            raise InvalidBufferError(f"{what} has {arr.size} elements, but this allreduce was created for {self.count}")
-        return arr
+        if backend is None:
+            return as_buffer(x, self.dtype, self.count, writable=writable, what=what, who="allreduce")
+        return check_elements(_device.device_array(backend, x, what=what), self.dtype, self.count, what=what,
+                              who="allreduce")
 
     def post(self, x: Buffer, out: Optional[Buffer] = None) -> PartialRequest:
         """Fold x into this rank's accumulator (and start round n if eligible); returns a request.

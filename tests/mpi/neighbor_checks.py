@@ -297,11 +297,13 @@ def test_errors(comm):
     expect_raises(pc.StateError, coll.skip, 1, match="first post")
     expect_raises(pc.InvalidBufferError, coll.post, np.zeros(4, np.float64), match="dtype")
     expect_raises(pc.InvalidBufferError, coll.post, np.zeros(5, np.float32), match="elements")
-    req = coll.post(np.full(4, rank, np.float32))
+    # up to depth requests outstanding; one more is refused until the oldest is waited for
+    reqs = [coll.post(np.full(4, rank + 10 * k, np.float32)) for k in range(coll.depth)]
     expect_raises(pc.StateError, coll.post, np.zeros(4, np.float32), match="still pending")
-    res = req.wait(timeout=30)
-    assert res.data[0] == max([rank] + list(coll.sources)), res      # MPI.MAX, no weights
-    assert req.test()
+    for k, req in enumerate(reqs):
+        res = req.wait(timeout=30)
+        assert res.iteration == k and res.data[0] == max([rank] + list(coll.sources)) + 10 * k, res   # MPI.MAX
+        assert req.test()
     coll.close()
     expect_raises(pc.StateError, coll.post, np.zeros(4, np.float32), match="closed")
     # still usable afterwards: a valid collective completes on every rank
