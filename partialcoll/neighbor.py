@@ -349,7 +349,7 @@ class NeighborAllreduce:
         self._wait(lambda seconds: lib.pc_hop_post(self._h, xp, op_, seconds, e), rc.timeout,
                    f"NeighborAllreduce.post() at rank {self.rank}")
         self._entered(e, 1)
-        req = NeighborRequest(self, self._iter, res.reshape(-1))
+        req = NeighborRequest(self, self._iter, res if res.ndim == 1 else res.reshape(-1))
         self._pending[self._iter] = req
         return req
 

@@ -6,10 +6,19 @@ from partialcoll import topology
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [3, 4, 5, 8])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_neighbor_graphs(mpirun, nprocs):
-    """Every graph, every mode, at P = 3, 4, 5, 8; bad input raises on every rank."""
+    """Every graph, every mode, at P = 1, 2, 3, 4, 5, 8; bad input raises on every rank."""
     mpirun("neighbor_checks.py", nprocs, "graphs", "errors", timeout=150)
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("idle", ["auto", "spin"])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
+def test_neighbor_engine(mpirun, nprocs, idle):
+    """The engine does Hop's work: depth requests outstanding, and an iteration completes
+    while the application computes (its result is in out before wait() is called)."""
+    mpirun("neighbor_checks.py", nprocs, "engine", env={"PARTIALCOLL_IDLE": idle}, timeout=120)
 
 
 @pytest.mark.mpiexec

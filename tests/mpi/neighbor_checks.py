@@ -15,7 +15,12 @@ graphs: for each of Hop's three graphs
     (max buffered <= (1 + g) x |N_in| with tokens);
 fig3: Hop's Fig. 3 on 3 workers: worker 2 stalls; standard: the others stop at 1; backup:
   they advance; tokens: they stop at g; worker 2's late updates are dropped;
-errors: bad input raises ArgumentError on every rank, misuse raises StateError.
+errors: bad input raises ArgumentError on every rank, misuse raises StateError;
+engine: the engine does Hop's work, not the application's calls: depth requests
+  outstanding at once, waited in order, each equal to its exact neighbour average; and an
+  iteration whose in-neighbours have posted completes while the application computes
+  (its result appears in the out buffer before wait() is called, which then reports it
+  as early, as does the engine's counter). Needs the progress thread.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from partialcoll import topology
 from _util import ARGS, expect_raises, run_module
 
 GRAPHS = topology.GRAPHS
-WHAT = ARGS or ["graphs"]           # which of graphs, fig3, errors to check
+WHAT = ARGS or ["graphs"]           # which of graphs, fig3, errors, engine to check
 
 
 def asked(what: str) -> None:
@@ -123,7 +128,7 @@ def check_gaps(comm, kind, trace, options, adjacency=None):
     worst = 0
     for i in range(size):
         for k, t, spare in every[i]:
-            if g is not None:
+            if g is not None and size > 1:                  # P = 1: no out-neighbour gives tokens
                 assert spare is not None and spare >= 0, f"rank {i} entered {k} without tokens (spare {spare})"
             for j in range(size):
                 if j == i:
@@ -174,10 +179,11 @@ def test_graph(comm, kind):
         np.testing.assert_array_equal(res.data, ref)
     coll.close()
     # every mode with random sleeps: data, gaps, tokens, occupancy
-    modes = [dict(), dict(backup=1), dict(backup=1, max_gap=2), dict(max_staleness=2, weights="staleness"),
-             dict(backup=1, max_gap=1, max_staleness=1)]
-    if kind == "ring_based":
-        modes.append(dict(backup=1, max_gap=2, skipper=0, slow=0))
+    b = 1 if n_in > 1 else 0                             # P <= 2: a single in-neighbour (or none)
+    modes = [dict(), dict(backup=b), dict(backup=b, max_gap=2), dict(max_staleness=2, weights="staleness"),
+             dict(backup=b, max_gap=1, max_staleness=1)]
+    if kind == "ring_based" and comm.size > 2:
+        modes.append(dict(backup=b, max_gap=2, skipper=0, slow=0))
     for seed, options in enumerate(modes):
         opts = {k: v for k, v in options.items() if k not in ("skipper", "slow")}
         results, trace, stats, posts = run(comm, g, 24, seed=seed, slow=options.get("slow"),
@@ -200,6 +206,8 @@ def test_graph(comm, kind):
 def test_one_way_ring(comm):
     asked("graphs")
     size, rank = comm.size, comm.rank
+    if size < 2:
+        pytest.skip("a one-way ring needs two ranks (P = 1 would be a self-loop)")
     # a directed graph, the one-way ring r -> r + 1: path lengths differ with direction
     adjacency = {r: ([(r - 1) % size], [(r + 1) % size]) for r in range(size)}
     g = comm.Create_dist_graph_adjacent(*adjacency[rank], reorder=False)
@@ -278,7 +286,8 @@ def test_errors(comm):
                       match="backup")
         expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, backup=1 if rank == 0 else 0,
                       match="backup differs")
-    expect_raises(E, pc.NeighborAllreduce, 4 + (rank == size - 1), np.float32, comm=g, match="count differs")
+    if size > 1:                                     # one rank's count differs from the others'
+        expect_raises(E, pc.NeighborAllreduce, 4 + (rank == size - 1), np.float32, comm=g, match="count differs")
     expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, max_gap=0, match="max_gap")
     expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, max_staleness=-1, match="max_staleness")
     expect_raises(E, pc.NeighborAllreduce, 4, np.float32, comm=g, weights="median", match="weights")
@@ -318,6 +327,45 @@ def test_errors(comm):
     coll.close(timeout=30)
     if rank == 0:
         expect_raises(pc.StateError, req.wait, match="dropped by close")
+    g.Free()
+
+
+def expected_mean(coll, rank: int, k: int) -> float:
+    """Standard mode, SUM, weights="mean": iteration k's exact result at rank."""
+    return (val(rank, k) + sum(val(src, k) for src in coll.sources)) / (1 + len(coll.sources))
+
+
+@pytest.mark.parametrize("kind", GRAPHS)
+def test_engine_progress(comm, kind):
+    asked("engine")
+    rank = comm.rank
+    g = topology.graph(comm, kind)
+    with pc.NeighborAllreduce(5, np.float64, comm=g) as coll:
+        # several requests outstanding: depth posts before the first wait, waited in order
+        for rounds in range(3):
+            base = rounds * coll.depth
+            reqs = [coll.post(np.full(5, val(rank, base + k))) for k in range(coll.depth)]
+            for k, req in enumerate(reqs):
+                res = req.wait(timeout=60)
+                assert res.iteration == base + k and res.updates == tuple((s, base + k) for s in coll.sources), res
+                np.testing.assert_array_equal(res.data, expected_mean(coll, rank, base + k))
+        # a neighbour's update is combined while this rank computes: after every rank has
+        # posted (the barrier), this rank makes no library call until its out buffer holds
+        # the result; the engine alone can have put it there
+        for k in range(coll.iteration + 1, coll.iteration + 4):
+            out = np.full(5, np.nan)
+            req = coll.post(np.full(5, val(rank, k)), out=out)
+            comm.Barrier()
+            want = expected_mean(coll, rank, k)
+            t_end = time.monotonic() + 60               # a hang guard, not a timing threshold
+            while not np.all(out == want) and time.monotonic() < t_end:
+                time.sleep(0.001)                       # "compute": no library call
+            assert np.all(out == want), (k, out, want)
+            res = req.wait(timeout=60)
+            assert res.early and np.shares_memory(res.data, out), res    # complete before wait() asked
+        stats = coll.stats
+        assert stats["early"] >= 3 and stats["completed"] == coll.iteration + 1, stats
+        assert stats["used"] == stats["received"] == len(coll.sources) * (coll.iteration + 1), stats
     g.Free()
 
 
