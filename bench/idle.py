@@ -10,6 +10,11 @@ waiting  rank 0 posts and waits for round n while rank 1 sleeps, posting only af
          the window (full mode waits for it; solo's round needs rank 1's engine,
          which in inline mode runs only inside rank 1's calls): a waiting rank must
          not spin.
+work     the peer of `waiting`, measured in the same run: the CPU of one round in which
+         every rank posts at once (the copy of the post and the data movement, which
+         the waiting window contains too), in ms of the busiest rank. `waiting` minus
+         `work` over the window is what waiting itself costs (`overhead`): at 25 MiB the
+         round's own work is about 1 % of a 2 s window.
 
 Rank 0 prints one row per case and, with --json, writes them all.
 """
@@ -52,8 +57,14 @@ def measure(comm, count, mode, seconds):
     waiting = cpu_over(comm, seconds, wait_for_late_peer)
     if comm.rank == 1:
         coll.post(x).wait()             # the late post (solo: its round is long done)
+    work = []
+    for _ in range(3):                  # one round, every rank posting at once: its CPU
+        comm.Barrier()
+        c0 = time.process_time()
+        coll.post(x).wait()
+        work.append(time.process_time() - c0)
     coll.close()
-    return armed, waiting
+    return armed, waiting, comm.gather(sorted(work)[1] * 1e3, root=0)
 
 
 def main():
@@ -72,19 +83,23 @@ def main():
     if comm.rank == 0:
         print(f"# idle CPU, % of one core, busiest of {comm.size} ranks ({args.seconds:g} s each), "
               f"idle={pc.rc.idle}")
-        print(f"# {'progress':<8} {'mode':<6} {'size':>6} {'armed':>8} {'waiting':>8}  active policy")
+        print(f"# {'progress':<8} {'mode':<6} {'size':>6} {'armed':>8} {'waiting':>8} {'work ms':>8} "
+              f"{'overhead':>8}  active policy")
     for progress in args.progress.split(","):
         pc.finalize()
         pc.rc.progress = progress
         for mode in args.modes.split(","):
             for name in args.sizes.split(","):
-                armed, waiting = measure(comm, SIZES[name], mode, args.seconds)
+                armed, waiting, work = measure(comm, SIZES[name], mode, args.seconds)
                 if comm.rank == 0:
+                    busiest = max(range(comm.size), key=lambda r: waiting[r])
+                    overhead = waiting[busiest] - work[busiest] / 10 / args.seconds     # ms -> % of the window
                     row = {"progress": progress, "mode": mode, "size": name, "idle": pc.info()["idle"],
-                           "armed": max(armed), "waiting": max(waiting), "waiting_rank0": waiting[0]}
+                           "armed": max(armed), "waiting": max(waiting), "waiting_rank0": waiting[0],
+                           "work_ms": work[busiest], "overhead": overhead, "waiting_all": waiting, "work_all": work}
                     rows.append(row)
-                    print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f}  "
-                          f"{row['idle']}", flush=True)
+                    print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f} "
+                          f"{row['work_ms']:8.1f} {overhead:8.1f}  {row['idle']}", flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -552,7 +552,7 @@ int pc_coll_begin(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
     int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
-    if (rc == PC_OK && c->size > 1) rc = mpi_alarm_listen(&c->alarm, c->alarm.comm);
+    if (rc == PC_OK && c->size > 1) rc = mpi_alarm_listen(&c->alarm, c->alarm.comm, c->spec.ident);
     unit_unlock(&c->owner.unit);
     return rc;
 }

@@ -334,13 +334,9 @@ static int mpi_alarm_tag(MPI_Comm comm)
     return (int)((1LL << tag_ub_bits(comm, &tag_ub)) - 1);    /* version all ones: never a round's */
 }
 
-int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm)
+static int alarm_post(pc_alarm *a)
 {
-    a->comm = comm;
-    a->tag = mpi_alarm_tag(comm);
-    if (mpi_comm_info(comm, &a->rank, &a->size)) return PC_ERR_MPI;
-    if (!a->in && !(a->in = malloc(PC_ALARM_BYTES))) return fail(PC_ERR_NOMEM, "out of memory");
-    int rc = MPI_Irecv(a->in, PC_ALARM_BYTES, MPI_BYTE, MPI_ANY_SOURCE, a->tag, comm, &a->rx);
+    int rc = MPI_Irecv(a->in, PC_ALARM_BYTES, MPI_BYTE, MPI_ANY_SOURCE, a->tag, a->comm, &a->rx);
     if (rc != MPI_SUCCESS) {
         char msg[MPI_MAX_ERROR_STRING];
         mpi_message(rc, msg);
@@ -350,12 +346,27 @@ int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm)
     return PC_OK;
 }
 
+int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm, uint64_t ident)
+{
+    a->comm = comm;
+    a->ident = ident;
+    a->tag = mpi_alarm_tag(comm);
+    if (mpi_comm_info(comm, &a->rank, &a->size)) return PC_ERR_MPI;
+    if (!a->in && !(a->in = malloc(PC_ALARM_BYTES))) return fail(PC_ERR_NOMEM, "out of memory");
+    return alarm_post(a);
+}
+
+/* A report about another collective is stale: a peer sent it on a communicator that
+ * both sides have freed since, and MPI gave its context id to this collective's. It is
+ * dropped and the receive posted again (so stale reports are drained, one per pass). */
 int mpi_alarm_heard(pc_alarm *a)
 {
     int flag = 0;
     if (!a->listening || MPI_Test(&a->rx, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) return 0;
     a->listening = 0;
-    return 1;
+    if (((const pc_alarm_msg *)(const void *)a->in)->ident == a->ident) return 1;
+    alarm_post(a);              /* if it fails, this collective hears no more reports */
+    return 0;
 }
 
 /* Stop listening. The receive is completed, not cancelled: MPI_Cancel of an
@@ -410,13 +421,14 @@ void mpi_alarm_deaf(pc_alarm *a)
     else MPI_Request_free(&tx);                    /* matched by the failed receive, or lost */
 }
 
-int mpi_alarm_send(pc_alarm *a, const void *msg)
+int mpi_alarm_send(pc_alarm *a, const pc_alarm_msg *msg)
 {
     if (a->nsend) return PC_OK;
     if (!a->out && !(a->out = malloc(PC_ALARM_BYTES))) return fail(PC_ERR_NOMEM, "out of memory");
     if (!a->tx && !(a->tx = malloc(sizeof(MPI_Request) * (size_t)(a->size > 1 ? a->size : 1))))
         return fail(PC_ERR_NOMEM, "out of memory");
     memcpy(a->out, msg, PC_ALARM_BYTES);
+    ((pc_alarm_msg *)(void *)a->out)->ident = a->ident;
     for (int r = 0; r < a->size; r++) {
         if (r == a->rank) continue;
         /* a peer that is gone may refuse: the others are told all the same */

@@ -138,6 +138,11 @@ typedef struct pc_collspec {
     int64_t count;
     const void *identity;    /* one element: the op's identity */
     int accumulate;          /* PC_ACC_* */
+    uint64_t ident;          /* the collective's identity, the same on every rank and (with
+                              * high probability) no other collective's: a peer-error report
+                              * carries it, and a report for another collective (a stale one,
+                              * sent to a freed communicator whose context id MPI reused) is
+                              * ignored */
 } pc_collspec;
 
 typedef struct pc_result {

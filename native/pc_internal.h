@@ -81,13 +81,16 @@ int64_t mpi_max_chunk(void);
  * Protected by the owning unit's lock. */
 #define PC_ALARM_BYTES 512
 typedef struct pc_alarm_msg {
+    uint64_t ident;          /* the collective it is about (pc_collspec.ident) */
     int32_t rank;            /* the rank that failed first (a report is never relayed) */
     char type[60];           /* its exception type, NUL-terminated */
-    char message[448];       /* its message, NUL-terminated */
+    char message[440];       /* its message, NUL-terminated */
 } pc_alarm_msg;
+_Static_assert(sizeof(pc_alarm_msg) == PC_ALARM_BYTES, "a report is PC_ALARM_BYTES on every rank");
 
 typedef struct pc_alarm {
     MPI_Comm comm;
+    uint64_t ident;          /* reports about another collective are dropped (mpi_alarm_heard) */
     int tag, rank, size;
     int listening;           /* rx is posted */
     int nsend, lost;         /* sends in flight; lost: a send failed (buffers never freed) */
@@ -95,11 +98,11 @@ typedef struct pc_alarm {
     char *in, *out;          /* PC_ALARM_BYTES each */
 } pc_alarm;
 
-int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm);
-int mpi_alarm_heard(pc_alarm *a);            /* 1: a peer's report is in a->in */
+int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm, uint64_t ident);
+int mpi_alarm_heard(pc_alarm *a);            /* 1: a peer's report about this collective is in a->in */
 void mpi_alarm_deaf(pc_alarm *a);            /* complete the receive (a message to itself) */
 void mpi_alarm_cancel(pc_alarm *a);          /* cancel it: where the communicator may be freed */
-int mpi_alarm_send(pc_alarm *a, const void *msg);   /* msg: PC_ALARM_BYTES, to every peer */
+int mpi_alarm_send(pc_alarm *a, const pc_alarm_msg *msg);   /* to every peer, with a->ident */
 int mpi_alarm_sent(pc_alarm *a);             /* 1: every send completed (or failed) */
 void mpi_alarm_free(pc_alarm *a);            /* no MPI call; leaks what MPI may still touch */
 

@@ -14,6 +14,7 @@ schedule: the ranks whose post #n was read by round n (active) and the ranks clo
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -251,9 +252,12 @@ class PartialAllreduce:
                                                rebalance_every))
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = as_problem(exc, "PartialAllreduce"), None
-        node = agree(comm, "PartialAllreduce", problem, params, _engine.node_needed(),
-                     "the same count, dtype, op, mode and options")
-        if any(node):                    # the idle policy auto learns this node (once)
+        extra = agree(comm, "PartialAllreduce", problem, params,
+                      (_engine.node_needed(), int.from_bytes(os.urandom(8), "little")),
+                      "the same count, dtype, op, mode and options")
+        # rank 0's random number: the collective's identity in its peer-error reports
+        self._ident: int = extra[0][1]
+        if any(needed for needed, _ in extra):     # the idle policy auto learns this node (once)
             _engine.join_node(comm)
         assert params is not None
         self.count, self.dtype, self.mode = params["count"], as_dtype(dtype), mode
@@ -391,7 +395,8 @@ class PartialAllreduce:
             "mask_words": self._slot_mask_len, "variants": self._variants, "seed": self.seed & 0xFFFFFFFFFFFFFFFF,
             "timed": int(timed), "rebalance_every": self._every,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
-            "identity": ffi.cast("void *", ident.ctypes.data), "accumulate": _ACCUMULATE[self.accumulate]})
+            "identity": ffi.cast("void *", ident.ctypes.data), "accumulate": _ACCUMULATE[self.accumulate],
+            "ident": self._ident})
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
         self._comm: Optional[MPI.Comm] = dup
@@ -751,7 +756,7 @@ class PartialAllreduce:
         if self._closed or getattr(_engine, "lib", None) is None:
             return 0
         check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
-                                        message.encode(errors="replace")[:447], seconds))
+                                        message.encode(errors="replace")[:439], seconds))
         return 1
 
     def _abandon(self) -> None:

@@ -169,3 +169,12 @@ def test_failure_in_process(mpirun, nprocs):
     for mode in ("majority", "full"):    # rank 0, back, hears that its peers gave up
         raised, who, exc_type = got[("never", 0, mode)][:3]
         assert raised == "PeerError" and who != "0" and exc_type == "Timeout", (mode, raised, who, exc_type)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+def test_stale_report_is_ignored(mpirun, nprocs):
+    """Reports sent on communicators freed since (a dropped collective's peers send them)
+    stay in MPI's queue and may match the receive of the next collective, whose
+    communicator can get the freed one's context id: a report names its collective, and
+    the collectives made next run their rounds as if nothing had been sent."""
+    mpirun("stale_report_checks.py", nprocs, timeout=120)
