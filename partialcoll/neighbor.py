@@ -7,82 +7,36 @@
     coll.skip(coll.lag)            # a deterministically slow rank jumps forward (Hop §5)
     coll.close()
 
-What it computes. The graph is the distributed-graph communicator's: a rank sends to its
-out-neighbours (destinations) and combines from its in-neighbours (sources), itself always
-included. A rank's k-th post is its update of iteration k. Iteration k's result combines
-this rank's update with in-neighbour updates, chosen by the mode:
+What it computes. A rank sends to its out-neighbours (the graph communicator's
+destinations) and combines from its in-neighbours (sources), itself always included. Its
+k-th post is its update of iteration k; iteration k's result combines it with:
 
   standard             the update of iteration k of every in-neighbour
-  backup=b             of at least n_in - b in-neighbours (Hop §4.3): a k-of-n wait;
-                       whatever else has arrived by then goes in too
-  max_staleness=s      each in-neighbour's newest update whose iteration is in
-                       [k - s, k] (Hop §3.5, the local bound), waiting while one has none
-                       (combined with backup: n_in - b of them)
+  backup=b             those of at least n_in - b in-neighbours (Hop §4.3: k of n)
+  max_staleness=s      each in-neighbour's newest update of an iteration in [k - s, k]
+                       (Hop §3.5), waiting while one has none (with backup: n_in - b)
 
-An update of an iteration this rank has finished (or that is older than k - s) is late:
-it is dropped, never delivered to a later iteration. Every message carries its iteration
-in a 32-byte header and every receive slot knows which iteration it was posted for, so
-the two are checked against each other on arrival. weights="mean" divides the SUM by the
-number of updates used (BlueFog's default average); "staleness" weights an update of
-iteration m used in iteration k by 1 / (1 + k - m) (itself: 1) and normalises; None
-reduces with `op` and nothing else (the only choice for ops other than SUM).
+Late updates are dropped, never delivered to a later iteration (every message carries
+its iteration in a header, checked on arrival). Tokens (Hop §4.2, max_gap=g): entering
+an iteration takes a token from every out-neighbour and grants one to every
+in-neighbour, so Iter(i) - Iter(j) <= g x len(path i -> j) (Theorem 2). skip(J) enters
+up to J iterations without computing them, sending "skip" updates (Hop §5).
+weights="mean" divides the SUM by the updates used, "staleness" weights an update of
+iteration m in iteration k by 1 / (1 + k - m); None reduces with `op` alone.
 
-Token queues (Hop §4.2), max_gap=g: entering an iteration (0 included) takes a token
-from every out-neighbour, and grants one to every in-neighbour. Tokens are zero-byte
-messages; every queue starts with g of them (implicitly: they are never sent). So rank i
-enters k only once every out-neighbour j has entered k - g: the queue i <- j holds
-g + Iter(j) - Iter(i) >= 0 tokens (the token invariant), and along a path
-Iter(i) - Iter(j) <= g x len(path i -> j) (Theorem 2). In standard mode
-Iter(i) - Iter(j) <= len(path j -> i) (Theorem 1); with staleness s, (s + 1) x that.
-
-Skipping (Hop §5): after a result, skip(J) moves the rank J iterations forward without
-computing them (fewer if tokens would not allow them now). Each skipped iteration m is
-entered as usual: one token consumed from every out-neighbour, one granted to every
-in-neighbour, and a "skip" update sent to the out-neighbours that carries the rank's last
-posted data, so that nobody waits for an iteration that will never be computed.
-`lag` says how far the newest update received from an in-neighbour is ahead.
-
-How it runs: in the engine (native/hop.c), like every other collective. The collective
-is one engine unit on one duplicate of the graph communicator; its *channels* are one-op
-persistent schedules, a receive slot per (in-neighbour, r < R), a send slot per
-(out-neighbour, r), and with tokens the same for tokens. Iteration m travels on slot
-m mod R as the execution of version m, so the tag carries the iteration and a receive
-posted for iteration m matches no other. The progress thread handles every completion:
-it checks the header, keeps or drops the update, reposts the slot, counts tokens and
-sends those owed, and completes an iteration as soon as n_in - b in-neighbours are ready
-(the backup workers' k-of-n), reducing into the result buffer while the application
-computes. Python enters iterations (post, skip), takes results (wait) and closes.
-
-    post(x), iteration k (application thread, in pc_hop_post):
-      wait for a token from every out-neighbour         (max_gap: k < g + tokens[j])
-      wait for slot k mod R's sends of iteration k - R, and for k - R to be complete here
-      tx[k mod R] = header(k) + x; start its send to every out-neighbour
-      grant a token to every in-neighbour                (max_gap)
-    progress thread, on each arrival:
-      check its header; keep it, or drop it if late; repost its slot
-      while iteration k is entered and n_in - b in-neighbours are ready:
-        out_k = x_k (op) ... (op) updates, weighted; k is complete
-    wait(): take out_k (no Python wake-up at all when k completed while the rank computed)
-
-Up to R requests may be outstanding: post() k + R needs iteration k waited for.
-
-Rounds: one message per edge and iteration (plus one zero-byte token per edge with
-max_gap); a rank's iteration waits for its in-neighbours only: O(1) rounds, no global
-synchronisation at all.
-
-Memory: R = 1 + s + g slots per in-neighbour (g = max_gap, or 1 without tokens; s =
-max_staleness, or 0), each one message (the update plus a 32-byte header, padded to 64
-bytes), and R send slots, all the engine's: (1 + g) x |N_in| buffered updates with
-tokens alone, Hop's bound. Without tokens (backup workers alone: Hop's unbounded queue),
-how far a rank runs ahead of an out-neighbour is not bounded by the protocol: messages
-above the MPI's eager limit wait for a slot, smaller ones complete into the MPI's
-unexpected-message queue, which grows like Hop's. Use max_gap for a bound; without it R
-is 1 + s + 3 with backup workers, 1 + s + 1 otherwise.
-
-Closing: close() is collective over the graph. The ranks exchange how far they got
-(last iteration, receives posted) while the engine keeps serving the neighbours, send
-"filler" messages for every receive a neighbour posted beyond what was sent, drain every
-channel, and free them: nothing stays posted, nothing is cancelled.
+How it runs: in the engine (native/hop.c), progressed by the progress thread like every
+other collective, on one duplicate of the graph communicator. The engine receives each
+update into a slot, checks and keeps or drops it, reposts the slot, counts and grants
+tokens, and completes iteration k as soon as enough in-neighbours are ready, reducing
+into the request's result buffer while the application computes. This module validates
+and agrees on the arguments, enters iterations (post, skip), takes results (wait) and
+runs close(): the ranks exchange how far they got and the receives they posted, the
+engine sends "filler" messages for receives posted beyond what was sent and drains every
+channel, so nothing stays posted. Up to R = depth requests may be outstanding; memory is
+R = 1 + s + g receive slots per in-neighbour (g = max_gap, else 1, or 3 with backup
+workers; s = max_staleness or 0) and R send slots, each one update plus a 32-byte
+header: (1 + g) x |N_in| buffered updates with tokens alone, Hop's bound. docs/hop.md
+has the worked example and the numbers.
 """
 from __future__ import annotations
 
@@ -201,17 +155,13 @@ class NeighborAllreduce:
             sources, destinations = [], []
         graph = agree(comm, "NeighborAllreduce", problem, params, (sources, destinations))
         assert params is not None                    # agree() raised on every rank otherwise
-        everyone = [(None, None, s_r, d_r) for s_r, d_r in graph]
-        for r, (_, _, s_r, d_r) in enumerate(everyone):
-            for d in d_r:
-                if r not in everyone[d][2]:
-                    raise ArgumentError(f"NeighborAllreduce: the graph is inconsistent: rank {r} sends to rank {d}, "
-                                        f"but rank {d} does not list {r} among its sources (this is rank {rank})")
-            for s in s_r:
-                if r not in everyone[s][3]:
-                    raise ArgumentError(f"NeighborAllreduce: the graph is inconsistent: rank {r} receives from "
-                                        f"rank {s}, but rank {s} does not list {r} among its destinations "
-                                        f"(this is rank {rank})")
+        for r, (s_r, d_r) in enumerate(graph):      # every edge listed at both ends
+            bad = ([(d, "sends to", "sources") for d in d_r if r not in graph[d][0]]
+                   + [(s, "receives from", "destinations") for s in s_r if r not in graph[s][1]])
+            if bad:
+                (peer, verb, lists), = bad[:1]
+                raise ArgumentError(f"NeighborAllreduce: the graph is inconsistent: rank {r} {verb} rank {peer}, "
+                                    f"but rank {peer} does not list {r} among its {lists} (this is rank {rank})")
         self.count, self.dtype, self.op = params["count"], np.dtype(params["dtype"]), op
         self.backup, self.max_staleness, self.max_gap = params["backup"], params["max_staleness"], params["max_gap"]
         self.weights = weights
@@ -222,7 +172,7 @@ class NeighborAllreduce:
         g = self.max_gap if self.max_gap is not None else (3 if self.backup else 1)
         self.depth = 1 + s + g                     # R: slots per in-neighbour, requests outstanding
         self.trace: Optional[list] = None          # set to [] to record (iteration, monotonic time, spare) entries
-        self._closed = True
+        self._closed, self._abandoned = True, False
         self._comm: Optional[MPI.Comm] = None
         self._h = None
         self._iter = -1
@@ -441,40 +391,32 @@ class NeighborAllreduce:
 
     # -- lifetime ----------------------------------------------------------------------
     def _free(self) -> None:
-        """Free the engine's collective and the communicator (drained: nothing in flight)."""
-        self._closed = True
-        deferred = _engine.ffi.new("int *")
-        if self._h is not None:
-            check(_engine.lib.pc_hop_free(self._h, deferred))
-        self._h = None
-        if self._comm is not None:
-            if deferred[0]:
-                _engine.keep_until_finalize(self._comm)
-            else:
-                self._comm.Free()
-        self._comm = None
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StateError("this NeighborAllreduce is closed")
-
-    def _abandon(self) -> None:
-        """Dropped without close(): this rank only. The engine withdraws what runs and frees
-        it once drained; the communicator lives until then (or until finalize)."""
-        self._closed = True
+        """After close() (drained: freed now), or dropped without it (this rank only: the
+        engine withdraws what runs and frees it once drained; the communicator lives until
+        then, or until finalize)."""
+        closing, self._closed = not self._closed, True
         if getattr(_engine, "lib", None) is None:
             return
         deferred = _engine.ffi.new("int *")
         if getattr(self, "_h", None) is not None:
             _engine.lib.pc_hop_free(self._h, deferred)
-        self._h = None
-        comm = getattr(self, "_comm", None)
-        if comm is not None:
-            if deferred[0]:
-                _engine.keep_until_finalize(comm)
-            else:                            # freed on the next application call (never from __del__)
-                _engine.free_later(comm)
-        self._comm = None
+        self._h, comm, self._comm = None, getattr(self, "_comm", None), None
+        if comm is None:
+            return
+        if deferred[0]:
+            _engine.keep_until_finalize(comm)
+        elif closing and not self._abandoned:
+            comm.Free()
+        else:                                # freed on the next application call (never from __del__)
+            _engine.free_later(comm)
+
+    def _abandon(self) -> None:
+        self._abandoned = True
+        self._free()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateError("this NeighborAllreduce is closed")
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
