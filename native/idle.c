@@ -185,7 +185,8 @@ static void decide_static(void)
     STORE(I.spin, ok);
 }
 
-int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cpus)
+/* the node as pc_engine_set_node (progress.c) passes it on */
+int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus)
 {
     if (local_size < 0 || node_cpus < 0 || (shared && (local_rank < 0 || local_rank >= local_size)))
         return fail(PC_ERR_ARG, "bad node: rank %d of %d, %d CPUs", local_rank, local_size, node_cpus);
@@ -201,7 +202,6 @@ int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cp
         decide_static();
     }
     pthread_mutex_unlock(&I.mtx);
-    wake();
     return PC_OK;
 }
 

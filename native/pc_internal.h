@@ -288,9 +288,11 @@ int pc_reduce_div(int redop, int dtype, const void *a, const void *b, void *out,
 int pc_axpy(int dtype, const void *a, const void *b, void *out, int64_t n, double w);  /* out = a + w b */
 int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n);   /* widened mean */
 
-/* progress.c */
-double now_us(void);
+/* clock.c */
+double now_us(void);                     /* CLOCK_MONOTONIC, microseconds */
 void abs_deadline(struct timespec *ts, double us);
+
+/* progress.c */
 void note_event(void);
 void kick(void);                         /* new work: note the event, wake the poller */
 void wake(void);
@@ -300,9 +302,19 @@ void notify_done(void);                  /* a wait's predicate may have changed 
 void running_add(pc_sched *s);           /* unit lock held; takes E.lock */
 void running_remove(pc_sched *s);
 int engine_pass(void);                   /* no lock held: one progress pass over every unit */
+/* How progress.c runs a schedule: registered by sched.c (sched_create), so that the
+ * progress loop knows the running list and the units, not how a schedule steps. Each
+ * is called with the schedule's unit lock held. */
+typedef struct pc_stepper {
+    int (*step)(pc_sched *s);                    /* one step; 1: progressed */
+    void (*fail)(pc_sched *s, const char *why);  /* stop its execution with an error */
+    void (*forget)(pc_sched *s);                 /* drop the requests MPI no longer finishes */
+} pc_stepper;
+void engine_set_stepper(const pc_stepper *st);
 int wait_until(int (*pred)(void *), void *arg, double timeout_s);   /* no lock held */
 
 /* idle.c */
+int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus);
 int idle_poll(void);                     /* poll while armed now? (spin, or auto's spin) */
 double idle_spin_bound_us(void);         /* how long polling may go on after the last event */
 void idle_note_gap(double us);           /* an event came us after the previous one */

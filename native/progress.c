@@ -17,24 +17,14 @@
 #include <time.h>
 #include <unistd.h>
 
+static pc_stepper stepper;        /* (written once, before any schedule runs) */
+
+void engine_set_stepper(const pc_stepper *st) { if (stepper.step != st->step) stepper = *st; }
+
 pc_engine_state E = {.lock = PTHREAD_MUTEX_INITIALIZER, .wmtx = PTHREAD_MUTEX_INITIALIZER,
                      .dmtx = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
                      .done = PTHREAD_COND_INITIALIZER};
 
-double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-void abs_deadline(struct timespec *ts, double us)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    long long ns = ts->tv_nsec + (long long)(us * 1e3);
-    ts->tv_sec += ns / 1000000000LL;
-    ts->tv_nsec = ns % 1000000000LL;
-}
 
 /* The time of the last event (a message completed, a post, a round armed), in us:
  * the idle policy counts from it. */
@@ -178,7 +168,7 @@ int engine_pass(void)
             progressed = 1;
         }
         if (u->poll) progressed |= u->poll(u);
-        progressed |= sched_progress(s);
+        progressed |= stepper.step(s);
         pthread_mutex_unlock(&u->lock);
     }
     pthread_mutex_lock(&E.lock);
@@ -416,6 +406,13 @@ static void unpin_all(int n)
     pthread_mutex_unlock(&E.lock);
 }
 
+int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cpus)
+{
+    int rc = idle_set_node(shared, local_rank, local_size, node_cpus);
+    wake();
+    return rc;
+}
+
 int pc_engine_stop(void)
 {
     pthread_mutex_lock(&E.lock);
@@ -432,7 +429,7 @@ int pc_engine_stop(void)
     for (int i = 0; i < n; i++) {
         pc_sched *s = snap.s[i];
         unit_lock(s->unit);
-        if (s->running) sched_fail(s, -1, PC_ERR_STATE, "engine stopped (partialcoll.finalize) while running");
+        if (s->running) stepper.fail(s, "engine stopped (partialcoll.finalize) while running");
         unit_unlock(s->unit);
     }
     unpin_all(n);
@@ -443,11 +440,11 @@ int pc_engine_stop(void)
         pc_sched *s = snap.s[i];
         unit_lock(s->unit);
         if (s->running) {
-            mpi_forget(&s->msgs);
+            stepper.forget(s);
             pthread_mutex_lock(&E.lock);
             s->unit->leaked = 1;          /* may still be read or written by MPI: never freed */
             pthread_mutex_unlock(&E.lock);
-            sched_progress(s);            /* nothing listed now: off the running list */
+            stepper.step(s);              /* nothing listed now: off the running list */
         }
         unit_unlock(s->unit);
     }

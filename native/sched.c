@@ -242,9 +242,14 @@ int pc_sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedg
 
 /* A schedule, of its owner's unit where owner is given (its TAKE and DELIVER call back
  * into the owner), else standalone. */
+static void sched_stop(pc_sched *s, const char *why) { sched_fail(s, -1, PC_ERR_STATE, why); }
+static void sched_forget(pc_sched *s) { mpi_forget(&s->msgs); }
+static const pc_stepper SCHED_STEPPER = {sched_progress, sched_stop, sched_forget};
+
 int sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedges, const int *edges,
                  pc_owner *owner, int64_t scratch_bytes, int pairs, pc_sched **out)
 {
+    engine_set_stepper(&SCHED_STEPPER);      /* how the progress loop runs schedules */
     if (nops < 0 || nedges < 0 || scratch_bytes < 0) return fail(PC_ERR_ARG, "negative op, edge or scratch count");
     pc_sched *s = calloc(1, sizeof *s);
     if (!s) return fail(PC_ERR_NOMEM, "out of memory");

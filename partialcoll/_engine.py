@@ -9,7 +9,8 @@ from typing import Dict, Optional, Union
 from mpi4py import MPI  # must come first: loads the libmpi the native module links against
 
 from ._lib import ffi, lib
-from ._errors import EngineError, check
+from ._errors import EngineError
+from ._status import check
 from ._rc import rc
 
 _lock = threading.Lock()

@@ -1,9 +1,8 @@
-"""Exceptions, and the one helper that turns engine return codes into them."""
+"""Exceptions (a small hierarchy whose base is never raised itself). No import of the
+native binding: partialcoll._status turns engine return codes into these."""
 from __future__ import annotations
 
-import logging
-import time
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 
 class PartialcollError(Exception):
@@ -61,81 +60,6 @@ class OutOfMemory(PartialcollError, MemoryError):
     """The engine could not allocate memory (buffers of a collective, a schedule's tables)."""
 
 
-from ._lib import lib  # noqa: E402 - after the classes, which the native module does not need
-
-_BY_CODE = {lib.PC_ERR_ARG: ArgumentError, lib.PC_ERR_MPI: MPIError, lib.PC_ERR_NOMEM: OutOfMemory,
-            lib.PC_ERR_STATE: StateError, lib.PC_ERR_TIMEOUT: Timeout, lib.PC_ERR_THREAD: EngineError,
-            lib.PC_ERR_DTYPE_OP: OpError, lib.PC_ERR_TRUNCATE: MPIError, lib.PC_ERR_PEER: PeerError}
-
-
-def check(rc: int) -> None:
-    """Raise the exception for a non-zero engine return code, with the engine's message."""
-    if rc == 0:
-        return
-    from ._lib import ffi
-    msg = ffi.string(lib.pc_last_error()).decode(errors="replace") or \
-        ffi.string(lib.pc_strerror(rc)).decode()
-    peer = lib.pc_last_error_peer()
-    if _BY_CODE.get(rc) is MPIError and peer >= 0:      # a send or receive failed: name its peer
-        raise MPIError(msg, (peer,))
-    if rc == lib.PC_ERR_PEER:                          # the collective's peer_error() says more
-        raise PeerError(msg, peer)
-    raise _BY_CODE.get(rc, PartialcollError)(msg)
-
-
-TIMEOUT_CODE = lib.PC_ERR_TIMEOUT
-PEER_CODE = lib.PC_ERR_PEER
-_SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
-
-
-class Peers:
-    """What a wait asks when it is slow: which peers failed, which were not heard from."""
-
-    def __init__(self, comm_handle, rank: int, silent: Callable[[], Tuple[str, Tuple[int, ...]]],
-                 peer_error: Optional[Callable[[], Tuple[int, str, str]]] = None) -> None:
-        self.comm_handle, self.rank, self.silent = comm_handle, rank, silent
-        self.peer_error = peer_error     # () -> (rank, exception type, message) of a peer's report
-
-    def raise_peer_error(self, where: str) -> None:
-        """Raise the PeerError of the report a peer sent (the engine returned PC_ERR_PEER)."""
-        if self.peer_error is None:
-            return
-        try:
-            rank, exc_type, message = self.peer_error()
-        except PartialcollError:
-            return
-        raise PeerError(f"rank {rank} failed with {exc_type}: {message}; {where} cannot complete "
-                        f"(this is rank {self.rank})", rank, exc_type, message)
-
-    def failed(self) -> Tuple[int, ...]:
-        """The ranks the MPI reports as failed (MPIX_Comm_get_failed; () where it cannot tell)."""
-        from ._engine import ffi, lib
-        ranks, n = ffi.new("int[]", _MAX_NAMED), ffi.new("int *")
-        check(lib.pc_comm_failed(self.comm_handle, ranks, _MAX_NAMED, n))
-        return tuple(ranks[0:n[0]]) if n[0] > 0 else ()
-
-    def check_failed(self, where: str) -> None:
-        dead = self.failed()
-        if dead:
-            raise MPIError(f"{_ranks(dead)} failed (the MPI reports {'it' if len(dead) == 1 else 'them'} "
-                           f"through MPIX_Comm_get_failed); {where} cannot complete (this is rank {self.rank})",
-                           dead)
-
-    def timeout(self, message: str, timeout: float) -> Timeout:
-        what, silent = self.silent()
-        if silent:
-            return Timeout(f"{message} (timeout={timeout} s): no message from {_ranks(silent)} in {what} "
-                           f"(this is rank {self.rank})", silent)
-        return Timeout(f"{message} (timeout={timeout} s)")
-
-
-_MAX_NAMED = 64         # ranks named in one error, at most
-
-
-def _ranks(ranks: Tuple[int, ...]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 def as_timeout(timeout, what: str = "timeout") -> Optional[float]:
     """timeout as seconds (float, negative: 0) or None: anything else is an ArgumentError."""
     import numbers
@@ -144,87 +68,3 @@ def as_timeout(timeout, what: str = "timeout") -> Optional[float]:
     if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and timeout == timeout:
         return max(float(timeout), 0.0)
     raise ArgumentError(f"{what} must be a number of seconds or None, not {timeout!r}")
-
-
-def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: str = "the wait",
-                   shown=None) -> None:
-    """Run call(*args, seconds) -> engine code until it stops timing out or `timeout`
-    (None: forever) has passed; then raise as check() does (Timeout after the deadline,
-    naming `shown` as the timeout when given: the caller waited part of it already).
-
-    peers: after every slice that timed out, a peer the MPI reports as failed raises
-    MPIError naming it; the Timeout names the peers not heard from. A wait still running
-    after rc.stall_warning seconds logs the peers not heard from, once (stall inspector)."""
-    shown = timeout if shown is None else shown
-    if timeout is None:                      # the hot path: usually done at the first call
-        rc = call(*args, _SLICE)
-        if rc == TIMEOUT_CODE:
-            stall = _Stall(peers, what)
-            while rc == TIMEOUT_CODE:
-                if peers is not None:
-                    peers.check_failed(what)
-                stall.check()
-                rc = call(*args, _SLICE)
-        check_round(rc, peers, what)
-        return
-    timeout = as_timeout(timeout)
-    shown = timeout if shown is None else shown
-    deadline = time.monotonic() + max(float(timeout), 0.0)
-    rc = call(*args, min(_SLICE, max(float(timeout), 0.0)))
-    stall = _Stall(peers, what)
-    while rc == TIMEOUT_CODE:
-        if peers is not None:
-            peers.check_failed(what)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            try:
-                check(rc)
-            except Timeout as exc:
-                if peers is not None:
-                    peers.raise_peer_error(what)    # a report that came as the deadline passed
-                    raise peers.timeout(str(exc), shown) from None
-                raise Timeout(f"{exc} (timeout={shown} s)") from None
-        stall.check()
-        rc = call(*args, min(_SLICE, left))
-    check_round(rc, peers, what)
-
-
-class _Stall:
-    """The stall inspector of one wait (as Horovod's): once the wait has run for
-    rc.stall_warning seconds, log which peers this rank has not heard from in the round."""
-
-    __slots__ = ("peers", "what", "start", "done")
-
-    def __init__(self, peers: Optional[Peers], what: str) -> None:
-        self.peers, self.what, self.start, self.done = peers, what, time.monotonic(), False
-
-    def check(self) -> None:
-        if self.done:
-            return
-        from ._rc import rc
-        limit = rc.stall_warning
-        waited = time.monotonic() - self.start
-        if limit is None or waited < limit:
-            return
-        self.done = True
-        where, silent = self.peers.silent() if self.peers is not None else ("", ())
-        rank = f" at rank {self.peers.rank}" if self.peers is not None else ""
-        heard = f": no message from {_ranks(silent)} in {where}" if silent else ""
-        logging.getLogger("partialcoll").warning(
-            "partialcoll: %s has waited %.1f s%s%s (stall warning after %g s: partialcoll.rc.stall_warning)",
-            self.what, waited, rank, heard, limit)
-
-
-def check_round(rc: int, peers: Optional[Peers], what: str) -> None:
-    """check(rc), but an MPI error while the MPI reports failed peers names them: under
-    Open MPI's ULFM a receive from a dead rank fails at once (MPIX_ERR_PROC_FAILED), where
-    MPICH leaves it pending and the slices above find the dead rank."""
-    if rc == PEER_CODE and peers is not None:
-        peers.raise_peer_error(what)
-    if rc and peers is not None and _BY_CODE.get(rc) is MPIError:
-        peers.check_failed(what)
-        try:
-            check(rc)
-        except MPIError as exc:         # say what cannot complete, as the other waits' errors do
-            raise MPIError(f"{exc}; {what} cannot complete (this is rank {peers.rank})", exc.ranks) from None
-    check(rc)

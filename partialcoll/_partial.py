@@ -25,8 +25,8 @@ from . import _device, _engine, _propagate
 from . import balance as balance_mod
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer, check_elements
 from ._agree import agree, as_problem
-from ._errors import (_SLICE, TIMEOUT_CODE, ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError,
-                      Peers, StateError, Timeout, as_timeout, check, check_round, wait_in_slices)
+from ._errors import ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError, StateError, Timeout, as_timeout
+from ._status import _SLICE, TIMEOUT_CODE, Peers, check, check_round, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import (OP_NAMES, as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity,

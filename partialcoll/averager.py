@@ -36,7 +36,8 @@ from mpi4py import MPI
 from . import _engine
 from ._agree import agree, as_problem
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import InvalidBufferError, OpError, StateError, check
+from ._errors import InvalidBufferError, OpError, StateError
+from ._status import check
 from ._rc import rc
 from ._typing import Buffer, DTypeLike
 from ._types import as_dtype, check_comm, dtype_code, dtype_name, integer

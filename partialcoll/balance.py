@@ -249,7 +249,7 @@ class Balancer:
         self.thread.start()
 
     def _run(self) -> None:
-        from ._errors import check, TIMEOUT_CODE
+        from ._status import check, TIMEOUT_CODE
         lib, ffi = self._lib, self._ffi
         p = len(self.predictor.est)
         sums, got = ffi.new("int64_t[]", lib.PC_TIME_FIELDS * p), ffi.new("int *")

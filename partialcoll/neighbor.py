@@ -49,8 +49,8 @@ from mpi4py import MPI
 from . import _engine
 from ._agree import agree
 from ._buffers import as_buffer
-from ._errors import (TIMEOUT_CODE, ArgumentError, MPIError, PartialcollError, Peers, StateError, Timeout, as_timeout,
-                      check, wait_in_slices)
+from ._errors import ArgumentError, MPIError, PartialcollError, StateError, Timeout, as_timeout
+from ._status import TIMEOUT_CODE, Peers, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import OP_NAMES, check_comm, check_op_dtype, dtype_code, integer, op_code

@@ -20,7 +20,8 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._buffers import SLOT_SCRATCH, BufRef
-from ._errors import ArgumentError, InvalidBufferError, Peers, StateError, check, wait_in_slices
+from ._errors import ArgumentError, InvalidBufferError, StateError
+from ._status import Peers, check, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, ComputeOp, DTypeLike
 from ._types import COPY, OP_NAMES, check_comm, check_divisor, check_op_dtype, integer, op_code

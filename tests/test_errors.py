@@ -83,7 +83,7 @@ def test_public_surface():
         import numpy as np
         from mpi4py import MPI
         import partialcoll as pc
-        from partialcoll._errors import check
+        from partialcoll._status import check
         assert pc.InvalidBufferError.__name__ == "InvalidBufferError"
         assert not any(hasattr(builtins, name) for name in pc.__all__ if name[0].isupper()), "shadows a builtin"
         assert "Op" not in pc.__all__ and pc.ScheduleOp.__name__ == "ScheduleOp"
