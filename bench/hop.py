@@ -9,7 +9,8 @@ cores, not the protocol), then posts a --count float32 vector and waits for its 
 1. Random slowdown (Hop §6): each worker is slowed 6x with probability 1/P per iteration
    (seeded; the same draws for every mode). Iterations/s per worker (mean over workers),
    for NeighborAllreduce standard, backup=1, max_staleness=5, and the same workload
-   through PartialAllreduce full (a global allreduce) and solo (eager-SGD's).
+   through PartialAllreduce full (a global allreduce) and solo (eager-SGD's), and through
+   MPI_Allreduce (mpi4py), the peer measured in the same run.
 2. Deterministic slowdown (Hop §5): worker 0 is 4x slower every iteration. Time per
    iteration until every worker has reached --iterations, relative to the balanced run
    (nobody slowed), without and with skipping (worker 0 calls skip(lag) after each
@@ -104,6 +105,22 @@ def run_partial(comm, args, slow, mode):
     return args.iterations / elapsed, elapsed, 0
 
 
+def run_mpi(comm, args, slow):
+    """The same workload through MPI_Allreduce (mpi4py): the peer every ratio can be read against."""
+    x, y = np.ones(args.count, np.float32), np.empty(args.count, np.float32)
+    for _ in range(args.warmup):
+        comm.Allreduce(x, y)
+    comm.Barrier()
+    t0 = time.monotonic()
+    for k in range(args.iterations):
+        time.sleep(args.base_ms * 1e-3 * slow[k])
+        comm.Allreduce(x, y)
+        if y[0] != comm.size:
+            raise AssertionError(f"rank {comm.rank}: MPI_Allreduce gave {y[0]}, not {comm.size}")
+    elapsed = time.monotonic() - t0
+    return args.iterations / elapsed, elapsed, 0
+
+
 def main():
     try:
         run_all()
@@ -144,6 +161,7 @@ def run_all():
     record("max_staleness=5", run_neighbor(comm, g, args, random6, max_staleness=5))
     record("PartialAllreduce full", run_partial(comm, args, random6, "full"))
     record("PartialAllreduce solo", run_partial(comm, args, random6, "solo"))
+    record("MPI_Allreduce (mpi4py)", run_mpi(comm, args, random6))
 
     flat = [1] * n
     slow4 = [4] * n if rank == 0 else flat
@@ -158,7 +176,8 @@ def run_all():
               f"{args.base_ms} ms compute, {args.iterations} iterations")
         print("# 1. each worker 6x slower with probability 1/P per iteration (seeded)")
         print(f"# {'mode':<26} {'iterations/s':>13} {'vs standard':>12}")
-        for name in ("standard", "backup=1", "max_staleness=5", "PartialAllreduce full", "PartialAllreduce solo"):
+        for name in ("standard", "backup=1", "max_staleness=5", "PartialAllreduce full", "PartialAllreduce solo",
+                     "MPI_Allreduce (mpi4py)"):
             r = rows[name]["its_per_s"]
             print(f"  {name:<26} {r:>13.1f} {r / std:>12.2f}")
         bal = rows["balanced"]["s_per_it_all"]
