@@ -315,7 +315,7 @@ class NeighborAllreduce:
         timeout = -1.0 if rc.timeout is None else float(rc.timeout)
         code = _engine.lib.pc_hop_skip(self._h, j, timeout, done, entries)
         self._entered(entries, int(done[0]))
-        self._wait(lambda seconds: code, None, f"NeighborAllreduce.skip() at rank {self.rank}")
+        self._check(code, f"NeighborAllreduce.skip() at rank {self.rank}")
         return int(done[0])
 
     def _wait(self, call, timeout: Optional[float], what: str) -> None:
@@ -323,6 +323,14 @@ class NeighborAllreduce:
         MPIError naming it; only then (backup workers may carry on without a dead peer)."""
         try:
             wait_in_slices(call, timeout, what=what)
+        except (Timeout, MPIError):
+            self._peers.check_failed(what)
+            raise
+
+    def _check(self, code: int, what: str) -> None:
+        """check(code), naming a failed peer as _wait does."""
+        try:
+            check(code)
         except (Timeout, MPIError):
             self._peers.check_failed(what)
             raise
@@ -344,7 +352,7 @@ class NeighborAllreduce:
             code = lib.pc_hop_wait(self._h, k, 0.0, upd, info)
             if code == TIMEOUT_CODE:
                 return
-            self._wait(lambda seconds: code, None, what)
+            self._check(code, what)
         else:
             self._wait(lambda seconds: lib.pc_hop_wait(self._h, k, seconds, upd, info), timeout, what)
         updates = tuple((int(upd[2 * u]), int(upd[2 * u + 1])) for u in range(int(info[0])))
@@ -371,7 +379,7 @@ class NeighborAllreduce:
         every = np.ascontiguousarray(self._exchange(posted, deadline))
         left = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
         code = lib.pc_hop_drain(self._h, ffi.cast("int64_t *", every.ctypes.data), left)
-        self._wait(lambda seconds: code, None, f"NeighborAllreduce.close() at rank {self.rank}")
+        self._check(code, f"NeighborAllreduce.close() at rank {self.rank}")
         self._free()
 
     def _exchange(self, vec: np.ndarray, deadline: Optional[float]) -> np.ndarray:
