@@ -764,7 +764,7 @@ class PartialAllreduce:
         if self._closed or getattr(_engine, "lib", None) is None:
             return 0
         check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
-                                        message.encode(errors="replace")[:439], seconds))
+                                        message.encode(errors="replace")[:431], seconds))
         return 1
 
     def _abandon(self) -> None:
