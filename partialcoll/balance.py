@@ -15,14 +15,17 @@ balance=
   "static"        round-robin over the servers, never changed
   "proportional"  PSLD's strawman: blocks in proportion to each owner's measured speed
   "psld"          PSLD's method: predicted per-block times (a moving average of the
-                  measurements; an owner without blocks keeps its last prediction), then
+                  measurements; an owner without blocks keeps its last prediction, and
+                  its next measurement replaces it), then
                   with probability 1 - epsilon *exploit*: the assignment of least
                   predicted round time (blocks handed one by one to the owner that would
                   finish them first, so slow owners fall out of the set of effective
-                  servers and come back when the set cannot keep up), if it is GAIN
-                  shorter than the current one's (else the current one), and with
-                  probability epsilon *explore*: one block moved to a random server, an
-                  idle one first, so a server that recovered wins its blocks back.
+                  servers and come back when the set cannot keep up), if it is shorter
+                  than the current one's by GAIN of the busiest owner's block work
+                  (else the current one), and with
+                  probability epsilon *explore*: one block moved to a random server left
+                  without blocks (none: nothing to explore), so a server that recovered
+                  is measured again and wins its blocks back.
 """
 from __future__ import annotations
 
@@ -39,8 +42,9 @@ from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
 ALPHA = 0.5                  # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
-GAIN = 0.15                  # psld exploits only for a predicted round time this much shorter
-                             # (a straggler detected, not noise in the measurements)
+GAIN = 0.15                  # psld exploits only for a predicted round time shorter by this
+                             # much of the busiest owner's block work (a straggler detected,
+                             # not noise in the measurements)
 
 
 def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every) -> dict:
@@ -164,44 +168,51 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
          epsilon: float, fixed: Optional[np.ndarray] = None) -> List[int]:
     """PSLD's prediction-guided exploitation and exploration (times: the predicted
     marginal per-block time of every rank, fixed: its predicted fixed delay, NaN
-    unknown). Exploration is drawn from (seed, epoch), so every rank makes the same choice."""
+    unknown). Exploration is drawn from (seed, epoch), so every rank makes the same
+    choice; it gives one block to a server left without blocks (the only ones whose
+    prediction no measurement refreshes): with none, there is nothing to explore."""
     n = len(current)
     counts = least_time(times, servers, n, fixed)
     t = _fill(times, servers)
     f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
     now = np.array([sum(o == s for o in current) for s in servers])
-    if np.max(_span(counts, t, f)) > (1 - GAIN) * np.max(_span(now, t, f)):
+    # switch only if the round gets shorter by GAIN of the busiest owner's block work (the
+    # part measurement noise scales; the delays every owner shares do not dilute it)
+    if np.max(_span(now, t, f)) - np.max(_span(counts, t, f)) < GAIN * np.max(now * t):
         counts = now                         # no straggler worth a switch: keep the assignment
     rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
-    if len(servers) > 1 and n > 1 and rng.random() < epsilon:
-        idle = [i for i in range(len(servers)) if counts[i] == 0]
-        pick = int(rng.choice(idle)) if idle else int(rng.integers(len(servers)))
-        busiest = int(np.argmax(_span(counts, t, f) - 1e300 * (np.arange(len(servers)) == pick)))
-        if busiest != pick and counts[busiest] > 0:
-            counts[busiest] -= 1
-            counts[pick] += 1
+    idle = [i for i in range(len(servers)) if counts[i] == 0]
+    if idle and n > 1 and rng.random() < epsilon:
+        pick = int(rng.choice(idle))
+        counts[int(np.argmax(_span(counts, t, f)))] -= 1     # from the owner that finishes last
+        counts[pick] += 1
     return _place(counts.tolist(), servers, current)
 
 
 class Predictor:
     """psld's per-owner prediction: moving averages of the measured marginal and fixed
-    times; an owner that served nothing keeps its last prediction. Every rank feeds it
-    the same epochs, so every rank predicts the same."""
+    times. An owner that served nothing keeps its last prediction; when it is measured
+    again after such a gap (exploration gave it a block), the new measurement replaces
+    the stale prediction instead of being averaged with it, so that a server that
+    recovered is predicted fast at once. Every rank feeds it the same epochs, so every
+    rank predicts the same."""
 
     def __init__(self, size: int) -> None:
         self.est = np.full(size, np.nan)         # marginal seconds per block
         self.fixed = np.full(size, np.nan)
+        self.fresh = np.zeros(size, bool)        # measured in the latest epoch
 
-    @staticmethod
-    def _average(est: np.ndarray, measured: np.ndarray) -> None:
-        new, old = ~np.isnan(measured), ~np.isnan(est)
-        est[new & old] = ALPHA * measured[new & old] + (1 - ALPHA) * est[new & old]
-        est[new & ~old] = measured[new & ~old]
+    def _average(self, est: np.ndarray, measured: np.ndarray) -> None:
+        new = ~np.isnan(measured)
+        keep = new & self.fresh & ~np.isnan(est)  # a continuing series: averaged
+        est[keep] = ALPHA * measured[keep] + (1 - ALPHA) * est[keep]
+        est[new & ~keep] = measured[new & ~keep]
 
     def update(self, measured: "OwnerTimes"):
         """(marginal, fixed) predictions after this epoch's measurements."""
         self._average(self.est, measured.marginal)
         self._average(self.fixed, measured.fixed)
+        self.fresh = ~np.isnan(measured.marginal)
         return self.est.copy(), self.fixed.copy()
 
 
