@@ -47,29 +47,40 @@ GAIN = 0.10                  # psld exploits only for a predicted round time thi
                              # shares was 3 blocks' work)
 
 
-def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every) -> dict:
-    """The owner options (block_bytes=, servers=, balance=, ...) checked against the
-    algorithm and the communicator's size; the normalized values."""
+def _ranks(name: str, ranks, size: int) -> List[int]:
+    """servers= or workers=: a non-empty list of ranks of the communicator, sorted."""
+    try:
+        out = sorted({integer(s, "a rank", 0, size - 1) for s in ranks})
+    except ArgumentError:
+        raise ArgumentError(f"{name}= must be ranks of the communicator (0 .. {size - 1}), "
+                            f"not {ranks!r}") from None
+    except TypeError:
+        raise ArgumentError(f"{name}= must be a list of ranks, not {ranks!r}") from None
+    if not out:
+        raise ArgumentError(f"{name}= is empty: at least one rank must "
+                            f"{'own blocks' if name == 'servers' else 'contribute'}")
+    return out
+
+
+def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every,
+             workers=None) -> dict:
+    """The owner options (block_bytes=, servers=, workers=, balance=, ...) checked against
+    the algorithm and the communicator's size; the normalized values."""
     owned = algorithm in OWNED
-    for name, value in (("block_bytes", block_bytes), ("servers", servers), ("balance", balance)):
+    for name, value in (("block_bytes", block_bytes), ("servers", servers), ("workers", workers),
+                        ("balance", balance)):
+        if value is not None and algorithm == "tree" and name == "balance":
+            raise ArgumentError("balance= does not fit the tree: its aggregators rotate with the round "
+                                "(RAT), and a member's time to its aggregator includes every level above "
+                                "it; use algorithm='ps' with servers= (see the PSLD page)")
         if value is not None and not owned:
             raise ArgumentError(f"{name}= is for an algorithm whose blocks have owners "
                                 f"({', '.join(repr(a) for a in OWNED)}); {algorithm!r} has none")
     if not owned:
         return {}
     block_bytes = BLOCK_BYTES if block_bytes is None else integer(block_bytes, "block_bytes", 1)
-    if servers is None:
-        servers = list(range(size))
-    else:
-        try:
-            servers = sorted({integer(s, "a server", 0, size - 1) for s in servers})
-        except ArgumentError:
-            raise ArgumentError(f"servers= must be ranks of the communicator (0 .. {size - 1}), "
-                                f"not {servers!r}") from None
-        except TypeError:
-            raise ArgumentError(f"servers= must be a list of ranks, not {servers!r}") from None
-        if not servers:
-            raise ArgumentError("servers= is empty: at least one rank must own blocks")
+    servers = list(range(size)) if servers is None else _ranks("servers", servers, size)
+    workers = None if workers is None else _ranks("workers", workers, size)
     balance = "static" if balance is None else balance
     if balance not in BALANCES:
         raise ArgumentError(f"balance must be one of {', '.join(BALANCES)}, not {balance!r}")
@@ -77,8 +88,8 @@ def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, 
     if not 0.0 <= epsilon <= 1.0:
         raise ArgumentError(f"epsilon must be in [0, 1], not {epsilon!r}")
     rebalance_every = integer(rebalance_every, "rebalance_every", 1)
-    return {"block_bytes": block_bytes, "servers": servers, "balance": balance, "epsilon": epsilon,
-            "rebalance_every": rebalance_every}
+    return {"block_bytes": block_bytes, "servers": servers, "workers": workers, "balance": balance,
+            "epsilon": epsilon, "rebalance_every": rebalance_every}
 
 
 class OwnerTimes:

@@ -70,6 +70,34 @@ def test_simulated_ps_any_assignment(p):
             assert sum(op.kind == 1 for op in scheds[r].ops) == nblocks
 
 
+@pytest.mark.parametrize("p", SIZES[1:])
+def test_simulated_ps_dedicated_servers(p):
+    """workers=: only the workers' blocks are reduced and only they get the result; a
+    dedicated server (not a worker, its buf the identity) moves nothing but the blocks it
+    owns, and one without blocks nothing at all; the divisor once; a lone worker too."""
+    from partialcoll._engine import lib
+    rng = np.random.default_rng(p)
+    count, block = 37, 40
+    nblocks = ps.block_count(count, 8, block)
+    for workers in ([r for r in range(p) if r % 2], [p - 1], list(range(1, p))):
+        data = [rng.standard_normal(count) if r in workers else np.zeros(count) for r in range(p)]
+        want = np.sum([data[w] for w in workers], axis=0) / 2.0
+        idle = [r for r in range(p) if r not in workers][-1:]        # a server that ends without blocks
+        for assignment in (rng.choice([r for r in range(p) if r not in idle], nblocks).tolist(),
+                           [p - 1] * nblocks, [0] * nblocks):
+            bufs, scheds, timers = simulate(p, data, divisor=2.0, block_bytes=block, assignment=assignment,
+                                            workers=workers)
+            for w in workers:
+                assert np.allclose(bufs[w], want) and np.array_equal(bufs[w], bufs[workers[0]]), (workers, w)
+            for r in range(p):
+                moved = [op for op in scheds[r].ops if op.kind in (lib.PC_SEND, lib.PC_RECV)]
+                if r not in workers:
+                    assert all(op.peer in workers for op in moved) and not timers[r]
+                    assert len(moved) == 2 * len(workers) * assignment.count(r), (r, assignment)
+                else:
+                    assert all(op.peer != r for op in moved)
+
+
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_ps_against_mpi_allreduce(mpirun, nprocs):
