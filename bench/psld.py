@@ -15,7 +15,8 @@ servers (PSLD's layout: workers= the others; mode quorum with k = the workers, s
 round starts once every worker posted: synchronous among the workers; the slow ranks
 are servers); side by side in one job:
 
-  mpi        MPI_Allreduce through mpi4py (the peer), with the interference on
+  mpi        MPI_Allreduce through mpi4py (the peer; among the workers with --servers),
+             with the interference on
   baseline   balance="static" with nothing slow (no busy processes)
   static     round-robin owners, the slow rank(s) interfered with
   proportional, psld   the same, rebalanced every --every rounds (psld: epsilon 0.1)
