@@ -4,22 +4,36 @@
     flock /tmp/pc-bench.lock python bench/psld.py two
     flock /tmp/pc-bench.lock python bench/psld.py transient  [--rounds 60]
     flock /tmp/pc-bench.lock python bench/psld.py none
+    flock /tmp/pc-bench.lock python bench/psld.py one --link 500mbit    (root: emulated hosts)
+    flock /tmp/pc-bench.lock python bench/psld.py one --np 6 --servers 4  (dedicated servers)
 
 A driver: it launches one MPI job per scenario (mpiexec; the slow ranks' command lines
 start with ``taskset -c CPU``) and prints the table. In the job, every rank both posts
-and aggregates (BytePS' colocated servers); a full-mode allreduce of --mib MiB of
-float32 in blocks of --block-mib, side by side in one job:
+and aggregates (BytePS' colocated servers; a full-mode allreduce of --mib MiB of
+float32 in blocks of --block-mib), or with --servers S the last S ranks are dedicated
+servers (PSLD's layout: workers= the others; mode quorum with k = the workers, so a
+round starts once every worker posted: synchronous among the workers; the slow ranks
+are servers); side by side in one job:
 
-  mpi        MPI_Allreduce through mpi4py (the peer), with the interference on
+  mpi        MPI_Allreduce through mpi4py (the peer; among the workers with --servers),
+             with the interference on
   baseline   balance="static" with nothing slow (no busy processes)
   static     round-robin owners, the slow rank(s) interfered with
-  proportional, psld   the same, rebalanced every 2 rounds (psld: epsilon 0.1)
+  proportional, psld   the same, rebalanced every --every rounds (psld: epsilon 0.1)
+  fast servers         (one, two) static over the ranks that are not slow, nothing slow:
+                       the baseline with fewer servers
+  ideal                the same with the interference on: the best a balancer can do,
+                       knowing the slow ranks in advance; what stays is the slow ranks'
+                       work as workers (sending and receiving the whole vector)
 Each configuration runs --repeat times, in rotated order; the run of median round time
 is reported (the machine is shared: its load drifts during a run).
 
 Interference (PSLD's "computation interference"): the slow rank is pinned to one CPU
 with taskset, and while a configuration with interference runs, it starts --hogs busy
-processes pinned to the same CPU (and kills them after). Scenarios:
+processes pinned to the same CPU (and kills them after). With --link RATE (root), the
+job runs across P emulated hosts instead (tests/hosts.py: network namespaces, MPI over
+TCP, one rank per host), and the interference is a rate limit (tc tbf) on the slow
+ranks' hosts' links only, set and lifted by those ranks. Scenarios:
   one        the last rank slow
   two        the last two ranks slow (both pinned to the same CPU, with the hogs)
   transient  the last rank slow for the first third of the rounds, then not: psld must
@@ -47,15 +61,32 @@ def driver(args) -> None:
     p, slow_cpu = args.np, str(args.cpu)
     slow = {"one": [p - 1], "two": [p - 2, p - 1], "transient": [p - 1], "none": [p - 1]}[args.scenario]
     worker = [sys.executable, HERE, args.scenario, "--worker", "--np", str(p), "--mib", str(args.mib),
+              "--link", args.link or "", "--every", str(args.every), "--servers", str(args.servers),
+              *(["--verbose"] if args.verbose else []),
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
               "--repeat", str(args.repeat),
               "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
-    cmd = ["mpiexec"]
-    for r in range(p):
-        if cmd[-1] != "mpiexec":
-            cmd.append(":")
-        cmd += ["-n", "1"] + (["taskset", "-c", slow_cpu] if r in slow else []) + worker
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if args.link:                                # one rank per emulated host (tests/hosts.py)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests"))
+        import hosts
+        hosts.remove_stale()
+        h = hosts.Hosts(p, tag=f"pch{os.getpid()}b").up()
+        try:
+            exe = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+            out = subprocess.run(h.mpiexec(exe, p, worker), capture_output=True, text=True, timeout=args.timeout,
+                                 env=dict(os.environ, **h.env()))
+        except subprocess.TimeoutExpired as exc:
+            sys.exit(f"timed out after {args.timeout} s; the job's last words:\n"
+                     f"{(exc.stdout or b'')[-3000:].decode()}{(exc.stderr or b'')[-3000:].decode()}")
+        finally:
+            h.down()
+    else:
+        cmd = ["mpiexec"]
+        for r in range(p):
+            if cmd[-1] != "mpiexec":
+                cmd.append(":")
+            cmd += ["-n", "1"] + (["taskset", "-c", slow_cpu] if r in slow else []) + worker
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode:
         sys.exit(out.stdout[-4000:] + out.stderr[-4000:])
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
@@ -68,24 +99,44 @@ def driver(args) -> None:
 
 def report(res: dict, args) -> None:
     p = res["P"]
+    layout = f"ranks {p - args.servers}..{p - 1} dedicated servers" if args.servers else "every rank a server"
+    how = (f"links limited to {args.link}, one rank per emulated host" if args.link else
+           f"taskset -c {args.cpu}, {res['hogs']} busy processes")
     print(f"scenario {res['scenario']}: P = {p}, {res['mib']} MiB float32, blocks of {res['block_mib']} MiB "
           f"({res['nblocks']} blocks), {res['rounds']} rounds per configuration, slow ranks {res['slow']} "
-          f"(taskset -c {args.cpu}, {res['hogs']} busy processes); each configuration run {args.repeat} "
+          f"({how}), rebalance_every {args.every}, "
+          f"{layout}; "
+          f"each configuration run {args.repeat} "
           f"times in rotated order, the run of median round time shown")
     base = res["configs"]["baseline"]["mean_ms"]
     static = res["configs"].get("static", {}).get("mean_ms")
     print(f"{'config':14} {'round ms':>9} {'x baseline':>10} {'static / x':>10} {'slow share':>10} "
-          f"{'< 1/(2P) at':>11}")
+          f"{'< 1/(2P) at':>11}  every run's round ms")
     for name, c in res["configs"].items():
         share = c.get("slow_share")
         print(f"{name:14} {c['mean_ms']:9.1f} {c['mean_ms'] / base:10.2f} "
               f"{(static / c['mean_ms']) if static else float('nan'):10.2f} "
-              f"{'' if share is None else f'{share:.3f}':>10} {str(c.get('below_at', '')):>11}")
+              f"{'' if share is None else f'{share:.3f}':>10} {str(c.get('below_at', '')):>11}  "
+              f"{' '.join(f'{v:.1f}' for v in c['all_ms'])}")
     if res["scenario"] == "transient":
         for name, c in res["configs"].items():
             if "recovered_share" in c:
                 print(f"  {name}: slow rank's share while slow {c['slow_share_during']:.3f}, "
                       f"over the last third (recovered) {c['recovered_share']:.3f}")
+
+
+def limit_link(host: int, rate) -> None:
+    """[a rank on an emulated host] Rate-limit this host's link both ways (tbf on its eth0,
+    its egress, and on its switch port, its ingress), or lift the limit (rate None). The
+    host is this rank's (one rank per host); tests/hosts.py names the switch."""
+    sw = os.environ["PCH_TAG"] + "sw"
+    for where, dev in ((None, "eth0"), (sw, f"v{host}")):
+        cmd = ["tc"] + (["-n", where] if where else []) + ["qdisc"]
+        if rate:
+            cmd += ["replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+        else:
+            cmd += ["del", "dev", dev, "root"]
+        subprocess.run(cmd, check=bool(rate), capture_output=True)
 
 
 def worker(args) -> None:
@@ -94,10 +145,16 @@ def worker(args) -> None:
 
     import partialcoll as pc
     from partialcoll.algorithms import ps
+    from rna import quiet_barrier                # waits without spinning a core
 
     comm = MPI.COMM_WORLD
     p, rank = comm.size, comm.rank
     slow = [int(s) for s in args.slow.split(",")]
+    # --servers S: the last S ranks are dedicated servers (workers=), the others post (quorum)
+    serving = list(range(p - args.servers, p)) if args.servers else list(range(p))
+    workers = [r for r in range(p) if r not in serving] if args.servers else None
+    posting = workers is None or rank in workers
+    among = comm.Split(0 if posting else 1)      # the workers: the peer's communicator
     count = int(args.mib * (1 << 20)) // 4
     block = int(args.block_mib * (1 << 20))
     nblocks = ps.block_count(count, 4, block)
@@ -106,7 +163,12 @@ def worker(args) -> None:
     hogs: list = []
 
     def interfere(on: bool) -> None:
-        if rank in slow and on and not hogs:
+        quiet_barrier(comm)                      # every rank got here (servers run ahead of the workers)
+        if args.link:                            # this host's link, both ways (tc tbf)
+            if rank in slow and on != bool(hogs):
+                limit_link(rank, args.link if on else None)
+                hogs[:] = [on] if on else []
+        elif rank in slow and on and not hogs:
             for _ in range(args.hogs):
                 hogs.append(subprocess.Popen(["taskset", "-c", args.cpu, sys.executable, "-c", "while True: pass"]))
         elif not on:
@@ -114,12 +176,22 @@ def worker(args) -> None:
                 h.kill()
                 h.wait()
             hogs.clear()
-        comm.Barrier()
+        quiet_barrier(comm)
 
     def measure(make, interfered) -> dict:
         """Round times (the slowest rank's) and the slow ranks' share per round."""
+        if args.verbose:
+            print(f"rank {rank}: {make}", file=sys.stderr, flush=True)
         coll = make()
-        comm.Barrier()
+        if args.verbose and coll is not None:    # a hang: what the balancer thread says
+            import threading
+            dog = threading.Timer(25, lambda: print(f"rank {rank} after 25 s: balancer "
+                                                    f"{coll._balancer and coll._balancer.error!r} "
+                                                    f"{coll._balancer and coll._balancer.history}",
+                                                    file=sys.stderr, flush=True))
+            dog.daemon = True
+            dog.start()
+        quiet_barrier(comm)
         ends = []
         t0 = time.perf_counter()
         for i in range(rounds):
@@ -127,9 +199,11 @@ def worker(args) -> None:
                 interfere(False)                 # the straggler recovers
             elif i == 0:
                 interfere(interfered)
+            if not posting:
+                continue
             if coll is None:
                 out = np.empty_like(x)
-                comm.Allreduce(x, out, op=MPI.SUM)
+                among.Allreduce(x, out, op=MPI.SUM)
             else:
                 coll.post(x).wait(timeout=120)
             ends.append(time.perf_counter() - t0)
@@ -140,10 +214,10 @@ def worker(args) -> None:
             for i in range(rounds):
                 a = coll.assignment(round=i)
                 shares.append(max(float(np.count_nonzero(a == s)) / len(a) for s in slow))   # the busiest slow rank
-        every = comm.gather(ends)
+        every = comm.gather(ends if posting else None)
         if rank:
             return {}
-        t = np.max(np.array(every), axis=0)
+        t = np.max(np.array([e for e in every if e is not None]), axis=0)
         per = np.diff(np.concatenate([[0.0], t]))
         out = {"mean_ms": float(per[rounds // 2:].mean() * 1e3), "per_round_ms": [round(v * 1e3, 2) for v in per]}
         if shares:
@@ -156,11 +230,20 @@ def worker(args) -> None:
                 out["recovered_share"] = float(np.mean(shares[2 * rounds // 3:]))
         return out
 
-    def ps_coll(balance, **kw):
-        return lambda: pc.allreduce_init(count, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=block,
-                                         balance=balance, rebalance_every=2, seed=1, **kw)
+    def ps_coll(balance, servers=serving, **kw):
+        if workers:                              # dedicated servers: every worker's post starts a round
+            kw.update(mode="quorum", quorum=len(workers), workers=workers)
+        else:                                    # every rank posts and serves: a full allreduce
+            kw.update(mode="full")
+        return lambda: pc.PartialAllreduce(count, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=block,
+                                           balance=balance, rebalance_every=args.every, seed=1,
+                                           servers=servers, **kw)
 
+    fast = [r for r in serving if r not in slow]
     configs = {"mpi": (lambda: None, True), "baseline": (ps_coll("static"), False)}
+    if args.scenario in ("one", "two"):          # where the gap to the baseline comes from
+        configs.update({"fast servers": (ps_coll("static", servers=fast), False),
+                        "ideal": (ps_coll("static", servers=fast), True)})
     if args.scenario == "none":
         configs.update({"static": (ps_coll("static"), False), "psld eps 0": (ps_coll("psld", epsilon=0.0), False),
                         "psld": (ps_coll("psld"), False), "proportional": (ps_coll("proportional"), False)})
@@ -193,10 +276,16 @@ def main() -> None:
     ap.add_argument("--block-mib", type=float, default=1)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--hogs", type=int, default=2)
+    ap.add_argument("--link", help="interference by link instead: run across P emulated hosts (root) and "
+                                   "rate-limit the slow ranks' links to LINK, e.g. 500mbit")
+    ap.add_argument("--every", type=int, default=2, help="rebalance_every")
+    ap.add_argument("--servers", type=int, default=0,
+                    help="the last SERVERS ranks are dedicated servers (workers= the others, mode quorum)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of every configuration (median reported)")
     ap.add_argument("--cpu", default=str(max(os.sched_getaffinity(0))))
     ap.add_argument("--timeout", type=float, default=170)
     ap.add_argument("--json", help="driver: also write the results here")
+    ap.add_argument("--verbose", action="store_true", help="every rank says what it starts (on stderr)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--slow", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -148,8 +148,15 @@ int coll_maybe_trigger(pc_coll *c)
 
 static void coll_retire(pc_coll *c, pc_sched *s);
 
+static void coll_peer_failed(pc_coll *c);
+
 static int coll_arm(pc_coll *c, int64_t n)
 {
+    if (c->peer_heard && n >= c->peer.upto) {      /* a peer's report: this round cannot come */
+        c->armed = NULL;
+        coll_peer_failed(c);
+        return PC_OK;
+    }
     int64_t K = c->spec.rebalance_every;
     if (K > 0 && n >= 2 * K && c->decided < n / K - 1) {   /* decision n / K - 2 is not in yet */
         c->parked = n;
@@ -403,8 +410,28 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
     coll_deaf(c);     /* no round runs any more: nothing to be told */
 }
 
-/* [pass] A peer's report (pc_coll_abort on that rank): the collective fails here with
- * PC_ERR_PEER, its armed round is withdrawn, and waiters wake. Unit lock held. */
+/* A peer's report takes effect (unit lock held): the collective fails here with
+ * PC_ERR_PEER, its armed round is withdrawn, and waiters wake. */
+static void coll_peer_failed(pc_coll *c)
+{
+    c->peer_heard = 0;
+    c->errpeer = c->peer.rank;
+    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->peer.rank,
+             c->peer.type, c->peer.message, c->rank);
+    STORE(c->err, PC_ERR_PEER);
+    if (c->armed && c->armed->running) sched_withdraw(c->armed);
+    note_event();
+    notify_done();
+}
+
+/* How long a round the reporter completed may take here before the report fails it
+ * anyway (its messages should all be in by then: the reporter's part of it is done). */
+#define PC_PEER_GRACE_US 2e6
+
+/* [pass] A peer's report (pc_coll_abort on that rank). A round the reporter completed
+ * (armed_round < upto: slower ranks are still in it) completes here too, and the report
+ * fails the next round when it is armed (coll_arm); a round the reporter did not
+ * complete fails now. Unit lock held. */
 static void coll_send_report(pc_coll *c);
 
 static int coll_poll(pc_unit *u)
@@ -415,17 +442,20 @@ static int coll_poll(pc_unit *u)
         return 1;
     }
     if (c->alarm.nsend) mpi_alarm_sent(&c->alarm);
+    if (c->peer_heard && !c->err && now_us() - c->peer_heard_us > PC_PEER_GRACE_US) {
+        coll_peer_failed(c);
+        return 1;
+    }
     if (!mpi_alarm_heard(&c->alarm)) return 0;
     if (c->err || c->reported || LOAD(c->finished)) return 1;
     memcpy(&c->peer, c->alarm.in, sizeof c->peer);
     c->peer.type[sizeof c->peer.type - 1] = c->peer.message[sizeof c->peer.message - 1] = 0;
-    c->errpeer = c->peer.rank;
-    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->peer.rank,
-             c->peer.type, c->peer.message, c->rank);
-    STORE(c->err, PC_ERR_PEER);
-    if (c->armed && c->armed->running) sched_withdraw(c->armed);
-    note_event();
-    notify_done();
+    if (c->armed && c->armed->running && c->armed_round < c->peer.upto) {
+        c->peer_heard = 1;               /* this round completes; coll_arm fails the next */
+        c->peer_heard_us = now_us();
+        return 1;
+    }
+    coll_peer_failed(c);
     return 1;
 }
 
@@ -663,6 +693,13 @@ static int coll_reached(void *p)
     return LOAD(a->c->err) || LOAD(a->c->finished) || LOAD(a->c->completed) > a->index;
 }
 
+/* A round that completed here before a peer's report failed the collective keeps its
+ * result: its wait and test succeed (unit lock held, or err read once). */
+static int coll_round_kept(pc_coll *c, int64_t index)
+{
+    return c->err == PC_ERR_PEER && LOAD(c->completed) > index;
+}
+
 static int coll_checked_error(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
@@ -677,7 +714,7 @@ int pc_coll_test(pc_coll *c, int64_t index, int *done)
     /* one pass here too, as MPI_Test progresses: the post did not wake a napping thread */
     if (!coll_reached(&a)) engine_pass();
     *done = coll_reached(&a);
-    return LOAD(c->err) ? coll_checked_error(c) : PC_OK;
+    return LOAD(c->err) && !coll_round_kept(c, index) ? coll_checked_error(c) : PC_OK;
 }
 
 int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
@@ -738,7 +775,7 @@ int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, ui
     /* the lock within the timeout (and a grace): a wait never hangs on a thread stuck in MPI */
     rc = unit_lock_within(&c->owner.unit, timeout_s < 0 ? -1 : timeout_s + 1.0);
     if (rc) return rc;
-    if (c->err) rc = coll_error(c);
+    if (c->err && !coll_round_kept(c, index)) rc = coll_error(c);
     else coll_take_result_locked(c, out, mask, info);
     unit_unlock(&c->owner.unit);
     return rc;
@@ -856,6 +893,7 @@ static void coll_send_report(pc_coll *c)
 {
     c->report_pending = 0;
     coll_deaf(c);           /* this rank is done with the collective */
+    c->report.upto = LOAD(c->completed);       /* the armed round is withdrawn below */
     mpi_alarm_send(&c->alarm, &c->report);
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
 }

@@ -82,9 +82,11 @@ int64_t mpi_max_chunk(void);
 #define PC_ALARM_BYTES 512
 typedef struct pc_alarm_msg {
     uint64_t ident;          /* the collective it is about (pc_collspec.ident) */
+    int64_t upto;            /* the rounds the reporter completed: rounds < upto complete at
+                              * its peers too (its part of them is done), later ones fail */
     int32_t rank;            /* the rank that failed first (a report is never relayed) */
     char type[60];           /* its exception type, NUL-terminated */
-    char message[440];       /* its message, NUL-terminated */
+    char message[432];       /* its message, NUL-terminated */
 } pc_alarm_msg;
 _Static_assert(sizeof(pc_alarm_msg) == PC_ALARM_BYTES, "a report is PC_ALARM_BYTES on every rank");
 
@@ -248,7 +250,10 @@ struct pc_coll {
     int reported;            /* (unit) this rank made its report (pc_coll_abort) ... */
     int report_pending;      /* (unit) ... which the next pass sends (made where no MPI call may be) */
     pc_alarm_msg report;     /* (unit) that report */
-    pc_alarm_msg peer;       /* (unit) the report heard, when err is PC_ERR_PEER */
+    pc_alarm_msg peer;       /* (unit) the report heard, when err is PC_ERR_PEER ... */
+    int peer_heard;          /* (unit) ... or heard while a round before peer.upto runs here:
+                              * that round completes, the next fails (coll_arm) */
+    double peer_heard_us;    /* (unit) when: a round that has not completed 2 s later fails */
 };
 
 int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */

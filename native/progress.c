@@ -492,7 +492,11 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         }
         if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
         if (stuck && engine_pass()) { idle_reset(&st); continue; }
-        double slice = deadline >= 0 && deadline - now < 10000.0 ? deadline - now : 10000.0;
+        /* the progress thread completes the round and E.done wakes this thread: the slice
+         * only bounds how late a stuck pass is noticed, 10 ms, and a tenth of the idle time
+         * once nothing has happened for longer (a late peer: fewer wake-ups) */
+        double slice = idle / 10 > 10000.0 ? idle / 10 : 10000.0;
+        if (deadline >= 0 && deadline - now < slice) slice = deadline - now;
         if (pass_since > 0 && slice > E.policy.sleep_max_us) slice = E.policy.sleep_max_us;
         struct timespec ts;
         abs_deadline(&ts, slice);

@@ -47,6 +47,19 @@ _BOR = op_code(MPI.BOR)
 _PACK_BYTES = 8192          # rounds up to this size pack data and bitmasks into one message per step
 
 
+def _check_workers(params: dict) -> None:
+    """workers=: only with activation modes in which a round needs no post from a rank
+    that never posts (solo; quorum with k <= the workers; no max_staleness's full rounds)."""
+    mode, workers = params["mode"], params["workers"]
+    if mode not in ("solo", "quorum"):
+        raise ArgumentError(f"workers= is for modes 'solo' and 'quorum': a round of mode {mode!r} waits for "
+                            f"posts of ranks that may be dedicated servers, which never post")
+    if mode == "quorum" and params["quorum"] > len(workers):
+        raise ArgumentError(f"quorum {params['quorum']} is more than the {len(workers)} workers= can post")
+    if params["max_staleness"] is not None:
+        raise ArgumentError("workers= with max_staleness: its full rounds wait for the dedicated servers' posts")
+
+
 def _wait_take(c, index, out, mask, info, seconds):
     """One slice of a wait (see wait_in_slices): wait for round `index`, then take the result."""
     return _engine.lib.pc_coll_wait_take(c, index, seconds, out, mask, info)
@@ -210,6 +223,11 @@ class PartialAllreduce:
             over contributors.
         block_bytes: "ps": the size of a block (default 4 MiB; the last block is shorter).
         servers: "ps": the ranks that may own blocks (default all; a server need not post).
+        workers: "ps": the ranks that post (default all). Any other rank is a dedicated
+            server (PSLD's layout): its blocks are not sent, it moves only the workers'
+            blocks it owns, its post() raises, and its close() result holds nothing of
+            use. Modes "solo" and "quorum" (quorum <= the workers), no max_staleness:
+            the others need posts from ranks that never post.
         balance: "ps": "static" (round-robin owners, the default), "proportional" (blocks in
             proportion to each owner's measured speed) or "psld" (PSLD's prediction-guided
             exploitation and exploration); every rank computes the same new assignment
@@ -240,7 +258,8 @@ class PartialAllreduce:
                  max_staleness: Optional[int] = None, late: str = "latest",
                  algorithm: str = "auto", groups=None, divisor: float = 1.0, accumulate: str = "sum",
                  block_bytes: Optional[int] = None, servers: Optional[Sequence[int]] = None,
-                 balance: Optional[str] = None, epsilon: float = 0.1, rebalance_every: int = 4) -> None:
+                 balance: Optional[str] = None, epsilon: float = 0.1, rebalance_every: int = 4,
+                 workers: Optional[Sequence[int]] = None) -> None:
         check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
@@ -249,7 +268,9 @@ class PartialAllreduce:
             params = self._validate(count, dtype, op, mode, candidates, quorum, seed, max_staleness,
                                     late, algorithm, size, groups, divisor, accumulate)
             params.update(balance_mod.validate(algorithm, size, block_bytes, servers, balance, epsilon,
-                                               rebalance_every))
+                                               rebalance_every, workers))
+            if params.get("workers") is not None:
+                _check_workers(params)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = as_problem(exc, "PartialAllreduce"), None
         extra = agree(comm, "PartialAllreduce", problem, params,
@@ -268,6 +289,8 @@ class PartialAllreduce:
         # algorithm "ps": blocks, their owners, and how they are balanced (balance.py)
         self.block_bytes: Optional[int] = params.get("block_bytes")
         self.servers: list = params.get("servers") or []
+        self.workers: Optional[list] = params.get("workers")     # "ps": None: every rank posts
+        self._serves_only = self.workers is not None and rank not in self.workers
         self.balance: str = params.get("balance") or "static"
         self._owners: list = []          # "ps": the first assignment (else empty)
         self._every = 0                  # rounds per epoch of the balancer (0: none)
@@ -367,7 +390,8 @@ class PartialAllreduce:
         else:
             extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
             if self.algorithm == "ps":
-                extra = {"block_bytes": self.block_bytes, "assignment": owners or self._owners, "timers": s._timers}
+                extra = {"block_bytes": self.block_bytes, "assignment": owners or self._owners,
+                         "workers": self.workers, "timers": s._timers}
             done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, divisor=self.divisor, **extra),
                     ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
         s._deliver(after=done)
@@ -500,6 +524,9 @@ class PartialAllreduce:
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
         or where x lives when out is None.
         """
+        if self._serves_only:
+            raise ArgumentError(f"rank {self.rank} is a dedicated server (not in workers={self.workers}): "
+                                f"it never posts")
         if type(x) is _ndarray and (out is None or type(out) is _ndarray):
             # host arrays: the small-message path (bench/small.py), checked cheaply
             c = self._coll
@@ -756,7 +783,7 @@ class PartialAllreduce:
         if self._closed or getattr(_engine, "lib", None) is None:
             return 0
         check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
-                                        message.encode(errors="replace")[:439], seconds))
+                                        message.encode(errors="replace")[:431], seconds))
         return 1
 
     def _abandon(self) -> None:

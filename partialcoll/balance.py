@@ -15,14 +15,16 @@ balance=
   "static"        round-robin over the servers, never changed
   "proportional"  PSLD's strawman: blocks in proportion to each owner's measured speed
   "psld"          PSLD's method: predicted per-block times (a moving average of the
-                  measurements; an owner without blocks keeps its last prediction), then
+                  measurements; an owner without blocks keeps its last prediction, and
+                  its next measurement replaces it), then
                   with probability 1 - epsilon *exploit*: the assignment of least
                   predicted round time (blocks handed one by one to the owner that would
                   finish them first, so slow owners fall out of the set of effective
                   servers and come back when the set cannot keep up), if it is GAIN
                   shorter than the current one's (else the current one), and with
-                  probability epsilon *explore*: one block moved to a random server, an
-                  idle one first, so a server that recovered wins its blocks back.
+                  probability epsilon *explore*: one block moved to a random server left
+                  without blocks (none: nothing to explore), so a server that recovered
+                  is measured again and wins its blocks back.
 """
 from __future__ import annotations
 
@@ -39,33 +41,46 @@ from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
 ALPHA = 0.5                  # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
-GAIN = 0.15                  # psld exploits only for a predicted round time this much shorter
-                             # (a straggler detected, not noise in the measurements)
+GAIN = 0.10                  # psld exploits only for a predicted round time this much shorter
+                             # (a straggler detected, not noise in the measurements; 15 % kept
+                             # a recovered server at one block where the delay every owner
+                             # shares was 3 blocks' work)
 
 
-def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every) -> dict:
-    """The owner options (block_bytes=, servers=, balance=, ...) checked against the
-    algorithm and the communicator's size; the normalized values."""
+def _ranks(name: str, ranks, size: int) -> List[int]:
+    """servers= or workers=: a non-empty list of ranks of the communicator, sorted."""
+    try:
+        out = sorted({integer(s, "a rank", 0, size - 1) for s in ranks})
+    except ArgumentError:
+        raise ArgumentError(f"{name}= must be ranks of the communicator (0 .. {size - 1}), "
+                            f"not {ranks!r}") from None
+    except TypeError:
+        raise ArgumentError(f"{name}= must be a list of ranks, not {ranks!r}") from None
+    if not out:
+        raise ArgumentError(f"{name}= is empty: at least one rank must "
+                            f"{'own blocks' if name == 'servers' else 'contribute'}")
+    return out
+
+
+def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, rebalance_every,
+             workers=None) -> dict:
+    """The owner options (block_bytes=, servers=, workers=, balance=, ...) checked against
+    the algorithm and the communicator's size; the normalized values."""
     owned = algorithm in OWNED
-    for name, value in (("block_bytes", block_bytes), ("servers", servers), ("balance", balance)):
+    for name, value in (("block_bytes", block_bytes), ("servers", servers), ("workers", workers),
+                        ("balance", balance)):
+        if value is not None and algorithm == "tree" and name == "balance":
+            raise ArgumentError("balance= does not fit the tree: its aggregators rotate with the round "
+                                "(RAT), and a member's time to its aggregator includes every level above "
+                                "it; use algorithm='ps' with servers= (see the PSLD page)")
         if value is not None and not owned:
             raise ArgumentError(f"{name}= is for an algorithm whose blocks have owners "
                                 f"({', '.join(repr(a) for a in OWNED)}); {algorithm!r} has none")
     if not owned:
         return {}
     block_bytes = BLOCK_BYTES if block_bytes is None else integer(block_bytes, "block_bytes", 1)
-    if servers is None:
-        servers = list(range(size))
-    else:
-        try:
-            servers = sorted({integer(s, "a server", 0, size - 1) for s in servers})
-        except ArgumentError:
-            raise ArgumentError(f"servers= must be ranks of the communicator (0 .. {size - 1}), "
-                                f"not {servers!r}") from None
-        except TypeError:
-            raise ArgumentError(f"servers= must be a list of ranks, not {servers!r}") from None
-        if not servers:
-            raise ArgumentError("servers= is empty: at least one rank must own blocks")
+    servers = list(range(size)) if servers is None else _ranks("servers", servers, size)
+    workers = None if workers is None else _ranks("workers", workers, size)
     balance = "static" if balance is None else balance
     if balance not in BALANCES:
         raise ArgumentError(f"balance must be one of {', '.join(BALANCES)}, not {balance!r}")
@@ -73,8 +88,8 @@ def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, 
     if not 0.0 <= epsilon <= 1.0:
         raise ArgumentError(f"epsilon must be in [0, 1], not {epsilon!r}")
     rebalance_every = integer(rebalance_every, "rebalance_every", 1)
-    return {"block_bytes": block_bytes, "servers": servers, "balance": balance, "epsilon": epsilon,
-            "rebalance_every": rebalance_every}
+    return {"block_bytes": block_bytes, "servers": servers, "workers": workers, "balance": balance,
+            "epsilon": epsilon, "rebalance_every": rebalance_every}
 
 
 class OwnerTimes:
@@ -164,7 +179,9 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
          epsilon: float, fixed: Optional[np.ndarray] = None) -> List[int]:
     """PSLD's prediction-guided exploitation and exploration (times: the predicted
     marginal per-block time of every rank, fixed: its predicted fixed delay, NaN
-    unknown). Exploration is drawn from (seed, epoch), so every rank makes the same choice."""
+    unknown). Exploration is drawn from (seed, epoch), so every rank makes the same
+    choice; it gives one block to a server left without blocks (the only ones whose
+    prediction no measurement refreshes): with none, there is nothing to explore."""
     n = len(current)
     counts = least_time(times, servers, n, fixed)
     t = _fill(times, servers)
@@ -173,35 +190,38 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
     if np.max(_span(counts, t, f)) > (1 - GAIN) * np.max(_span(now, t, f)):
         counts = now                         # no straggler worth a switch: keep the assignment
     rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
-    if len(servers) > 1 and n > 1 and rng.random() < epsilon:
-        idle = [i for i in range(len(servers)) if counts[i] == 0]
-        pick = int(rng.choice(idle)) if idle else int(rng.integers(len(servers)))
-        busiest = int(np.argmax(_span(counts, t, f) - 1e300 * (np.arange(len(servers)) == pick)))
-        if busiest != pick and counts[busiest] > 0:
-            counts[busiest] -= 1
-            counts[pick] += 1
+    idle = [i for i in range(len(servers)) if counts[i] == 0]
+    if idle and n > 1 and rng.random() < epsilon:
+        pick = int(rng.choice(idle))
+        counts[int(np.argmax(_span(counts, t, f)))] -= 1     # from the owner that finishes last
+        counts[pick] += 1
     return _place(counts.tolist(), servers, current)
 
 
 class Predictor:
     """psld's per-owner prediction: moving averages of the measured marginal and fixed
-    times; an owner that served nothing keeps its last prediction. Every rank feeds it
-    the same epochs, so every rank predicts the same."""
+    times. An owner that served nothing keeps its last prediction; when it is measured
+    again after such a gap (exploration gave it a block), the new measurement replaces
+    the stale prediction instead of being averaged with it, so that a server that
+    recovered is predicted fast at once. Every rank feeds it the same epochs, so every
+    rank predicts the same."""
 
     def __init__(self, size: int) -> None:
         self.est = np.full(size, np.nan)         # marginal seconds per block
         self.fixed = np.full(size, np.nan)
+        self.fresh = np.zeros(size, bool)        # measured in the latest epoch
 
-    @staticmethod
-    def _average(est: np.ndarray, measured: np.ndarray) -> None:
-        new, old = ~np.isnan(measured), ~np.isnan(est)
-        est[new & old] = ALPHA * measured[new & old] + (1 - ALPHA) * est[new & old]
-        est[new & ~old] = measured[new & ~old]
+    def _average(self, est: np.ndarray, measured: np.ndarray) -> None:
+        new = ~np.isnan(measured)
+        keep = new & self.fresh & ~np.isnan(est)  # a continuing series: averaged
+        est[keep] = ALPHA * measured[keep] + (1 - ALPHA) * est[keep]
+        est[new & ~keep] = measured[new & ~keep]
 
     def update(self, measured: "OwnerTimes"):
         """(marginal, fixed) predictions after this epoch's measurements."""
         self._average(self.est, measured.marginal)
         self._average(self.fixed, measured.fixed)
+        self.fresh = ~np.isnan(measured.marginal)
         return self.est.copy(), self.fixed.copy()
 
 

@@ -178,3 +178,9 @@ def test_stale_report_is_ignored(mpirun, nprocs):
     communicator can get the freed one's context id: a report names its collective, and
     the collectives made next run their rounds as if nothing had been sent."""
     mpirun("stale_report_checks.py", nprocs, timeout=120)
+
+
+def test_report_spares_completed_rounds(mpirun):
+    """A rank still in a round that the failing rank completed (here: it progresses
+    inline) completes that round with the right data; its next round raises PeerError."""
+    mpirun("report_round_checks.py", 2, timeout=120)

@@ -9,7 +9,11 @@ from every peer in parallel into two scratch blocks per peer (double-buffered ac
 blocks it owns), so its scratch is at most 2 (p - 1) blocks whatever it owns.
 
 Messages: a non-owner sends and receives each block once; an owner of k blocks receives
-and sends k (p - 1) blocks. The owners set the speed: a slow or overloaded owner makes
+and sends k (p - 1) blocks. With workers= (PSLD's layout: workers and servers apart),
+only the workers' blocks travel: a dedicated server (not a worker) receives the
+workers' blocks it owns, reduces them starting from its own buf (the identity: it never
+posts) and sends the results to the workers, and nothing else; a server left without
+blocks is off the data path altogether. The owners set the speed: a slow or overloaded owner makes
 its blocks late, which is what balancing (partialcoll/balance.py) moves blocks away from.
 
 Worked example, p = 3, count = 5 elements, blocks of 2 elements, owners [0, 1, 0]:
@@ -45,13 +49,16 @@ def round_robin(nblocks: int, servers: Sequence[int]) -> List[int]:
 
 def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] = None, divisor: float = 1.0,
               block_bytes: int = BLOCK_BYTES, assignment: Optional[Sequence[int]] = None,
-              servers: Optional[Sequence[int]] = None,
+              servers: Optional[Sequence[int]] = None, workers: Optional[Sequence[int]] = None,
               timers: Optional[List[Tuple[int, int, int]]] = None) -> ScheduleOp:
     """Add a parameter-server allreduce of buf (in place) to s; returns its last op.
 
     assignment: the owner of each block (default: round-robin over servers, default all
-    ranks). divisor: the owner divides in its last reduction. timers: if given, gets
-    (send op index, receive op index, owner) of every block this rank sends away."""
+    ranks). workers: the ranks whose buf is reduced and who get the result (default all);
+    any other rank is a dedicated server: it sends and receives nothing but the blocks it
+    owns, whose reduction starts from its own buf (the caller's identity). divisor: the
+    owner divides in its last reduction. timers: if given, gets (send op index, receive
+    op index, owner) of every block this rank sends away."""
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:
         return alone(s, buf, after, divisor)
@@ -59,8 +66,11 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     nblocks = -(-buf.count // per)
     owners = list(assignment) if assignment is not None else round_robin(nblocks, list(servers or range(p)))
     assert len(owners) == nblocks and all(0 <= o < p for o in owners), (nblocks, owners)
+    working = set(range(p) if workers is None else workers)
     mine = [b for b in range(nblocks) if owners[b] == rank]
-    peers = [j for j in range(p) if j != rank]
+    peers = [j for j in range(p) if j != rank and j in working]    # whose blocks I reduce, who gets results
+    if rank not in working and not mine:
+        return s.nop(after=after, label="allreduce: a dedicated server without blocks")
     nbuf = min(2, len(mine))
     tmp = {j: [s.scratch(per, buf.dtype) for _ in range(nbuf)] for j in peers} if mine else {}
     reduced: dict = {j: [] for j in peers}        # per peer: the computes that read its scratch blocks
@@ -69,14 +79,19 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
         blk = buf.segment(b * per, min((b + 1) * per, buf.count))
         o = owners[b]
         if o != rank:
+            if rank not in working:
+                continue                            # a dedicated server: not its block
             sent = s.send(blk, o, after=after, label=f"block {b}: send to owner {o}")
             got = s.recv(blk, o, after=sent, label=f"block {b}: result from owner {o}")
             if timers is not None:
                 timers.append((sent.index, got.index, o))
             ends.append(got)
             continue
-        k = len(reduced[peers[0]])                  # this is the k-th block this rank owns
+        k = mine.index(b)                           # this is the k-th block this rank owns
         last = after
+        if not peers:                               # the only worker: its block is the result
+            ends.append(alone(s, blk, after, divisor))
+            continue
         for i, j in enumerate(peers):
             t = tmp[j][k % nbuf].segment(0, blk.count)
             got = s.recv(t, j, after=reduced[j][k - 2] if k >= 2 else None,

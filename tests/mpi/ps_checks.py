@@ -80,22 +80,30 @@ def test_divisor(comm):
 
 
 def test_server_that_never_posts(comm):
-    """solo, rank 0 the only server: it never posts, yet every round is reduced by it
-    (its progress thread serves), and its close() flushes nothing of its own."""
-    coll = pc.solo_allreduce(20, np.int64, MPI.SUM, comm, algorithm="ps", servers=[0], block_bytes=40,
-                             late="fold", balance="psld", rebalance_every=2)
-    got = np.zeros(20, np.int64)
-    posted = np.zeros(20, np.int64)
-    if comm.rank:
-        for i in range(12):
-            x = np.arange(20, dtype=np.int64) + 100 * comm.rank + i
-            posted += x
-            got += coll.post(x).wait(timeout=60).data
-    got += coll.close().data
-    assert np.array_equal(coll.assignment(), np.zeros(4, np.int64))     # one server: nothing to move
-    total = comm.allreduce(posted)
-    if comm.rank:
-        assert np.array_equal(got, total), (got[:4], total[:4])
+    """solo, rank 0 a server that never posts: every round is reduced by it (its progress
+    thread serves), and its close() flushes nothing of its own. As a dedicated server
+    (workers= the others) it moves only the blocks it owns and its post() raises; with
+    every rank a server, psld moves blocks between it and the workers."""
+    p = comm.size
+    others = list(range(1, p)) or None
+    for servers, workers in (([0], None), ([0], others), (None, others)):
+        coll = pc.solo_allreduce(20, np.int64, MPI.SUM, comm, algorithm="ps", servers=servers, block_bytes=40,
+                                 late="fold", balance="psld", rebalance_every=2, workers=workers)
+        got = np.zeros(20, np.int64)
+        posted = np.zeros(20, np.int64)
+        if comm.rank:
+            for i in range(12):
+                x = np.arange(20, dtype=np.int64) + 100 * comm.rank + i
+                posted += x
+                got += coll.post(x).wait(timeout=60).data
+        elif workers:
+            expect_raises(pc.ArgumentError, coll.post, np.zeros(20, np.int64), match="dedicated server")
+        got += coll.close().data
+        if servers == [0]:
+            assert np.array_equal(coll.assignment(), np.zeros(4, np.int64))     # one server: nothing to move
+        total = comm.allreduce(posted)
+        if comm.rank:
+            assert np.array_equal(got, total), (servers, workers, got[:4], total[:4])
 
 
 def test_owner_times_and_assignment(comm):
@@ -122,6 +130,45 @@ def test_owner_times_and_assignment(comm):
         coll.close()
 
 
+def test_transient_owner_wins_its_blocks_back(comm):
+    """psld with a straggling owner that recovers, on real ranks: the balancer threads
+    decide from a model of the owners' times (every owner that served blocks in the
+    epoch, as the engine saw it, takes 1 ms to start and 1 ms per block; the last rank
+    50 ms more to start for the first 3 epochs), so the decisions do not depend on this
+    machine's noise. It loses its blocks; exploration gives it one again, the new
+    measurement replaces its stale prediction, and it holds its share over the last
+    third of the rounds; every round equals MPI_Allreduce's and every rank switched
+    alike."""
+    from partialcoll import balance
+    p, slow, rounds = comm.size, comm.size - 1, 36
+    if p == 1:
+        return
+    real = balance.decide
+
+    def decide(kind, measured, *args):
+        epoch, held = args[-2], ~np.isnan(measured.marginal)
+        measured.marginal = np.where(held, 1e-3, np.nan)
+        measured.fixed = np.where(held, 1e-3 + 0.05 * ((np.arange(p) == slow) & (epoch < 3)), np.nan)
+        return real(kind, measured, *args)
+
+    balance.decide = decide
+    try:
+        count = 4 * p * 64                   # 4 blocks per rank
+        coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64 * 8,
+                                 balance="psld", epsilon=0.2, rebalance_every=1, seed=4)
+        for i in range(rounds):
+            x = np.arange(count, dtype=np.float64) * (comm.rank + 1) + i
+            assert np.array_equal(coll.post(x).wait(timeout=60).data, comm.allreduce(x)), i
+        coll.close()
+    finally:
+        balance.decide = real
+    share = [float(np.mean(coll.assignment(round=n) == slow)) for n in range(rounds)]
+    assert min(share[3:6]) == 0, share                  # dropped by decision 0 (round 2 on)
+    assert np.mean(share[2 * rounds // 3:]) >= 1 / (2 * p), share
+    everyone = comm.allgather([coll.assignment(round=n).tobytes() for n in range(rounds)])
+    assert all(e == everyone[0] for e in everyone), "ranks disagree on the assignments"
+
+
 def test_bad_owner_options(comm):
     p = comm.size
     for kwargs, exc, match in [
@@ -136,8 +183,20 @@ def test_bad_owner_options(comm):
         ({"algorithm": "tree", "block_bytes": 8}, pc.ArgumentError, "owners"),
         ({"algorithm": "recursive_doubling", "servers": [0]}, pc.ArgumentError, "owners"),
         ({"algorithm": "ps", "epsilon": 2.0}, pc.ArgumentError, "epsilon"),
+        ({"algorithm": "tree", "balance": "psld"}, pc.ArgumentError, "does not fit the tree"),
+        ({"algorithm": "ps", "workers": [0]}, pc.ArgumentError, "solo"),       # allreduce_init: full mode
     ]:
         expect_raises(exc, pc.allreduce_init, 10, np.float32, MPI.SUM, comm, match=match, **kwargs)
+    for kwargs, match in [
+        ({"algorithm": "ps", "workers": []}, "empty"),
+        ({"algorithm": "ps", "workers": [p]}, "workers"),
+        ({"algorithm": "ring", "workers": [0]}, "owners"),
+        ({"algorithm": "ps", "workers": [0], "mode": "majority"}, "solo"),
+        ({"algorithm": "ps", "workers": [0], "max_staleness": 2}, "max_staleness"),
+        ({"algorithm": "ps", "workers": [0], "mode": "quorum", "quorum": 2}, "quorum"),
+    ]:
+        kwargs.setdefault("mode", "solo")
+        expect_raises(pc.ArgumentError, pc.PartialAllreduce, 10, np.float32, MPI.SUM, comm, match=match, **kwargs)
     if p > 1:                            # one rank's bad server list: every rank raises
         servers = [p] if comm.rank == p - 1 else [0]
         exc = expect_raises(pc.ArgumentError, pc.allreduce_init, 10, np.float32, MPI.SUM, comm, algorithm="ps",

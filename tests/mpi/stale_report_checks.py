@@ -28,8 +28,8 @@ def alarm_tag(comm) -> int:
 
 
 def report(ident: int, rank: int) -> bytes:
-    """A report as the engine sends it: identity, rank, type[60], message[440]."""
-    return struct.pack("<Qi60s440s", ident, rank, b"RuntimeError", b"a stale report")
+    """A report as the engine sends it: identity, rounds completed, rank, type[60], message[432]."""
+    return struct.pack("<Qqi60s432s", ident, 0, rank, b"RuntimeError", b"a stale report")
 
 
 def send_stale(comm):
