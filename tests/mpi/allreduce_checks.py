@@ -1,10 +1,15 @@
 """Allreduce schedules against MPI_Allreduce (issue 3):
-python allreduce_checks.py [--large] [ALGORITHMS]
+python allreduce_checks.py [--large | --chunked] [ALGORITHMS]
 
 --large: count 2^20 + 3 only, every op x dtype, with recursive doubling and ring ("auto"
 picks one of them there, by size alone: partialcoll.algorithms.choose; the small counts
-check it). ALGORITHMS: a comma-separated subset of recursive_doubling,ring,auto."""
+check it). --chunked (under PARTIALCOLL_MAX_MESSAGE=M, messages cut into chunks of at
+most M bytes): every op x dtype at a count whose messages span several chunks, with every
+algorithm, and the divisor checks; the small counts, whose messages are never cut, are
+the plain run's. ALGORITHMS: a comma-separated subset of recursive_doubling,ring,auto."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -17,6 +22,7 @@ from partialcoll._types import BFLOAT16
 from _util import ARGS, run_module
 
 LARGE = "--large" in ARGS
+CHUNKED = "--chunked" in ARGS
 NAMED = [a for a in ARGS if not a.startswith("--")]
 ALGORITHMS = NAMED[0].split(",") if NAMED else ["recursive_doubling", "ring"] + ([] if LARGE else ["auto"])
 
@@ -66,6 +72,12 @@ def test_every_count_op_dtype(comm, algorithm):
     if LARGE:
         pytest.skip("--large: test_large_every_op_dtype")
     p, bitwise = comm.size, Bitwise(comm)
+    if CHUNKED:               # ring's segments (count / P) in 3 chunks, the whole vector in 2P + 1
+        chunk = int(os.environ["PARTIALCOLL_MAX_MESSAGE"])
+        for dtype, op in combos():
+            check_one(comm, bitwise, algorithm, 2 * p * chunk // np.dtype(dtype).itemsize + 7, dtype, op)
+        bitwise.check()
+        return
     for count in sorted({0, 1, 2, max(p - 1, 0), p, p + 1, 1000}):
         for dtype, op in combos():
             check_one(comm, bitwise, algorithm, count, dtype, op)
@@ -103,8 +115,8 @@ def test_divisor(comm, algorithm):
 
 
 def test_divisor_bad_input_raises_everywhere(comm):
-    if LARGE:
-        pytest.skip("--large: only the large counts")
+    if LARGE or CHUNKED:
+        pytest.skip("--large, --chunked: the plain run checks it")
     for kwargs, exc in [({"op": MPI.MAX}, pc.OpError), ({"dtype": np.int32}, pc.OpError),
                         ({"dtype": np.complex64}, pc.OpError), ({"divisor": 0}, pc.ArgumentError),
                         ({"divisor": float("nan")}, pc.ArgumentError), ({"divisor": "2"}, pc.ArgumentError)]:
@@ -121,8 +133,8 @@ def test_divisor_bad_input_raises_everywhere(comm):
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "auto"])
 def test_persistent_500_executions(comm, algorithm):
     """One persistent allreduce, 500 executions with fresh data each time."""
-    if LARGE:
-        pytest.skip("--large: only the large counts")
+    if LARGE or CHUNKED:
+        pytest.skip("--large, --chunked: the plain run checks it")
     coll = pc.allreduce_init(37, np.int64, MPI.SUM, comm, algorithm=algorithm)
     for it in range(500):
         x = values(np.int64, MPI.SUM, 37, comm.rank, salt=it)
