@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence, Union
 
 import pytest
 
@@ -132,10 +132,14 @@ def _output(exc_out) -> str:
     return exc_out.decode(errors="replace") if isinstance(exc_out, bytes) else (exc_out or "")
 
 
-def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dict | None = None,
-            hosts=None, ppn: Optional[int] = None, mpiexec_args: Optional[list] = None,
+def run_mpi(script: Union[str, Sequence[str]], nprocs: int, *args: str, timeout: float = 180,
+            env: dict | None = None, hosts=None, ppn: Optional[int] = None, mpiexec_args: Optional[list] = None,
             expect_passed: Optional[int] = None, keep_going: bool = False) -> str:
     """Run tests/mpi/<script> on nprocs ranks; fail with its output unless every rank passed.
+
+    script: a script, or a list of check modules run in one job (one in-rank pytest session,
+    the modules in turn, with the same args): each rank starts Python, NumPy, mpi4py and
+    the engine once for all of them, which is most of a small check's time.
 
     The timeout turns a deadlock into a failure. Every script prints 'PASSED <rank>'
     at its end, so a rank that died silently is caught too (expect_passed: how many
@@ -143,10 +147,13 @@ def run_mpi(script: str, nprocs: int, *args: str, timeout: float = 180, env: dic
     rank, see launch()). hosts (tests/hosts.Hosts): spread the
     ranks over emulated hosts, ppn per host (default: the hosts' own).
     """
-    path = os.path.join(HERE, "mpi", script)
-    if is_check_module(path) and importlib.util.find_spec("pytest_mpi") is None:
+    paths = [os.path.join(HERE, "mpi", s) for s in ([script] if isinstance(script, str) else script)]
+    checks = all(is_check_module(path) for path in paths)
+    if len(paths) > 1 and not checks:
+        pytest.fail(f"only check modules (X_checks.py) run together in one job: {script}")
+    if checks and importlib.util.find_spec("pytest_mpi") is None:
         pytest.fail("the in-rank checks run under pytest-mpi, which is not installed: pip install -e '.[test]'")
-    argv = [sys.executable, *(checks_argv(path, args) if is_check_module(path) else [path, *args])]
+    argv = [sys.executable, *(checks_argv(paths, args) if checks else [paths[0], *args])]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **launch_env())
     if hosts is not None:
         timeout *= HOSTS_TIMEOUT_FACTOR

@@ -40,8 +40,10 @@ def test_threads(mpirun, nprocs, idle):
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_chunked_messages(mpirun, nprocs):
-    """Messages in chunks (as past INT_MAX bytes), forced small: PARTIALCOLL_MAX_MESSAGE."""
-    mpirun("allreduce_checks.py", nprocs, env={"PARTIALCOLL_MAX_MESSAGE": "65521"}, timeout=240)
+    """Messages in chunks (as past INT_MAX bytes), forced small: PARTIALCOLL_MAX_MESSAGE;
+    every op x dtype and algorithm with messages of several chunks, and divisor= (the
+    small counts, never cut, are test_allreduce.py's)."""
+    mpirun("allreduce_checks.py", nprocs, "--chunked", env={"PARTIALCOLL_MAX_MESSAGE": "65521"}, timeout=240)
 
 
 @pytest.mark.mpiexec

@@ -1,6 +1,11 @@
 """Partial allreduce semantics (issue 4) under mpiexec: each mode at P = 1, 2, 3, 4, 5, 8,
 200 rounds with random 0-20 ms skew: nothing lost, agreement, membership, liveness,
-staleness, several collectives at once, bad input."""
+staleness, several collectives at once, bad input.
+
+One job per process count runs every mode (and late policy, size...): each in-rank check
+runs once per case and its id names the case (test_staleness[probe]), so a failure names
+its check, case and ranks; starting the ranks (Python, NumPy, mpi4py, the engine) is
+most of a small check's time."""
 import pytest
 
 MODES = ["solo", "majority", "probe", "quorum", "full"]
@@ -8,19 +13,18 @@ MODES = ["solo", "majority", "probe", "quorum", "full"]
 
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
-@pytest.mark.parametrize("mode", MODES)
-def test_partial_allreduce(mpirun, mode, nprocs):
-    mpirun("partial_checks.py", nprocs, mode, timeout=240)
+def test_partial_allreduce(mpirun, nprocs):
+    """Every mode (tests/mpi/partial_checks.py, one check per mode)."""
+    mpirun("partial_checks.py", nprocs, ",".join(MODES), timeout=600)
 
 
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [3, 4, 5])
-@pytest.mark.parametrize("late", ["fold", "latest"])
-@pytest.mark.parametrize("mode", ["solo", "majority", "probe", "quorum"])
-def test_counts_exact(mpirun, mode, late, nprocs):
+def test_counts_exact(mpirun, nprocs):
     """Rank r posts 1000**r: every result's posts, active and nap say exactly whose posts
-    its data holds, leftovers of late posts included."""
-    mpirun("counts_checks.py", nprocs, mode, late, "40", timeout=120)
+    its data holds, leftovers of late posts included; solo, majority, probe, quorum x
+    fold, latest (one in-rank check each)."""
+    mpirun("counts_checks.py", nprocs, "solo,majority,probe,quorum", "fold,latest", "40", timeout=300)
 
 
 @pytest.mark.mpiexec
@@ -42,12 +46,10 @@ def test_close_uneven_posts(mpirun, nprocs):
 
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
-@pytest.mark.parametrize("mode", MODES)
-def test_late_in_place_post(mpirun, mode, nprocs):
+def test_late_in_place_post(mpirun, nprocs):
     """Late in-place posts, post(x, out=x) after the round started without this rank (the
     balanced solo pattern, issue 12): the result lands in x, nothing is lost whether the
     request is waited for at once, after the next round started, or after a second post;
-    1 MiB and 16 MiB vectors."""
-    mpirun("late_in_place_checks.py", nprocs, mode, str(1 << 20), timeout=120)
-    if nprocs == 3:
-        mpirun("late_in_place_checks.py", nprocs, mode, str(16 << 20), timeout=120)
+    every mode (one in-rank check each), 1 MiB vectors, and 16 MiB at P = 3."""
+    sizes = [1 << 20, 16 << 20] if nprocs == 3 else [1 << 20]
+    mpirun("late_in_place_checks.py", nprocs, ",".join(MODES), ",".join(map(str, sizes)), timeout=300)

@@ -1,6 +1,8 @@
 """Test data: values that differ per rank and per element, safe for every op."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 from mpi4py import MPI
 
@@ -56,3 +58,22 @@ def assert_matches(got: np.ndarray, ref: np.ndarray, op, what: str) -> None:
         assert not bad.any(), f"{what}: {np.count_nonzero(bad)} elements differ, e.g. {got[bad][:3]} vs {ref[bad][:3]}"
     else:
         assert np.array_equal(got, ref), f"{what}: {got[:8]} != {ref[:8]}"
+
+
+class Bitwise:
+    """Results every rank must hold bitwise the same: add() each (its CRC), check() compares
+    them all in one allgather (one per result was most of a small case's time at P = 8 on
+    two cores) and names each case where some rank's bits differ."""
+
+    def __init__(self, comm):
+        self.comm, self.crcs = comm, []
+
+    def add(self, what: str, data: np.ndarray) -> None:
+        self.crcs.append((what, zlib.crc32(np.ascontiguousarray(data).view(np.uint8))))
+
+    def check(self) -> None:
+        everyone = self.comm.allgather([crc for _, crc in self.crcs])
+        for i, (what, crc) in enumerate(self.crcs):
+            differ = [r for r, theirs in enumerate(everyone) if theirs[i] != crc]
+            assert not differ, f"{what}: ranks {differ} disagree bitwise with rank {self.comm.rank}"
+        self.crcs.clear()

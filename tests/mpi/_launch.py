@@ -17,9 +17,11 @@ def is_check_module(path: str) -> bool:
     return os.path.basename(path).endswith("_checks.py")
 
 
-def checks_args(path: str, args) -> list:
-    """pytest's arguments on every rank: the check module at path with args."""
-    return [*PYTEST_FLAGS, os.path.abspath(path), f"--check-args={shlex.join(args)}"]
+def checks_args(path, args) -> list:
+    """pytest's arguments on every rank: the check module at path (or the modules of a list
+    of paths, one pytest session: each rank starts once for all of them) with args."""
+    paths = [path] if isinstance(path, str) else path
+    return [*PYTEST_FLAGS, *map(os.path.abspath, paths), f"--check-args={shlex.join(args)}"]
 
 
 def failed_checks(out: str) -> str:
@@ -30,7 +32,7 @@ def failed_checks(out: str) -> str:
     return "; ".join(f"{name} on ranks {sorted(r)}" for name, r in ranks.items())
 
 
-def checks_argv(path: str, args) -> list:
+def checks_argv(path, args) -> list:
     """The argv after python, for every rank; -P: the working directory (maybe a source tree
     whose extension was built for another MPI) does not shadow the installed partialcoll."""
     return ["-P", "-m", "pytest", *checks_args(path, args)]

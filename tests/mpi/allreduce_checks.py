@@ -1,32 +1,44 @@
 """Allreduce schedules against MPI_Allreduce (issue 3):
-python allreduce_checks.py [--large] [ALGORITHMS]
+python allreduce_checks.py [--large | --chunked] [ALGORITHMS]
 
 --large: count 2^20 + 3 only, every op x dtype, with recursive doubling and ring ("auto"
 picks one of them there, by size alone: partialcoll.algorithms.choose; the small counts
-check it). ALGORITHMS: a comma-separated subset of recursive_doubling,ring,auto."""
+check it). --chunked (under PARTIALCOLL_MAX_MESSAGE=M, messages cut into chunks of at
+most M bytes): every op x dtype at a count whose messages span several chunks, with every
+algorithm, and the divisor checks; the small counts, whose messages are never cut, are
+the plain run's. ALGORITHMS: a comma-separated subset of recursive_doubling,ring,auto."""
 from __future__ import annotations
 
-import zlib
+import os
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
-from _data import assert_matches, combos, values
+from _data import Bitwise, assert_matches, combos, values
 from half_checks import f64 as to_f64, to as as_dtype_exact
 from partialcoll._types import BFLOAT16
 from _util import ARGS, run_module
 
 LARGE = "--large" in ARGS
+CHUNKED = "--chunked" in ARGS
 NAMED = [a for a in ARGS if not a.startswith("--")]
 ALGORITHMS = NAMED[0].split(",") if NAMED else ["recursive_doubling", "ring"] + ([] if LARGE else ["auto"])
 
 
-def check_one(comm, algorithm, count, dtype, op, salt=0, in_place=False):
+def reference(comm, count, dtype, op, salt=0):
+    """(this rank's data, MPI_Allreduce's result of every rank's)."""
     x = values(dtype, op, count, comm.rank, salt)
     ref = np.empty_like(x)
     comm.Allreduce(x, ref, op=op)
+    return x, ref
+
+
+def check_one(comm, bitwise, algorithm, count, dtype, op, salt=0, in_place=False, data=None):
+    """The result against MPI_Allreduce's, and into bitwise (a _data.Bitwise) to compare
+    across ranks; data: reference()'s (x, ref) where several algorithms check the same data."""
+    x, ref = data if data is not None else reference(comm, count, dtype, op, salt)
     coll = pc.allreduce_init(count, dtype, op, comm, algorithm=algorithm)
     if in_place:
         res = coll.post(x, out=x).wait()
@@ -36,25 +48,42 @@ def check_one(comm, algorithm, count, dtype, op, salt=0, in_place=False):
     what = f"{algorithm} count={count} {np.dtype(dtype)} {op} P={comm.size}"
     assert_matches(res.data, ref, op, what)
     assert res.round == 0 and res.active == tuple(range(comm.size)) and res.contributed
-    # every rank holds bitwise the same result
-    crcs = comm.allgather(zlib.crc32(res.data.tobytes()))
-    assert len(set(crcs)) == 1, f"{what}: ranks disagree bitwise"
+    bitwise.add(what, res.data)              # every rank holds bitwise the same result
     coll.close()
 
 
 
 
+def test_large_every_op_dtype(comm):
+    """--large: count 2^20 + 3, every op x dtype, each of ALGORITHMS on the same data
+    (made, and reduced by MPI_Allreduce, once for all of them)."""
+    if not LARGE:
+        pytest.skip("--large only")
+    bitwise = Bitwise(comm)
+    for dtype, op in combos():
+        data = reference(comm, 2 ** 20 + 3, dtype, op)
+        for algorithm in ALGORITHMS:
+            check_one(comm, bitwise, algorithm, 2 ** 20 + 3, dtype, op, data=data)
+    bitwise.check()
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_count_op_dtype(comm, algorithm):
     if LARGE:
+        pytest.skip("--large: test_large_every_op_dtype")
+    p, bitwise = comm.size, Bitwise(comm)
+    if CHUNKED:               # ring's segments (count / P) in 3 chunks, the whole vector in 2P + 1
+        chunk = int(os.environ["PARTIALCOLL_MAX_MESSAGE"])
         for dtype, op in combos():
-            check_one(comm, algorithm, 2 ** 20 + 3, dtype, op)
+            check_one(comm, bitwise, algorithm, 2 * p * chunk // np.dtype(dtype).itemsize + 7, dtype, op)
+        bitwise.check()
         return
-    p = comm.size
     for count in sorted({0, 1, 2, max(p - 1, 0), p, p + 1, 1000}):
         for dtype, op in combos():
-            check_one(comm, algorithm, count, dtype, op)
-    check_one(comm, algorithm, 1000, np.float64, MPI.SUM, in_place=True)
+            check_one(comm, bitwise, algorithm, count, dtype, op)
+        bitwise.check()
+    check_one(comm, bitwise, algorithm, 1000, np.float64, MPI.SUM, in_place=True)
+    bitwise.check()
 
 
 DIVIDED = [np.float32, np.float64, np.float16, BFLOAT16]
@@ -67,6 +96,7 @@ def test_divisor(comm, algorithm):
     in every dtype (float16, bfloat16 too) and the only rounding is the division's."""
     p = comm.size
     counts = [2 ** 20 + 3] if LARGE else sorted({0, 1, max(p - 1, 0), p + 1, 1000, 2 ** 14 + 5})
+    bitwise = Bitwise(comm)
     for count in counts:
         for dtype in DIVIDED:
             x = as_dtype_exact(((np.arange(count) * 7 + 3 * comm.rank) % 17 - 8).astype(np.float64), dtype)
@@ -78,15 +108,15 @@ def test_divisor(comm, algorithm):
                 what = f"{algorithm} count={count} {np.dtype(dtype)} P={p} rep={rep}"
                 assert got.dtype == np.dtype(dtype), what
                 assert np.array_equal(to_f64(got), to_f64(as_dtype_exact(want, dtype))), what
-                crcs = comm.allgather(zlib.crc32(got.tobytes()))
-                assert len(set(crcs)) == 1, f"{what}: ranks disagree bitwise"
+                bitwise.add(what, got)
             plain.close()
             fused.close()
+    bitwise.check()
 
 
 def test_divisor_bad_input_raises_everywhere(comm):
-    if LARGE:
-        pytest.skip("--large: only the large counts")
+    if LARGE or CHUNKED:
+        pytest.skip("--large, --chunked: the plain run checks it")
     for kwargs, exc in [({"op": MPI.MAX}, pc.OpError), ({"dtype": np.int32}, pc.OpError),
                         ({"dtype": np.complex64}, pc.OpError), ({"divisor": 0}, pc.ArgumentError),
                         ({"divisor": float("nan")}, pc.ArgumentError), ({"divisor": "2"}, pc.ArgumentError)]:
@@ -103,8 +133,8 @@ def test_divisor_bad_input_raises_everywhere(comm):
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "auto"])
 def test_persistent_500_executions(comm, algorithm):
     """One persistent allreduce, 500 executions with fresh data each time."""
-    if LARGE:
-        pytest.skip("--large: only the large counts")
+    if LARGE or CHUNKED:
+        pytest.skip("--large, --chunked: the plain run checks it")
     coll = pc.allreduce_init(37, np.int64, MPI.SUM, comm, algorithm=algorithm)
     for it in range(500):
         x = values(np.int64, MPI.SUM, 37, comm.rank, salt=it)

@@ -1,4 +1,5 @@
-"""Exact counts: python counts_checks.py MODE LATE [ROUNDS]
+"""Exact counts: python counts_checks.py MODES LATES [ROUNDS]
+(MODES, LATES: comma-separated lists, e.g. solo,probe fold,latest: every combination is a check)
 
 Rank r posts 1000**r (int64, SUM), so a result's data says whose posts it holds: its
 base-1000 digit r is the number of rank r's posts inside. Ranks sleep a random 0-6 ms
@@ -13,13 +14,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from _util import ARGS, run_module
 
-MODE = ARGS[0] if ARGS else "majority"
-LATE = ARGS[1] if len(ARGS) > 1 else "fold"
+MODES = ARGS[0].split(",") if ARGS else ["majority"]
+LATES = ARGS[1].split(",") if len(ARGS) > 1 else ["fold"]
 ROUNDS = int(ARGS[2]) if len(ARGS) > 2 else 60
 
 
@@ -41,10 +43,12 @@ def check_result(res, p: int):
     return k
 
 
-def test_counts_are_exact(comm):
+@pytest.mark.parametrize("late", LATES)
+@pytest.mark.parametrize("mode", MODES)
+def test_counts_are_exact(comm, mode, late):
     p, r = comm.size, comm.rank
-    opts = {"quorum": {"quorum": max(1, (p + 1) // 2)}, "probe": {"candidates": 2}}.get(MODE, {})
-    coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode=MODE, late=LATE, seed=3, **opts)
+    opts = {"quorum": {"quorum": max(1, (p + 1) // 2)}, "probe": {"candidates": 2}}.get(mode, {})
+    coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode=mode, late=late, seed=3, **opts)
     rng = np.random.default_rng(77 + r)
     x = np.full(4, 1000 ** r, np.int64)
     posted, seen = 0, [0] * p
@@ -57,11 +61,11 @@ def test_counts_are_exact(comm):
             res = req.wait(timeout=60)
             k = check_result(res, p)
             multi += sum(v > 1 for v in k)
-            if LATE == "fold":
+            if late == "fold":
                 seen = [a + b for a, b in zip(seen, k)]
     final = coll.close(timeout=60)
     k = check_result(final, p)
-    if LATE == "fold":
+    if late == "fold":
         seen = [a + b for a, b in zip(seen, k)]
         assert seen == comm.allgather(posted), f"results hold {seen} posts per rank, ranks posted " \
                                                f"{comm.allgather(posted)}"

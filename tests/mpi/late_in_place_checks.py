@@ -1,10 +1,11 @@
-"""Late in-place posts (issue 12): python late_in_place_checks.py MODE NBYTES
+"""Late in-place posts (issue 12): python late_in_place_checks.py MODES SIZES
+(comma-separated lists of modes and of vector sizes in bytes: every combination is a check)
 
 A post(x, out=x) whose round has already read this rank's accumulator (a late post,
 the balanced solo pattern: the first rank to post starts the round, the others' posts
 arrive a moment later): its data must go to a later round while x receives this round's
 result. Checked here, with ranks other than 0 made late on purpose (rank 0 posts at once,
-the others 20-40 ms later), float64 vectors of NBYTES, late="fold":
+the others 20-40 ms later), float64 vectors of each of SIZES bytes, late="fold":
 
 - each in-place result lands in its own buffer, and the engine holds no waited-for buffer
   (pc_coll_user_buffers);
@@ -17,21 +18,22 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll import _engine
 from _util import ARGS, run_module
 
-MODE = ARGS[0] if ARGS else "solo"
-NBYTES = int(ARGS[1]) if len(ARGS) > 1 else 1 << 20
+MODES = ARGS[0].split(",") if ARGS else ["solo"]
+SIZES = [int(b) for b in ARGS[1].split(",")] if len(ARGS) > 1 else [1 << 20]
 STEPS = 12
 
 
-def options(comm):
-    if MODE == "quorum":
+def options(mode):
+    if mode == "quorum":
         return {"quorum": 1}
-    if MODE == "probe":
+    if mode == "probe":
         return {"candidates": 1}
     return {}
 
@@ -43,15 +45,17 @@ def held(coll):
     return {int(_engine.ffi.cast("uintptr_t", b)) for b in bufs} - {0}
 
 
-def test_late_in_place_posts_nothing_lost(comm):
-    n = NBYTES // 8
-    coll = pc.PartialAllreduce(n, np.float64, MPI.SUM, comm, mode=MODE, late="fold", seed=5, **options(comm))
+@pytest.mark.parametrize("nbytes", SIZES)
+@pytest.mark.parametrize("mode", MODES)
+def test_late_in_place_posts_nothing_lost(comm, mode, nbytes):
+    n = nbytes // 8
+    coll = pc.PartialAllreduce(n, np.float64, MPI.SUM, comm, mode=mode, late="fold", seed=5, **options(mode))
     rng = np.random.default_rng(300 + comm.rank)
     posted = np.zeros(n)
     received = np.zeros(n)
     late = 0
     for i in range(STEPS):
-        if comm.rank != 0 and MODE != "full":
+        if comm.rank != 0 and mode != "full":
             time.sleep(rng.uniform(0.02, 0.04))        # let rank 0 start the round without us
         how = i % 3                                    # 0: wait at once; 1: wait after the next
         bufs = [np.arange(n, dtype=np.float64) * (1 + i % 4) + comm.rank + i]   # round took x;
@@ -63,7 +67,7 @@ def test_late_in_place_posts_nothing_lost(comm):
             req = coll.post(b, out=b)
             late += req.late
             reqs.append(req)
-        if how == 1 and comm.rank != 0 and MODE != "full":
+        if how == 1 and comm.rank != 0 and mode != "full":
             time.sleep(0.05)                           # rank 0's next post starts a round meanwhile
         for b, req in zip(bufs, reqs):
             res = req.wait(timeout=60)
@@ -74,7 +78,7 @@ def test_late_in_place_posts_nothing_lost(comm):
     received += final.data
     total = comm.allreduce(posted)
     assert np.array_equal(received, total), float(np.abs(received - total).max())
-    if MODE == "solo" and comm.size > 1:      # ranks > 0 are late in most rounds
+    if mode == "solo" and comm.size > 1:      # ranks > 0 are late in most rounds
         assert comm.allreduce(late) > 0, "no late post happened: the check tested nothing"
 
 

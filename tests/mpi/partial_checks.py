@@ -1,4 +1,7 @@
-"""Partial allreduce semantics (issue 4): python partial_checks.py MODE [ROUNDS]
+"""Partial allreduce semantics (issue 4): python partial_checks.py MODES [ROUNDS]
+
+MODES: one mode or several, comma-separated (solo,majority,...): every check runs once
+per mode in the one job (its id names the mode, e.g. test_staleness[probe]).
 
 Every rank sleeps a random 0-20 ms before each post (seeded per rank), so rounds start
 with different initiators and different active sets. PC_TEST_BUFFERS=cupy|emulated runs the
@@ -16,15 +19,21 @@ import partialcoll as pc
 from _devices import KIND, on_buffers
 from _util import ARGS, expect_raises, run_module
 
-MODE = ARGS[0] if ARGS else "solo"
+MODES = ARGS[0].split(",") if ARGS else ["solo"]
 ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 200
 COUNT = 5
 
 
-def options(comm):
-    if MODE == "quorum":
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    """The partial mode the check runs in: each of MODES in turn."""
+    return request.param
+
+
+def options(comm, mode):
+    if mode == "quorum":
         return {"quorum": max(1, (comm.size + 1) // 2)}
-    if MODE == "probe":
+    if mode == "probe":
         return {"candidates": 2}
     return {}
 
@@ -45,19 +54,19 @@ def skewed_rounds(comm, coll, rounds, value_of, max_sleep=0.02):
     return out
 
 
-def check_membership(comm, coll, log):
-    p, k = comm.size, options(comm).get("quorum")
+def check_membership(comm, coll, log, mode):
+    p, k = comm.size, options(comm, mode).get("quorum")
     for req, res, _ in log:
         n = res.round
         if res.rounds == 1 and not res.closing:      # rounds forced by close() are exempt
-            if MODE == "full":
+            if mode == "full":
                 assert res.active == tuple(range(p)), res
-            elif MODE == "quorum":
+            elif mode == "quorum":
                 assert res.nap >= k, (n, res.active, k)
-            elif MODE in ("majority", "probe"):
+            elif mode in ("majority", "probe"):
                 cand = coll.candidates_of(n)
-                assert set(cand) & set(res.active), (MODE, n, cand, res.active)
-                if MODE == "majority":
+                assert set(cand) & set(res.active), (mode, n, cand, res.active)
+                if mode == "majority":
                     assert cand[0] in res.active
         if res.round == req.index and res.rounds == 1:
             # a late post's data waits for a later round, but the rank is active if a
@@ -81,8 +90,8 @@ def check_agreement(comm, log):
                 assert theirs[n] == val, f"round {n}: rank {comm.rank} and rank {r} disagree"
 
 
-def test_fold_sum_nothing_lost(comm):
-    coll = make(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=7, **options(comm))
+def test_fold_sum_nothing_lost(comm, mode):
+    coll = make(COUNT, np.int64, MPI.SUM, comm, mode=mode, late="fold", seed=7, **options(comm, mode))
     log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.arange(COUNT, dtype=np.int64) * 1000 + comm.rank * 7 + i)
     final = coll.close()
     received = sum(res.data for _, res, _ in log) + final.data
@@ -103,18 +112,18 @@ def test_fold_sum_nothing_lost(comm):
     for req, res, _ in log:
         assert res.contributed or req.late, (req.index, res)
         assert not (req.late and res.round == req.index and res.contributed), (req.index, res)
-    check_membership(comm, coll, log)
+    check_membership(comm, coll, log, mode)
     check_agreement(comm, log)
     expect_raises(pc.StateError, coll.post, np.zeros(COUNT, np.int64), match="closed")
 
 
-def test_fold_in_place_nothing_lost(comm):
+def test_fold_in_place_nothing_lost(comm, mode):
     """In-place posts, post(x, out=x), lend x to the engine as its accumulator: 1 MiB
     buffers, now and then two posts before a wait (the second folds the first's lent
     buffer into its own), now and then a copying post in between. Nothing posted is lost
     or counted twice, and each in-place result lands in its own buffer."""
     n = 1 << 17                                        # 1 MiB of int64
-    coll = make(n, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=11, **options(comm))
+    coll = make(n, np.int64, MPI.SUM, comm, mode=mode, late="fold", seed=11, **options(comm, mode))
     rng = np.random.default_rng(2000 + comm.rank)
     posted = np.zeros(n, np.int64)
     received = np.zeros(n, np.int64)
@@ -138,8 +147,8 @@ def test_fold_in_place_nothing_lost(comm):
     assert np.array_equal(received, comm.allreduce(posted))
 
 
-def test_fold_max_nothing_lost(comm):
-    coll = make(3, np.float64, MPI.MAX, comm, mode=MODE, late="fold", seed=3, **options(comm))
+def test_fold_max_nothing_lost(comm, mode):
+    coll = make(3, np.float64, MPI.MAX, comm, mode=mode, late="fold", seed=3, **options(comm, mode))
     rng = np.random.default_rng(comm.rank)
     log = skewed_rounds(comm, coll, ROUNDS // 4, lambda i: rng.normal(size=3), max_sleep=0.005)
     final = coll.close()
@@ -154,13 +163,13 @@ def test_fold_max_nothing_lost(comm):
     assert np.array_equal(got, posted), (got, posted)
 
 
-def test_latest_each_value_once(comm):
+def test_latest_each_value_once(comm, mode):
     """late="latest": every posted value appears in exactly one round's result."""
-    coll = make(COUNT, np.int64, MPI.SUM, comm, mode=MODE, late="latest", seed=11,
-                               **options(comm))
+    coll = make(COUNT, np.int64, MPI.SUM, comm, mode=mode, late="latest", seed=11,
+                               **options(comm, mode))
     log = skewed_rounds(comm, coll, ROUNDS, lambda i: np.full(COUNT, 1 + comm.rank + 10 * i, np.int64))
     final = coll.close()
-    check_membership(comm, coll, log)
+    check_membership(comm, coll, log, mode)
     check_agreement(comm, log)
     rounds = {}
     for _, res, _ in log:
@@ -183,9 +192,9 @@ def test_latest_each_value_once(comm):
     assert np.array_equal(total, posted), (total, posted)
 
 
-def test_several_open_at_once(comm):
+def test_several_open_at_once(comm, mode):
     """Three collectives (one per 'layer') interleaved: they never interfere."""
-    colls = [make(4 + j, np.int64, MPI.SUM, comm, mode=MODE, late="fold", seed=j, **options(comm))
+    colls = [make(4 + j, np.int64, MPI.SUM, comm, mode=mode, late="fold", seed=j, **options(comm, mode))
              for j in range(3)]
     sums = [np.zeros(4 + j, np.int64) for j in range(3)]
     for _i in range(20):
@@ -198,10 +207,10 @@ def test_several_open_at_once(comm):
         assert (sums[j] == expect).all(), (j, sums[j], expect)
 
 
-def test_staleness(comm):
+def test_staleness(comm, mode):
     s = 3
-    coll = make(2, np.int64, MPI.SUM, comm, mode=MODE, late="fold", max_staleness=s,
-                               **options(comm))
+    coll = make(2, np.int64, MPI.SUM, comm, mode=mode, late="fold", max_staleness=s,
+                               **options(comm, mode))
     rng = np.random.default_rng(comm.rank)
     total = np.zeros(2, np.int64)
     for i in range(40):
@@ -216,10 +225,10 @@ def test_staleness(comm):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_liveness(comm):
+def test_liveness(comm, mode):
     """solo: one rank asleep in Python (not calling the library); the others complete
     100 rounds; its later posts return at once; close() flushes its data."""
-    if MODE != "solo" or pc.rc.progress != "thread":
+    if mode != "solo" or pc.rc.progress != "thread":
         pytest.skip("solo with the progress thread only")
     sleeper = comm.size - 1
     coll = make(1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
@@ -246,12 +255,12 @@ def test_liveness(comm):
     assert got == 100 * (comm.size - 1) + 1000, got
 
 
-def test_bad_input(comm):
+def test_bad_input(comm, mode):
     r = comm.rank
     for key, value in [("count", 5 + (r == comm.size - 1)), ("seed", r), ("mode", "solo" if r else "majority")]:
         if comm.size == 1 and key != "count":
             continue
-        kw = {"count": 5, "seed": 0, "mode": MODE}
+        kw = {"count": 5, "seed": 0, "mode": mode}
         kw[key] = value
         if comm.size == 1:
             continue
@@ -278,7 +287,7 @@ def test_bad_input(comm):
         expect_raises(pc.ArgumentError, pc.Schedule, inter, match="intercomm")
         inter.Free()
         half.Free()
-    coll = pc.PartialAllreduce(5, np.float32, MPI.SUM, comm, mode=MODE, **options(comm))
+    coll = pc.PartialAllreduce(5, np.float32, MPI.SUM, comm, mode=mode, **options(comm, mode))
     expect_raises(pc.InvalidBufferError, coll.post, np.zeros(4, np.float32), match="elements")
     expect_raises(pc.InvalidBufferError, coll.post, np.zeros(5, np.float64), match="dtype")
     expect_raises(pc.InvalidBufferError, coll.post, np.zeros((5, 2), np.float32)[:, 0], match="contiguous")

@@ -7,13 +7,11 @@ a rank that only serves and never posts; owner_times() and assignment() agreed b
 every rank; bad owner options raise the same error on every rank."""
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from _data import assert_matches, combos, values
+from _data import Bitwise, assert_matches, combos, values
 from _util import expect_raises, run_module
 
 
@@ -24,7 +22,8 @@ def server_sets(p):
     return sets
 
 
-def check(comm, count, dtype, op, servers, block_items=3):
+def check(comm, bitwise, count, dtype, op, servers, block_items=3):
+    """The result against MPI_Allreduce's, and into bitwise (a _data.Bitwise) to compare across ranks."""
     x = values(dtype, op, count, comm.rank, 7)
     ref = np.empty_like(x)
     comm.Allreduce(x, ref, op=op)
@@ -33,7 +32,7 @@ def check(comm, count, dtype, op, servers, block_items=3):
     res = coll.post(x).wait(timeout=60)
     what = f"ps count={count} {np.dtype(dtype)} {op} servers={servers} P={comm.size}"
     assert_matches(res.data, ref, op, what)
-    assert len(set(comm.allgather(zlib.crc32(res.data.tobytes())))) == 1, f"{what}: ranks disagree bitwise"
+    bitwise.add(what, res.data)
     owners = coll.assignment()
     assert owners.dtype.kind == "i" and len(owners) == -(-count // block_items), (what, owners)
     assert set(owners.tolist()) <= set(servers if servers is not None else range(comm.size)), owners
@@ -44,15 +43,16 @@ def test_every_op_dtype_count(comm):
     """Every op x dtype at 2 elements (less than one block) and 10 (a partial fourth
     block), every rank a server; with dedicated servers at 10; no elements and exactly
     one block with SUM."""
-    p = comm.size
+    p, bitwise = comm.size, Bitwise(comm)
     for dtype, op in combos():
         for count in (2, 10):
-            check(comm, count, dtype, op, None)
+            check(comm, bitwise, count, dtype, op, None)
         for servers in server_sets(p)[1:]:
-            check(comm, 10, dtype, op, servers)
+            check(comm, bitwise, 10, dtype, op, servers)
     for servers in server_sets(p):
         for count in (0, 3):
-            check(comm, count, np.float64, MPI.SUM, servers)
+            check(comm, bitwise, count, np.float64, MPI.SUM, servers)
+    bitwise.check()
 
 
 def test_default_block_and_large(comm):

@@ -1,6 +1,7 @@
 """partial_checks.py's semantics checks with algorithm="ps" and balance=:
-python ps_partial_checks.py MODE [ROUNDS] [BALANCE]
-(partial_checks.py's checks, collected from this module)
+python ps_partial_checks.py CASES [ROUNDS] [BALANCE]
+(partial_checks.py's checks, collected from this module; CASES: comma-separated MODE or
+MODE:BALANCE, each check runs once per case, BALANCE defaulting to the third argument)
 
 A launcher, not a copy: every PartialAllreduce that partial_checks.py creates gets
 algorithm="ps" with every vector cut into 5 blocks,
@@ -12,17 +13,21 @@ seen the same assignments for the same rounds in every collective it closed.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from _util import ARGS, run_module
 
-BALANCE = ARGS[2] if len(ARGS) > 2 else "psld"
+DEFAULT_BALANCE = ARGS[2] if len(ARGS) > 2 else "psld"
+CASES = [(case.partition(":")[0], case.partition(":")[2] or DEFAULT_BALANCE)
+         for case in (ARGS[0] if ARGS else "solo").split(",")]
+BALANCE = DEFAULT_BALANCE          # the running case's (the mode fixture sets it)
 
 
 class PsAllreduce(pc.PartialAllreduce):
     made = 0
-    closed: list = []              # per closed collective: its (first round, assignment) history
+    closed: list = []              # per closed collective: (balance, its (first round, assignment) history)
 
     def __init__(self, *args, **kwargs):
         comm = args[3] if len(args) > 3 else kwargs.get("comm", MPI.COMM_WORLD)
@@ -42,13 +47,21 @@ class PsAllreduce(pc.PartialAllreduce):
     def close(self, *args, **kwargs):
         res = super().close(*args, **kwargs)
         b = self._balancer
-        PsAllreduce.closed.append([(first, list(a)) for first, a in b.history] if b else None)
+        PsAllreduce.closed.append((BALANCE, [(first, list(a)) for first, a in b.history] if b else None))
         return res
 
 
 pc.PartialAllreduce = PsAllreduce
-import partial_checks  # noqa: E402,F401  (imported for its effect: reads MODE and ROUNDS from ARGS)
+import partial_checks  # noqa: E402,F401  (imported for its effect: reads ROUNDS from ARGS)
 from partial_checks import *  # noqa: E402,F403  (its checks, collected here too)
+
+
+@pytest.fixture(params=CASES, ids=[f"{mode}-{balance}" for mode, balance in CASES])
+def mode(request):     # replaces partial_checks' mode: a case is a mode and a balance
+    """Each case's mode, every ps allreduce made meanwhile with its balance."""
+    global BALANCE
+    name, BALANCE = request.param
+    return name
 
 
 def test_zz_assignments_agree(comm):
@@ -57,9 +70,9 @@ def test_zz_assignments_agree(comm):
     assert PsAllreduce.made >= 8, f"only {PsAllreduce.made} ps allreduces were made"
     everyone = comm.allgather(PsAllreduce.closed)
     assert all(theirs == PsAllreduce.closed for theirs in everyone), "ranks disagree on the assignments"
-    switches = sum(len(h) - 1 for h in PsAllreduce.closed if h)
-    if BALANCE != "static" and comm.size > 1:
-        assert switches > 0, "no collective ever switched its assignment"
+    for balance in {b for _, b in CASES} - {"static"}:
+        switches = sum(len(h) - 1 for b, h in PsAllreduce.closed if h and b == balance)
+        assert switches > 0 or comm.size == 1, f"no collective with balance={balance} ever switched its assignment"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """partial_checks.py's semantics checks with algorithm="tree":
-python tree_partial_checks.py MODE [ROUNDS] [SHAPE]
-(partial_checks.py's checks, collected from this module)
+python tree_partial_checks.py CASES [ROUNDS] [SHAPE]
+(partial_checks.py's checks, collected from this module; CASES: comma-separated MODE or
+MODE:SHAPE, each check runs once per case, SHAPE defaulting to the third argument)
 
 A launcher, not a copy: every PartialAllreduce that partial_checks.py creates gets
 algorithm="tree" and the regions of SHAPE over the communicator's ranks:
@@ -10,13 +11,17 @@ algorithm="tree" and the regions of SHAPE over the communicator's ranks:
 """
 from __future__ import annotations
 
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll.algorithms import tree
 from _util import ARGS, run_module
 
-SHAPE = ARGS[2] if len(ARGS) > 2 else "uneven"
+DEFAULT_SHAPE = ARGS[2] if len(ARGS) > 2 else "uneven"
+CASES = [(case.partition(":")[0], case.partition(":")[2] or DEFAULT_SHAPE)
+         for case in (ARGS[0] if ARGS else "solo").split(",")]
+SHAPE = DEFAULT_SHAPE              # the running case's (the mode fixture sets it)
 
 
 def regions(size: int):
@@ -39,11 +44,21 @@ class TreeAllreduce(pc.PartialAllreduce):
         TreeAllreduce.made += 1
 
 
-if SHAPE == "chunked":
-    tree.CHUNK_BYTES = 8
 pc.PartialAllreduce = TreeAllreduce
-import partial_checks  # noqa: E402,F401  (imported for its effect: reads MODE and ROUNDS from ARGS)
+import partial_checks  # noqa: E402,F401  (imported for its effect: reads ROUNDS from ARGS)
 from partial_checks import *  # noqa: E402,F403  (its checks, collected here too)
+
+
+@pytest.fixture(params=CASES, ids=[f"{mode}-{shape}" for mode, shape in CASES])
+def mode(request):     # replaces partial_checks' mode: a case is a mode and a shape
+    """Each case's mode, every tree made meanwhile with its shape's regions."""
+    global SHAPE
+    name, SHAPE = request.param
+    saved = tree.CHUNK_BYTES
+    if SHAPE == "chunked":
+        tree.CHUNK_BYTES = 8
+    yield name
+    tree.CHUNK_BYTES = saved
 
 
 def test_every_allreduce_was_a_tree(comm):
