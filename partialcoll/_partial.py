@@ -561,9 +561,13 @@ class PartialAllreduce:
             r = _engine.lib.pc_coll_post1(c, fx, _NULL if fout is None else fout)
             if r < 0:
                 self._check_post(-r)
-            if out is not None:
-                self._keep_out(r >> 1, out)               # see below
-            return PartialRequest(self, r >> 1, (r & 1) == 1, out, False, fout)
+            index = r >> 1
+            if out is not None:                           # _keep_out, inlined
+                outs = self._outs
+                outs[index] = out
+                if len(outs) > 4:
+                    self._keep_out(index, out)
+            return PartialRequest(self, index, (r & 1) == 1, out, False, fout)
         c = self._native_coll()
         xdev = _device.backend_of(x)
         odev = None if out is None else _device.backend_of(out)
@@ -680,7 +684,8 @@ class PartialAllreduce:
             res = pool.pop()
         except IndexError:
             res = ffi.new(self._res_type)
-        first = _SLICE if timeout is None else min(_SLICE, max(float(timeout), 0.0))
+        # wait() passes a float (or None): the first slice without builtin calls
+        first = _SLICE if timeout is None or timeout >= _SLICE else max(float(timeout), 0.0)
         code = _engine.lib.pc_coll_wait1(c, index, first, fout, res)
         if code:
             if code != TIMEOUT_CODE:
@@ -692,13 +697,14 @@ class PartialAllreduce:
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
         w = self._mask_words                     # the active and closing bits: res[7 : 7 + 2 W]
-        key = (res[7], res[8]) if w == 1 else tuple(ffi.unpack(res, 7 + 2 * w)[7:])
+        v = ffi.unpack(res, 7 + 2 * w)           # one C call, then list indexing
+        key = (v[7], v[8]) if w == 1 else tuple(v[7:])
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
         r = _new_result(Result)
-        r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, res[0], active, res[2], res[1], closing
-        r.posts = res[6]
-        r.contributed = res[3] <= index < res[4]
+        r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
+        r.posts = v[6]
+        r.contributed = v[3] <= index < v[4]
         pool.append(res)
         return r
 
