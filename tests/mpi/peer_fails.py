@@ -18,7 +18,8 @@ and test() raise it again and close() raises it at once. A survivor prints, per 
 ``FAULT rank=R case=C mode=M raised=PeerError named=0 exc_type=... at=T close=... close_s=S``
 (tests/test_faults.py checks at - the FAILING at < 2 s) and ``PASSED R``, then exits
 normally (MPI_Finalize), except after sigterm: a rank killed by a signal never reaches
-MPI_Finalize, which MPICH's survivors would wait for, so they leave with os._exit(0).
+MPI_Finalize, which MPICH's survivors would wait for, so they leave with os._exit(0)
+(and each rank runs behind a thin parent: see behind_a_parent).
 
 CASE ``inproc``: the failures that leave rank 0 running, one phase each, with fresh
 collectives (mpiexec's PARTIALCOLL_TIMEOUT: the wait timeout, 2 s in the tests):
@@ -51,10 +52,29 @@ import sys
 import threading
 import time
 
-import numpy as np
-from mpi4py import MPI
 
-import partialcoll as pc
+def behind_a_parent():
+    """CASE sigterm: run the rank as the child of a thin parent that turns a death by a
+    signal into exit status 128 + signal, as a shell does. MPICH's mpiexec (its hydra
+    proxy) SIGKILLs every rank on the node as soon as it reaps one that died of a signal,
+    -disable-auto-cleanup or not, which would end the survivors before they are checked.
+    The parent starts no MPI; it ignores the SIGUSR1 the proxy sends when a rank leaves."""
+    pid = os.fork()
+    if pid == 0:
+        return
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    os._exit(128 - code if code < 0 else code)
+
+
+if sys.argv[1] == "sigterm":
+    behind_a_parent()
+
+import numpy as np  # noqa: E402 - after the fork: the parent imports no MPI
+from mpi4py import MPI  # noqa: E402
+
+import partialcoll as pc  # noqa: E402
 
 CASE = sys.argv[1]
 MODES = ("solo", "majority", "probe", "quorum", "full")
