@@ -152,7 +152,7 @@ static void coll_peer_failed(pc_coll *c);
 
 static int coll_arm(pc_coll *c, int64_t n)
 {
-    if (c->peer_heard && n >= c->peer.upto) {      /* a peer's report: this round cannot come */
+    if (c->peer_heard && n >= c->rep.peer.upto) {      /* a peer's report: this round cannot come */
         c->armed = NULL;
         coll_peer_failed(c);
         return PC_OK;
@@ -396,8 +396,7 @@ static void coll_round_done(pc_owner *o, pc_sched *s)
  * already, so its receive is cancelled, never completed by a message. */
 static void coll_deaf(pc_coll *c)
 {
-    if (c->abandoned) mpi_alarm_cancel(&c->alarm);
-    else mpi_alarm_deaf(&c->alarm);
+    report_deaf(&c->rep, c->abandoned);
 }
 
 static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
@@ -415,9 +414,9 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
 static void coll_peer_failed(pc_coll *c)
 {
     c->peer_heard = 0;
-    c->errpeer = c->peer.rank;
-    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->peer.rank,
-             c->peer.type, c->peer.message, c->rank);
+    c->errpeer = c->rep.peer.rank;
+    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->rep.peer.rank,
+             c->rep.peer.type, c->rep.peer.message, c->rank);
     STORE(c->err, PC_ERR_PEER);
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
     note_event();
@@ -437,20 +436,17 @@ static void coll_send_report(pc_coll *c);
 static int coll_poll(pc_unit *u)
 {
     pc_coll *c = (pc_coll *)u;
-    if (c->report_pending) {             /* recorded where no MPI call may be made (abandon) */
+    if (c->rep.pending) {                /* recorded where no MPI call may be made (abandon) */
         coll_send_report(c);
         return 1;
     }
-    if (c->alarm.nsend) mpi_alarm_sent(&c->alarm);
     if (c->peer_heard && !c->err && now_us() - c->peer_heard_us > PC_PEER_GRACE_US) {
         coll_peer_failed(c);
         return 1;
     }
-    if (!mpi_alarm_heard(&c->alarm)) return 0;
-    if (c->err || c->reported || LOAD(c->finished)) return 1;
-    memcpy(&c->peer, c->alarm.in, sizeof c->peer);
-    c->peer.type[sizeof c->peer.type - 1] = c->peer.message[sizeof c->peer.message - 1] = 0;
-    if (c->armed && c->armed->running && c->armed_round < c->peer.upto) {
+    if (!report_heard(&c->rep)) return 0;
+    if (c->err || c->rep.made || LOAD(c->finished)) return 1;
+    if (c->armed && c->armed->running && c->armed_round < c->rep.peer.upto) {
         c->peer_heard = 1;               /* this round completes; coll_arm fails the next */
         c->peer_heard_us = now_us();
         return 1;
@@ -474,7 +470,7 @@ static void coll_destroy(pc_coll *c)
         free(c->mask_slot);
     }
     free(c->res_mask); free((void *)c->spec.identity);
-    mpi_alarm_free(&c->alarm);
+    report_free(&c->rep);
     pthread_mutex_destroy(&c->owner.unit.lock);
     free(c);
 }
@@ -519,7 +515,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     if (!c) return fail(PC_ERR_NOMEM, "out of memory");
     unit_init(&c->owner.unit, coll_unit_destroy, coll_unit_abandon);
     c->owner.unit.poll = coll_poll;
-    c->alarm.comm = *(MPI_Comm *)comm_handle;
+    c->rep.alarm.comm = *(MPI_Comm *)comm_handle;
     c->rank = rank;
     c->size = size;
     c->spec = *spec;
@@ -582,7 +578,7 @@ int pc_coll_begin(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
     int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
-    if (rc == PC_OK && c->size > 1) rc = mpi_alarm_listen(&c->alarm, c->alarm.comm, c->spec.ident);
+    if (rc == PC_OK && c->size > 1) rc = report_listen(&c->rep, c->rep.alarm.comm, c->spec.ident);
     unit_unlock(&c->owner.unit);
     return rc;
 }
@@ -872,16 +868,12 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
  * be sent (not after a peer's report, the final round, or a report already made). */
 static int coll_report(pc_coll *c, const char *type, const char *message)
 {
-    if (c->reported || c->err == PC_ERR_PEER || LOAD(c->finished) || c->size < 2) return 0;
-    memset(&c->report, 0, sizeof c->report);
-    c->report.rank = c->rank;
-    snprintf(c->report.type, sizeof c->report.type, "%s", type ? type : "");
-    snprintf(c->report.message, sizeof c->report.message, "%s", message ? message : "");
-    c->reported = 1;
+    if (c->err == PC_ERR_PEER || LOAD(c->finished) || c->size < 2) return 0;
+    if (!report_make(&c->rep, c->rank, type, message)) return 0;
     if (!c->err) {
         c->errpeer = -1;
         snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers: the collective "
-                 "cannot be used any more", c->rank, c->report.type);
+                 "cannot be used any more", c->rank, c->rep.mine.type);
         STORE(c->err, PC_ERR_STATE);
     }
     notify_done();
@@ -891,10 +883,7 @@ static int coll_report(pc_coll *c, const char *type, const char *message)
 /* Send the recorded report to every peer (unit lock held; MPI calls). */
 static void coll_send_report(pc_coll *c)
 {
-    c->report_pending = 0;
-    coll_deaf(c);           /* this rank is done with the collective */
-    c->report.upto = LOAD(c->completed);       /* the armed round is withdrawn below */
-    mpi_alarm_send(&c->alarm, &c->report);
+    report_send(&c->rep, LOAD(c->completed), c->abandoned);   /* the armed round is withdrawn below */
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
 }
 
@@ -904,7 +893,7 @@ int pc_coll_abort(pc_coll *c, const char *type, const char *message, double time
     unit_lock(&c->owner.unit);
     if (coll_report(c, type, message)) {
         if (timeout_s < 0) {             /* no MPI call here: the next progress pass sends it */
-            c->report_pending = 1;
+            c->rep.pending = 1;
             unit_unlock(&c->owner.unit);
             kick();
             return PC_OK;
@@ -912,30 +901,13 @@ int pc_coll_abort(pc_coll *c, const char *type, const char *message, double time
         coll_send_report(c);
     }
     unit_unlock(&c->owner.unit);
-    /* the sends: eager everywhere (512 bytes), but a network may need MPI progress */
-    double until = now_us() + (timeout_s > 0 ? timeout_s * 1e6 : 0);
-    for (;;) {
-        unit_lock(&c->owner.unit);
-        int sent = mpi_alarm_sent(&c->alarm);
-        unit_unlock(&c->owner.unit);
-        if (sent || now_us() >= until) break;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    report_flush(&c->owner.unit, &c->rep, timeout_s);
     return PC_OK;
 }
 
 int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
 {
-    unit_lock(&c->owner.unit);
-    int rc = c->err == PC_ERR_PEER ? PC_OK : fail(PC_ERR_STATE, "no peer reported an error");
-    if (rc == PC_OK) {
-        *rank = c->peer.rank;
-        snprintf(type, (size_t)tlen, "%s", c->peer.type);
-        snprintf(message, (size_t)mlen, "%s", c->peer.message);
-    }
-    unit_unlock(&c->owner.unit);
-    return rc;
+    return report_peer_error(&c->owner.unit, &c->rep, &c->err, rank, type, tlen, message, mlen);
 }
 
 /* traffic: the bytes of the sends each schedule posted to peer i since creation */

@@ -84,6 +84,7 @@ struct pc_hop {
     int64_t stats[PC_HOP_STATS];
     int err, errpeer;
     char errmsg[384];
+    pc_report rep;               /* peer errors: pc_hop_abort, hop_poll */
 };
 
 static pc_sched *chan(pc_hop *h, int kind, int who, int r) { return h->ch[kind][who * h->R + r]; }
@@ -348,8 +349,30 @@ static void hop_destroy(pc_unit *u)
     free(h->rx_iter); free(h->rx_state); free(h->rx_used);
     free(h->next_post); free(h->post_limit); free(h->newest); free(h->sent);
     free(h->tokens); free(h->tk_next); free(h->tk_limit); free(h->granted); free(h->grant_to); free(h->send_to);
+    report_free(&h->rep);
     pthread_mutex_destroy(&u->lock);
     free(h);
+}
+
+/* [pass] A peer's report (pc_hop_abort on that rank): every pending and later call fails
+ * with PC_ERR_PEER, completed iterations included (Hop's iterations overlap: there is no
+ * round the reporter is known to have finished for everyone). Also sends this rank's
+ * report where it was made without MPI calls (dropped). Unit lock held. */
+static int hop_poll(pc_unit *u)
+{
+    pc_hop *h = (pc_hop *)u;
+    if (h->rep.pending) {
+        report_send(&h->rep, h->done_iter + 1, h->stopped);
+        return 1;
+    }
+    if (!report_heard(&h->rep)) return 0;
+    if (h->err || h->rep.made) return 1;
+    char msg[sizeof h->errmsg];
+    snprintf(msg, sizeof msg, "rank %d failed with %s: %s (this is rank %d)", h->rep.peer.rank,
+             h->rep.peer.type, h->rep.peer.message, h->rank);
+    hop_error(h, PC_ERR_PEER, h->rep.peer.rank, msg);
+    note_event();
+    return 1;
 }
 
 /* abandoned: withdraw every running channel (unit lock held, on a progress pass) */
@@ -357,6 +380,7 @@ static void hop_abandon_unit(pc_unit *u)
 {
     pc_hop *h = (pc_hop *)u;
     h->stopped = 1;
+    report_deaf(&h->rep, 1);       /* Python frees the communicator at a later call */
     for (int k = 0; k < 4; k++) {
         int n = (k == RX || k == TTX ? h->n_in : h->n_out) * h->R;
         for (int i = 0; i < n; i++) if (h->ch[k][i] && h->ch[k][i]->running) sched_withdraw(h->ch[k][i]);
@@ -380,6 +404,7 @@ int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out)
     pc_hop *h = calloc(1, sizeof *h);
     if (!h) return fail(PC_ERR_NOMEM, "out of memory");
     unit_init(&h->owner.unit, hop_destroy, hop_abandon_unit);
+    h->owner.unit.poll = hop_poll;
     h->owner.take = hop_take;
     h->owner.deliver = hop_deliver;
     h->owner.done = hop_done;
@@ -435,6 +460,7 @@ int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out)
                 }
             }
     }
+    if (rc == PC_OK && h->size > 1) rc = report_listen(&h->rep, *(MPI_Comm *)comm_handle, spec->ident);
     if (rc) { hop_destroy(&h->owner.unit); return rc; }
     unit_lock(&h->owner.unit);
     for (int j = 0; j < n_in; j++) post_rx(h, j);
@@ -739,6 +765,7 @@ int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s)
     if (rc) return rc;
     unit_lock(&h->owner.unit);
     rc = h->err ? fail_at(h->err, h->errpeer, h->errmsg) : PC_OK;
+    if (rc == PC_OK) report_deaf(&h->rep, 0);    /* every rank is in close(): nobody reports now */
     unit_unlock(&h->owner.unit);
     return rc;
 }
@@ -772,4 +799,34 @@ int pc_hop_free(pc_hop *h, int *deferred)
     reap_units();
     if (*deferred) kick();
     return PC_OK;
+}
+
+/* This rank's report (as pc_coll_abort): the collective stops here (PC_ERR_STATE), the
+ * peers' calls fail with PC_ERR_PEER. timeout_s < 0: no MPI call here (a garbage
+ * collector's thread), the next progress pass sends it; else it is sent now and its
+ * messages get up to timeout_s to leave. Nothing is sent after a peer's report. */
+int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s)
+{
+    if (!h) return PC_OK;
+    unit_lock(&h->owner.unit);
+    int send = h->err != PC_ERR_PEER && !h->stopped && h->size > 1 && report_make(&h->rep, h->rank, type, message);
+    if (send) {
+        if (!h->err) {
+            char msg[sizeof h->errmsg];
+            snprintf(msg, sizeof msg, "this rank (%d) reported %s to its peers: the NeighborAllreduce cannot be "
+                     "used any more", h->rank, h->rep.mine.type);
+            hop_error(h, PC_ERR_STATE, -1, msg);
+        }
+        if (timeout_s < 0) h->rep.pending = 1;
+        else report_send(&h->rep, h->done_iter + 1, 0);
+    }
+    unit_unlock(&h->owner.unit);
+    if (send && timeout_s < 0) kick();
+    else if (send) report_flush(&h->owner.unit, &h->rep, timeout_s);
+    return PC_OK;
+}
+
+int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen)
+{
+    return report_peer_error(&h->owner.unit, &h->rep, &h->err, rank, type, tlen, message, mlen);
 }

@@ -275,6 +275,7 @@ typedef struct pc_hopspec {
     int weights;         /* PC_HOP_* */
     int dtype, redop;
     int64_t count;
+    uint64_t ident;      /* the collective's identity in its peer-error reports (as pc_collspec's) */
 } pc_hopspec;
 int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out);
 /* enter the next iteration with update x; its result goes to out (the engine's until
@@ -289,6 +290,10 @@ int pc_hop_freeze(pc_hop *h, const int64_t *last, int64_t *posted);
 int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s);
 int pc_hop_serve(pc_hop *h, double seconds);
 int pc_hop_free(pc_hop *h, int *deferred);
+/* peer errors, as pc_coll_abort and pc_coll_peer_error: this rank's report to every peer
+ * (their pending and later calls fail with PC_ERR_PEER), and the report heard */
+int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s);
+int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen);
 /* CDEF END */
 
 #endif

@@ -108,6 +108,23 @@ int mpi_alarm_send(pc_alarm *a, const pc_alarm_msg *msg);   /* to every peer, wi
 int mpi_alarm_sent(pc_alarm *a);             /* 1: every send completed (or failed) */
 void mpi_alarm_free(pc_alarm *a);            /* no MPI call; leaks what MPI may still touch */
 
+/* A collective's peer errors (report.c, for coll.c and hop.c): the receive that hears a
+ * peer's report, and this rank's own. Protected by the owning unit's lock. */
+typedef struct pc_report {
+    pc_alarm alarm;
+    int made;                /* this rank made its report (report_make) ... */
+    int pending;             /* ... which the next pass sends (made where no MPI call may be) */
+    pc_alarm_msg mine;       /* that report */
+    pc_alarm_msg peer;       /* the report heard (report_heard) */
+} pc_report;
+
+int report_listen(pc_report *r, MPI_Comm comm, uint64_t ident);
+int report_make(pc_report *r, int rank, const char *type, const char *message);  /* 0: made before */
+void report_deaf(pc_report *r, int cancel);  /* stop listening (cancel: the comm may be freed) */
+void report_send(pc_report *r, int64_t upto, int cancel);  /* deaf, then the report to every peer */
+int report_heard(pc_report *r);              /* [pass] 1: a peer's report is in r->peer */
+void report_free(pc_report *r);              /* no MPI call */
+
 /* ------------------------------------------------------------------ units */
 /* What one lock guards: a partial collective with its schedules, or a standalone schedule. */
 typedef struct pc_unit {
@@ -122,6 +139,7 @@ typedef struct pc_unit {
     void (*abandon)(struct pc_unit *);   /* withdraws what it may (registered; unit lock held) */
     int (*poll)(struct pc_unit *);       /* [pass] messages outside its schedules (a collective's
                                           * peer errors), or NULL; unit lock held; 1: progressed */
+    uint64_t polled;                     /* the pass that called poll last (unit lock) */
     struct pc_unit *next_doomed;         /* E.doomed (E.lock) */
 } pc_unit;
 
@@ -131,6 +149,9 @@ int unit_lock_within(pc_unit *u, double seconds);
 void unit_unlock(pc_unit *u);
 void unit_doom(pc_unit *u);                  /* E.lock taken; freed by reap_units() */
 void reap_units(void);                       /* no lock held: frees doomed, idle, unpinned units */
+void report_flush(pc_unit *u, pc_report *r, double timeout_s);  /* no lock held: the sends leave */
+int report_peer_error(pc_unit *u, const pc_report *r, const int *err, int *rank, char *type, int tlen,
+                      char *message, int mlen);     /* no lock held */
 
 /* ------------------------------------------------------------------ schedules (sched.c) */
 enum { ST_IDLE = 0, ST_FIRED = 1, ST_DONE = 2 };
@@ -246,11 +267,8 @@ struct pc_coll {
     int64_t *retired_sent;   /* P: the traffic of freed retired schedules */
     char errmsg[384];
     int errpeer;
-    pc_alarm alarm;          /* (unit) peer errors: pc_coll_abort, coll_poll */
-    int reported;            /* (unit) this rank made its report (pc_coll_abort) ... */
-    int report_pending;      /* (unit) ... which the next pass sends (made where no MPI call may be) */
-    pc_alarm_msg report;     /* (unit) that report */
-    pc_alarm_msg peer;       /* (unit) the report heard, when err is PC_ERR_PEER ... */
+    pc_report rep;           /* (unit) peer errors: pc_coll_abort, coll_poll; rep.peer is the
+                              * report heard, when err is PC_ERR_PEER ... */
     int peer_heard;          /* (unit) ... or heard while a round before peer.upto runs here:
                               * that round completes, the next fails (coll_arm) */
     double peer_heard_us;    /* (unit) when: a round that has not completed 2 s later fails */

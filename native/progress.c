@@ -146,6 +146,8 @@ static __thread snapshot snap;
 int engine_pass(void)
 {
     if (LOAD(E.nrunning) == 0) return 0;
+    static uint64_t passes;
+    uint64_t pass = __atomic_add_fetch(&passes, 1, __ATOMIC_RELAXED);
     int n = 0;
     pthread_mutex_lock(&E.lock);
     if (E.nrunning > snap.cap) {
@@ -167,7 +169,10 @@ int engine_pass(void)
             u->abandon(u);
             progressed = 1;
         }
-        if (u->poll) progressed |= u->poll(u);
+        if (u->poll && u->polled != pass) {     /* once a pass, however many schedules it runs */
+            u->polled = pass;
+            progressed |= u->poll(u);
+        }
         progressed |= stepper.step(s);
         pthread_mutex_unlock(&u->lock);
     }

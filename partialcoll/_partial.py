@@ -26,7 +26,7 @@ from . import balance as balance_mod
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer, check_elements
 from ._agree import agree, as_problem
 from ._errors import ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError, StateError, Timeout, as_timeout
-from ._status import _SLICE, TIMEOUT_CODE, Peers, check, check_round, wait_in_slices
+from ._status import _SLICE, TIMEOUT_CODE, Peers, check, check_round, peer_error_of, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import (OP_NAMES, as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity,
@@ -84,16 +84,6 @@ def _silent_of(c):
         check(_engine.lib.pc_coll_silent(c, ranks, 64, rnd, n))
         return f"round {rnd[0]}", tuple(ranks[0:n[0]])
     return silent
-
-
-def _peer_error_of(c):
-    """For a wait that the engine failed with a peer's report: (rank, type, message)."""
-    def peer_error():
-        ffi = _engine.ffi
-        rank, kind, msg = ffi.new("int *"), ffi.new("char[64]"), ffi.new("char[512]")
-        check(_engine.lib.pc_coll_peer_error(c, rank, kind, 64, msg, 512))
-        return rank[0], ffi.string(kind).decode(errors="replace"), ffi.string(msg).decode(errors="replace")
-    return peer_error
 
 
 class Result:
@@ -447,7 +437,7 @@ class PartialAllreduce:
                 self._balancer = balance_mod.Balancer(self, self._coll, self.balance, self.servers, self._owners,
                                                       self.seed, self._epsilon, self._every)
             self._peers = Peers(_engine.comm_handle(dup), self.rank, _silent_of(self._coll),
-                                _peer_error_of(self._coll))
+                                peer_error_of(_engine.lib.pc_coll_peer_error, self._coll))
         except BaseException:
             self._abandon()
             raise
@@ -795,7 +785,9 @@ class PartialAllreduce:
     def _abandon(self) -> None:
         """Drop the collective without the collective close(): this rank only. The engine
         withdraws the armed round and frees its memory once nothing is in flight; what the
-        engine may still touch of ours (out= buffers, staging) is kept until finalize."""
+        engine may still touch of ours (out= buffers, staging) is kept until finalize, and so
+        is the communicator: the peers' messages of rounds this rank left may still arrive,
+        and a freed communicator's context id goes to a later one, where they could match."""
         self._stop_balancer()            # before the engine may free what it reads
         coll, self._coll, self._closed = getattr(self, "_coll", None), None, True
         comm, self._comm = getattr(self, "_comm", None), None
@@ -805,17 +797,12 @@ class PartialAllreduce:
         if coll is not None:
             _engine.lib.pc_coll_abandon(coll, deferred)
         if deferred[0]:                  # messages still in flight: keep what they may touch
-            _engine.keep_until_finalize(self._outs, self._staging, comm)
-        else:                            # freed on the next application call (never from __del__)
-            _engine.free_later(comm)
+            _engine.keep_until_finalize(self._outs, self._staging)
+        _engine.keep_until_finalize(comm)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            try:    # no MPI call here (any thread): the engine's next pass sends the report
-                self._report("dropped", "the collective was dropped without close() (garbage-collected, "
-                             "or left behind by an exception or sys.exit())", -1.0)
-            except Exception:       # noqa: BLE001 - __del__ must not raise
-                pass
+            _propagate.dropped(self)
             self._abandon()
 
     def __enter__(self) -> "PartialAllreduce":
@@ -827,12 +814,7 @@ class PartialAllreduce:
         if exc_type is None:
             self.close()
         else:
-            # close() is collective: running it while other ranks may not reach it would
-            # hang them; the exception propagates here, and the peers hear of it (PeerError).
-            try:
-                self._report(exc_type.__name__, _propagate.describe(exc[0]), _propagate.REPORT_SECONDS)
-            finally:
-                self._abandon()
+            _propagate.left(self, exc_type, exc[0])
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "

@@ -70,6 +70,26 @@ def report(exc_type: str, message: str, thread: Optional[int] = None) -> int:
     return told
 
 
+def left(coll, exc_type, exc: BaseException) -> None:
+    """A `with` block over coll was left by an exception: report it, and drop coll on this
+    rank. close() is collective: running it while other ranks may not reach it would hang
+    them; the exception propagates, and the peers hear of it (PeerError)."""
+    try:
+        coll._report(exc_type.__name__, describe(exc), REPORT_SECONDS)
+    finally:
+        coll._abandon()
+
+
+def dropped(coll) -> None:
+    """coll was dropped without close() (its __del__, on any thread: no MPI call here, the
+    engine's next pass sends the report)."""
+    try:
+        coll._report("dropped", "the collective was dropped without close() (garbage-collected, "
+                     "or left behind by an exception or sys.exit())", -1.0)
+    except Exception:       # noqa: BLE001 - __del__ must not raise
+        pass
+
+
 def describe(exc: BaseException) -> str:
     """The message a report carries for exc."""
     return str(exc) or repr(exc)

@@ -35,6 +35,16 @@ PEER_CODE = lib.PC_ERR_PEER
 _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 
 
+def peer_error_of(query, handle) -> Callable[[], Tuple[int, str, str]]:
+    """For a wait that the engine failed with a peer's report: () -> (rank, exception type,
+    message), from query (lib.pc_coll_peer_error, lib.pc_hop_peer_error) on handle."""
+    def peer_error() -> Tuple[int, str, str]:
+        rank, kind, msg = ffi.new("int *"), ffi.new("char[64]"), ffi.new("char[512]")
+        check(query(handle, rank, kind, 64, msg, 512))
+        return rank[0], ffi.string(kind).decode(errors="replace"), ffi.string(msg).decode(errors="replace")
+    return peer_error
+
+
 class Peers:
     """What a wait asks when it is slow: which peers failed, which were not heard from."""
 

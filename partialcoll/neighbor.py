@@ -40,17 +40,19 @@ has the worked example and the numbers.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Dict, List, Optional, Tuple, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine
+from . import _engine, _propagate
 from ._agree import agree
 from ._buffers import as_buffer
-from ._errors import ArgumentError, MPIError, PartialcollError, StateError, Timeout, as_timeout
-from ._status import TIMEOUT_CODE, Peers, check, wait_in_slices
+from ._errors import ArgumentError, MPIError, PartialcollError, PeerError, StateError, Timeout, as_timeout
+from ._status import TIMEOUT_CODE, Peers, check, peer_error_of, wait_in_slices
 from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import OP_NAMES, check_comm, check_op_dtype, dtype_code, integer, op_code
@@ -153,9 +155,12 @@ class NeighborAllreduce:
         except PartialcollError as exc:
             problem = exc
             sources, destinations = [], []
-        graph = agree(comm, "NeighborAllreduce", problem, params, (sources, destinations))
+        # rank 0's random number: the collective's identity in its peer-error reports
+        graph = agree(comm, "NeighborAllreduce", problem, params,
+                      (sources, destinations, int.from_bytes(os.urandom(8), "little")))
         assert params is not None                    # agree() raised on every rank otherwise
-        for r, (s_r, d_r) in enumerate(graph):      # every edge listed at both ends
+        self._ident: int = graph[0][2]
+        for r, (s_r, d_r, _) in enumerate(graph):   # every edge listed at both ends
             bad = ([(d, "sends to", "sources") for d in d_r if r not in graph[d][0]]
                    + [(s, "receives from", "destinations") for s in s_r if r not in graph[s][1]])
             if bad:
@@ -179,6 +184,8 @@ class NeighborAllreduce:
         self._pending: Dict[int, NeighborRequest] = {}    # posted, not yet taken; their out buffers
         self._build(comm, params)
         self._closed = False
+        self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
+        _propagate.register(self)
 
     # -- validation --------------------------------------------------------------------
     @staticmethod
@@ -228,6 +235,7 @@ class NeighborAllreduce:
         spec.backup, spec.max_staleness, spec.max_gap = self.backup, self.max_staleness or 0, self.max_gap or 0
         spec.depth, spec.weights = self.depth, getattr(lib, _WEIGHTS[self.weights])
         spec.dtype, spec.redop, spec.count = dtype_code(self.dtype), params["op"], self.count
+        spec.ident = self._ident
         # per call: (rank, iteration) x n_in, (updates, completed ns, early), entries of post and skip
         self._c_upd = ffi.new("int64_t[]", 2 * max(n_in, 1))
         self._c_info = ffi.new("int64_t[3]")
@@ -235,10 +243,10 @@ class NeighborAllreduce:
         self._comm = comm.Dup()                    # the collective's one communicator
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         handle = _engine.comm_handle(self._comm)
-        self._peers = Peers(handle, self.rank, lambda: ("", ()))
         out = ffi.new("pc_hop **")
         code = lib.pc_hop_create(spec, handle, out)
         self._h = out[0] if out[0] != ffi.NULL else None
+        self._peers = Peers(handle, self.rank, lambda: ("", ()), peer_error_of(lib.pc_hop_peer_error, self._h))
         if code:
             self._abandon()
             check(code)
@@ -323,6 +331,9 @@ class NeighborAllreduce:
         MPIError naming it; only then (backup workers may carry on without a dead peer)."""
         try:
             wait_in_slices(call, timeout, what=what)
+        except PeerError:
+            self._peers.raise_peer_error(what)       # with the peer's exception type and message
+            raise
         except (Timeout, MPIError):
             self._peers.check_failed(what)
             raise
@@ -331,6 +342,9 @@ class NeighborAllreduce:
         """check(code), naming a failed peer as _wait does."""
         try:
             check(code)
+        except PeerError:
+            self._peers.raise_peer_error(what)
+            raise
         except (Timeout, MPIError):
             self._peers.check_failed(what)
             raise
@@ -365,13 +379,23 @@ class NeighborAllreduce:
         beyond what was sent) and free the communicator. Pending requests are dropped."""
         self._check_open()
         timeout = as_timeout(rc.timeout if timeout is None else timeout, "close() timeout")
-        deadline = time.monotonic() + timeout if timeout is not None else None
-        ffi, lib, P = _engine.ffi, _engine.lib, self.size
         for req in self._pending.values():
             req._cancelled = True
         self._pending = {}
+        try:
+            self._close(timeout)
+        except PartialcollError as exc:  # after a peer's error at once; a Timeout tells the peers
+            if isinstance(exc, Timeout):
+                self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
+            self._abandon()
+            raise
+        self._free()
+
+    def _close(self, timeout: Optional[float]) -> None:
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        ffi, lib, P = _engine.ffi, _engine.lib, self.size
         last = ffi.new("int64_t *")
-        check(lib.pc_hop_close_begin(self._h, last))              # nothing arriving from now on is used
+        self._check(lib.pc_hop_close_begin(self._h, last), f"NeighborAllreduce.close() at rank {self.rank}")
         every_last = self._exchange(np.array([last[0]], np.int64), deadline)[:, 0].copy()
         posted = np.full(2 * P, -1, np.int64)                     # receives, then tokens, per rank
         check(lib.pc_hop_freeze(self._h, ffi.cast("int64_t *", every_last.ctypes.data),
@@ -380,7 +404,6 @@ class NeighborAllreduce:
         left = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
         code = lib.pc_hop_drain(self._h, ffi.cast("int64_t *", every.ctypes.data), left)
         self._check(code, f"NeighborAllreduce.close() at rank {self.rank}")
-        self._free()
 
     def _exchange(self, vec: np.ndarray, deadline: Optional[float]) -> np.ndarray:
         """Allgather vec over the graph's ranks (close()); the engine serves the neighbours
@@ -403,6 +426,7 @@ class NeighborAllreduce:
         engine withdraws what runs and frees it once drained; the communicator lives until
         then, or until finalize)."""
         closing, self._closed = not self._closed, True
+        _propagate.forget(self)
         if getattr(_engine, "lib", None) is None:
             return
         deferred = _engine.ffi.new("int *")
@@ -411,16 +435,23 @@ class NeighborAllreduce:
         self._h, comm, self._comm = None, getattr(self, "_comm", None), None
         if comm is None:
             return
-        if deferred[0]:
-            _engine.keep_until_finalize(comm)
-        elif closing and not self._abandoned:
-            comm.Free()
-        else:                                # freed on the next application call (never from __del__)
-            _engine.free_later(comm)
+        if closing and not self._abandoned and not deferred[0]:
+            comm.Free()                      # drained: nothing more arrives on it
+        else:                                # dropped: the neighbours' messages may still arrive
+            _engine.keep_until_finalize(comm)    # (and a freed context id goes to a later comm)
 
     def _abandon(self) -> None:
         self._abandoned = True
         self._free()
+
+    def _report(self, exc_type: str, message: str, seconds: float) -> int:
+        """Tell every rank of the graph that this rank failed with exc_type: message (as
+        PartialAllreduce._report): their calls on this collective raise PeerError."""
+        if self._closed or getattr(_engine, "lib", None) is None:
+            return 0
+        check(_engine.lib.pc_hop_abort(self._h, exc_type.encode(errors="replace")[:59],
+                                       message.encode(errors="replace")[:431], seconds))
+        return 1
 
     def _check_open(self) -> None:
         if self._closed:
@@ -428,6 +459,7 @@ class NeighborAllreduce:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
+            _propagate.dropped(self)
             self._abandon()
 
     def __enter__(self) -> "NeighborAllreduce":
@@ -439,7 +471,7 @@ class NeighborAllreduce:
         if exc_type is None:
             self.close()
         else:
-            self._abandon()
+            _propagate.left(self, exc_type, exc[0])
 
     def __repr__(self) -> str:
         return (f"NeighborAllreduce(count={self.count}, dtype={self.dtype}, sources={self.sources}, "

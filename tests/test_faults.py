@@ -101,7 +101,7 @@ def test_failed_receive_names_its_peer(mpirun, nprocs):
 PEER_FAULT = re.compile(r"FAULT rank=(\d+) case=(\w+) mode=(\w+) raised=(\w+) named=([\d,-]+) exc_type=(\S+) "
                         r"at=([\d.]+) close=(\S+) close_s=([\d.]+)")
 FAILING = re.compile(r"FAILING case=(\w+) at=([\d.]+)")
-MODES = ("solo", "majority", "probe", "quorum", "full")
+MODES = ("solo", "majority", "probe", "quorum", "full", "neighbor")    # neighbor: a NeighborAllreduce
 EXPECTED_TYPE = {"badbuf": "InvalidBufferError", "raise": "RuntimeError", "sigint": "KeyboardInterrupt",
                  "sigterm": "SIGTERM", "exit": "exit", "with": "RuntimeError", "thread": "RuntimeError", "drop": "dropped", "close": "Timeout"}
 
@@ -129,12 +129,13 @@ def check_peer_error(out, case, nprocs):
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
 @pytest.mark.parametrize("case", ["badbuf", "raise", "sigint", "sigterm", "exit"])
 def test_failure_reaches_every_peer(mpirun, case, nprocs):
-    """Rank 0 fails with the five collectives (one per mode) open, in a way that ends its
-    process: an uncaught InvalidBufferError or user exception, SIGINT, SIGTERM, sys.exit()
-    without close(). Every survivor raises PeerError naming rank 0 and what it raised, on
-    every collective, within 2 s; close() then raises at once; and the job ends by itself
-    under a plain mpiexec (sigterm: the rank dies of the signal, which makes MPICH's
-    mpiexec end the job unless -disable-auto-cleanup, so that run keeps going)."""
+    """Rank 0 fails with its six collectives (one per mode, and a NeighborAllreduce) open,
+    in a way that ends its process: an uncaught InvalidBufferError or user exception,
+    SIGINT, SIGTERM, sys.exit() without close(). Every survivor raises PeerError naming
+    rank 0 and what it raised, on every collective, within 2 s; close() then raises at
+    once; and the job ends by itself under a plain mpiexec (sigterm: the rank dies of the
+    signal, and MPICH's mpiexec kills a node's ranks once it reaps such a rank, so every
+    rank runs behind a thin parent and the job keeps going: peer_fails.behind_a_parent)."""
     out = mpirun("peer_fails.py", nprocs, case, keep_going=case == "sigterm", expect_passed=nprocs - 1,
                  timeout=90)
     check_peer_error(out, case, nprocs)

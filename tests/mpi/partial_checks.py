@@ -20,7 +20,7 @@ from _devices import KIND, on_buffers
 from _util import ARGS, expect_raises, run_module
 
 MODES = ARGS[0].split(",") if ARGS else ["solo"]
-ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 200
+ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 150
 COUNT = 5
 
 
@@ -42,7 +42,7 @@ def make(*args, **kwargs):
     return on_buffers(pc.PartialAllreduce(*args, **kwargs))
 
 
-def skewed_rounds(comm, coll, rounds, value_of, max_sleep=0.02):
+def skewed_rounds(comm, coll, rounds, value_of, max_sleep=0.01):
     """Post value_of(i) after a random sleep, wait; returns [(request, result, posted)]."""
     rng = np.random.default_rng(1000 + comm.rank)
     out = []

@@ -1,7 +1,7 @@
 """A rank that fails tells its peers: python peer_fails.py CASE (rank 0 fails; P >= 2)
 
-Every rank makes one collective per mode (solo, majority, probe, quorum, full) and posts
-and waits on each in turn. Rank 0 fails at iteration 3, after its posts to solo and
+Every rank makes one collective per mode (solo, majority, probe, quorum, full) and a
+NeighborAllreduce over a ring (mode "neighbor"), and posts and waits on each in turn. Rank 0 fails at iteration 3, after its posts to solo and
 majority, by CASE:
 
   badbuf   posts an int64 buffer to the float64 full collective: InvalidBufferError, uncaught
@@ -24,13 +24,13 @@ MPI_Finalize, which MPICH's survivors would wait for, so they leave with os._exi
 CASE ``inproc``: the failures that leave rank 0 running, one phase each, with fresh
 collectives (mpiexec's PARTIALCOLL_TIMEOUT: the wait timeout, 2 s in the tests):
 
-  with     rank 0 raises RuntimeError inside ``with`` blocks of all five collectives (it
+  with     rank 0 raises RuntimeError inside ``with`` blocks of all six collectives (it
            catches it outside): each __exit__ reports it; survivors raise PeerError
   thread   rank 0's collectives are made and used on a thread that dies of an exception:
            threading.excepthook reports on them: PeerError, RuntimeError
-  drop     rank 0 drops all five collectives without close() (the garbage collector
+  drop     rank 0 drops all six collectives without close() (the garbage collector
            abandons them; the engine's next pass sends the report): PeerError, "dropped"
-  close    rank 0 closes every collective early (close(timeout=1.5) on five threads) while
+  close    rank 0 closes every collective early (close(timeout=1.5) on six threads) while
            the survivors go on posting: their rounds complete (rank 0 is passive, closing),
            then rank 0's close() times out and reports Timeout: survivors raise PeerError
            (exc_type Timeout)
@@ -77,7 +77,7 @@ from mpi4py import MPI  # noqa: E402
 import partialcoll as pc  # noqa: E402
 
 CASE = sys.argv[1]
-MODES = ("solo", "majority", "probe", "quorum", "full")
+MODES = ("solo", "majority", "probe", "quorum", "full", "neighbor")   # neighbor: a NeighborAllreduce
 FAIL_AT = 3
 KEPT: list = []
 GIVE_UP = 20.0          # seconds: a survivor that has not seen every failure by then fails
@@ -86,15 +86,17 @@ EXC_TYPE = {"badbuf": "InvalidBufferError", "raise": "RuntimeError", "sigint": "
 
 
 def make(comm, mode):
+    if mode == "neighbor":      # each rank's two ring neighbours (one at P = 2)
+        return pc.NeighborAllreduce(4, np.float64, MPI.SUM, pc.ring_graph(comm))
     kw = {"candidates": 2} if mode == "probe" else {"quorum": max(1, comm.size - 1)} if mode == "quorum" else {}
     return pc.PartialAllreduce(4, np.float64, MPI.SUM, comm, mode=mode, seed=7, **kw)
 
 
-def opened(comm):
+def opened(comm, modes=MODES):
     """One collective per mode, each after one round on every rank (and a barrier: rank
     0's rounds may complete before a peer has waited for its own, and a wait after a
     peer's report raises PeerError even where its round had completed)."""
-    colls = {mode: make(comm, mode) for mode in MODES}
+    colls = {mode: make(comm, mode) for mode in modes}
     for coll in colls.values():
         coll.post(np.full(4, float(comm.rank))).wait()
     comm.Barrier()
@@ -189,7 +191,8 @@ def phase_with(comm):
     if comm.rank == 0:
         say(f"FAILING case=with at={time.time():.4f}")
         try:
-            with colls["solo"], colls["majority"], colls["probe"], colls["quorum"], colls["full"]:
+            with colls["solo"], colls["majority"], colls["probe"], colls["quorum"], colls["full"], \
+                    colls["neighbor"]:
                 raise RuntimeError("failed inside the with blocks")
         except RuntimeError:
             pass
@@ -253,7 +256,7 @@ def phase_close(comm):
 
 
 def phase_never(comm):
-    colls = opened(comm)
+    colls = opened(comm, MODES[:5])     # the partial modes: what goes on without a rank
     stalls = ("majority", "full")
     x = np.full(4, float(comm.rank))
     timeout = pc.rc.timeout
