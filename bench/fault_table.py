@@ -95,7 +95,7 @@ def failure_runs(case: str, p: int) -> tuple:
 def failure_table(mpi: str, cases, ps) -> None:
     """One row per way rank 0 fails, one column per mode: what the survivors raised (and
     the type they name), the range over survivors and P of the time from the failure."""
-    modes = ("solo", "majority", "probe", "quorum", "full")
+    modes = ("solo", "majority", "probe", "quorum", "full", "neighbor")   # neighbor: a NeighborAllreduce
     got: dict = {}
     jobs: dict = {}
     for case in cases:

@@ -15,5 +15,6 @@ def test_allreduce_every_op_dtype_count(mpirun, nprocs):
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_allreduce_large(mpirun, nprocs):
-    """count 2^20 + 3: every op x dtype, recursive doubling and ring, against MPI_Allreduce."""
+    """count 2^20 + 3: every dtype and every op (the small counts pair them all), recursive
+    doubling and ring, against MPI_Allreduce."""
     mpirun("allreduce_checks.py", nprocs, "--large", timeout=400)
