@@ -37,6 +37,11 @@ R = 1 + s + g receive slots per in-neighbour (g = max_gap, else 1, or 3 with bac
 workers; s = max_staleness or 0) and R send slots, each one update plus a 32-byte
 header: (1 + g) x |N_in| buffered updates with tokens alone, Hop's bound. docs/hop.md
 has the worked example and the numbers.
+
+A rank that fails with the collective open (an uncaught exception, SIGINT, SIGTERM,
+sys.exit(), an exception leaving its ``with`` block, dropping it, a close() that times
+out) tells every rank of the graph, as PartialAllreduce does: their pending and later
+calls raise PeerError naming it (docs/faults.md).
 """
 from __future__ import annotations
 
