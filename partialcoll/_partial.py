@@ -176,7 +176,7 @@ class PartialRequest:
     Test = test
 
 
-class PartialAllreduce:
+class PartialAllreduce(_propagate.Reporting):
     """A persistent partial allreduce over comm (created collectively).
 
     Args:
@@ -770,17 +770,9 @@ class PartialAllreduce:
                                      _engine.ffi.cast("int64_t *", sent.ctypes.data), self.size))
         return sent
 
-    def _report(self, exc_type: str, message: str, seconds: float) -> int:
-        """Tell every peer that this rank failed with exc_type: message (their calls on this
-        collective then raise PeerError); the collective cannot be used here after. 0 where
-        it is closed, else 1 (the engine sends nothing where a peer's report came first, or
-        after the final round). seconds: how long to wait for the messages to leave;
-        negative: no MPI call here, the engine's next pass sends them."""
-        if self._closed or getattr(_engine, "lib", None) is None:
-            return 0
-        check(_engine.lib.pc_coll_abort(self._coll, exc_type.encode(errors="replace")[:59],
-                                        message.encode(errors="replace")[:431], seconds))
-        return 1
+    def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:
+        if getattr(_engine, "lib", None) is not None:       # not at interpreter shutdown
+            check(_engine.lib.pc_coll_abort(self._coll, exc_type, message, seconds))
 
     def _abandon(self) -> None:
         """Drop the collective without the collective close(): this rank only. The engine
@@ -799,22 +791,6 @@ class PartialAllreduce:
         if deferred[0]:                  # messages still in flight: keep what they may touch
             _engine.keep_until_finalize(self._outs, self._staging)
         _engine.keep_until_finalize(comm)
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            _propagate.dropped(self)
-            self._abandon()
-
-    def __enter__(self) -> "PartialAllreduce":
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if self._closed:
-            return
-        if exc_type is None:
-            self.close()
-        else:
-            _propagate.left(self, exc_type, exc[0])
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "

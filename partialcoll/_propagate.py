@@ -34,9 +34,10 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TypeVar, cast
 
 REPORT_SECONDS = 1.0        # how long a report waits, in all, for its messages to leave
+_Self = TypeVar("_Self", bound="Reporting")
 
 _open: "weakref.WeakSet" = weakref.WeakSet()
 _installed = False
@@ -70,24 +71,56 @@ def report(exc_type: str, message: str, thread: Optional[int] = None) -> int:
     return told
 
 
-def left(coll, exc_type, exc: BaseException) -> None:
-    """A `with` block over coll was left by an exception: report it, and drop coll on this
-    rank. close() is collective: running it while other ranks may not reach it would hang
-    them; the exception propagates, and the peers hear of it (PeerError)."""
-    try:
-        coll._report(exc_type.__name__, describe(exc), REPORT_SECONDS)
-    finally:
-        coll._abandon()
+class Reporting:
+    """What PartialAllreduce and NeighborAllreduce share: a ``with`` block closes the
+    collective, or, left by an exception, reports it and drops the collective on this rank
+    (close() is collective: running it while other ranks may not reach it would hang them;
+    the exception propagates, and the peers hear of it: PeerError); dropped without
+    close(), it reports "dropped" (its __del__, on any thread: no MPI call there, the
+    engine's next pass sends the report). Subclasses give _abort (the engine's pc_*_abort),
+    _abandon and close."""
 
+    _closed: bool
 
-def dropped(coll) -> None:
-    """coll was dropped without close() (its __del__, on any thread: no MPI call here, the
-    engine's next pass sends the report)."""
-    try:
-        coll._report("dropped", "the collective was dropped without close() (garbage-collected, "
-                     "or left behind by an exception or sys.exit())", -1.0)
-    except Exception:       # noqa: BLE001 - __del__ must not raise
-        pass
+    def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:
+        raise NotImplementedError
+
+    def _abandon(self) -> None:
+        raise NotImplementedError
+
+    def _report(self, exc_type: str, message: str, seconds: float) -> int:
+        """Tell every peer that this rank failed with exc_type: message (their calls on this
+        collective then raise PeerError); the collective cannot be used here after. 0 where
+        it is closed, else 1 (the engine sends nothing where a peer's report came first, or
+        after the final round). seconds: how long to wait for the messages to leave;
+        negative: no MPI call here, the engine's next pass sends them."""
+        if self._closed:
+            return 0
+        self._abort(exc_type.encode(errors="replace")[:59], message.encode(errors="replace")[:431], seconds)
+        return 1
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self._report("dropped", "the collective was dropped without close() (garbage-collected, "
+                             "or left behind by an exception or sys.exit())", -1.0)
+            except Exception:       # noqa: BLE001 - __del__ must not raise
+                pass
+            self._abandon()
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
+            cast(Any, self).close()
+            return
+        try:
+            self._report(exc_type.__name__, describe(exc[0]), REPORT_SECONDS)
+        finally:
+            self._abandon()
 
 
 def describe(exc: BaseException) -> str:

@@ -24,24 +24,15 @@ up to J iterations without computing them, sending "skip" updates (Hop §5).
 weights="mean" divides the SUM by the updates used, "staleness" weights an update of
 iteration m in iteration k by 1 / (1 + k - m); None reduces with `op` alone.
 
-How it runs: in the engine (native/hop.c), progressed by the progress thread like every
-other collective, on one duplicate of the graph communicator. The engine receives each
-update into a slot, checks and keeps or drops it, reposts the slot, counts and grants
-tokens, and completes iteration k as soon as enough in-neighbours are ready, reducing
-into the request's result buffer while the application computes. This module validates
-and agrees on the arguments, enters iterations (post, skip), takes results (wait) and
-runs close(): the ranks exchange how far they got and the receives they posted, the
-engine sends "filler" messages for receives posted beyond what was sent and drains every
-channel, so nothing stays posted. Up to R = depth requests may be outstanding; memory is
-R = 1 + s + g receive slots per in-neighbour (g = max_gap, else 1, or 3 with backup
-workers; s = max_staleness or 0) and R send slots, each one update plus a 32-byte
-header: (1 + g) x |N_in| buffered updates with tokens alone, Hop's bound. docs/hop.md
-has the worked example and the numbers.
-
-A rank that fails with the collective open (an uncaught exception, SIGINT, SIGTERM,
-sys.exit(), an exception leaving its ``with`` block, dropping it, a close() that times
-out) tells every rank of the graph, as PartialAllreduce does: their pending and later
-calls raise PeerError naming it (docs/faults.md).
+How it runs: in the engine (native/hop.c, docs/hop.md), progressed by the progress
+thread, on one duplicate of the graph communicator: it keeps or drops each update,
+counts and grants tokens, and completes iteration k once enough in-neighbours are ready,
+reducing into the request's result while the application computes. This module agrees
+on the arguments, enters iterations (post, skip), takes results (wait) and runs close()
+(fillers for receives posted beyond what was sent; every channel drained). Up to
+R = depth = 1 + s + g requests may be outstanding (g = max_gap, else 1, or 3 with backup
+workers; s = max_staleness or 0), with R receive slots per in-neighbour. A rank that
+fails with it open tells every rank of the graph: their calls raise PeerError.
 """
 from __future__ import annotations
 
@@ -133,7 +124,7 @@ class NeighborRequest:
     Test = test
 
 
-class NeighborAllreduce:
+class NeighborAllreduce(_propagate.Reporting):
     """A persistent neighbour allreduce over a distributed-graph communicator (collective)."""
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
@@ -332,21 +323,14 @@ class NeighborAllreduce:
         return int(done[0])
 
     def _wait(self, call, timeout: Optional[float], what: str) -> None:
-        """wait_in_slices(call): where it fails, a peer the MPI reports as failed is an
-        MPIError naming it; only then (backup workers may carry on without a dead peer)."""
-        try:
-            wait_in_slices(call, timeout, what=what)
-        except PeerError:
-            self._peers.raise_peer_error(what)       # with the peer's exception type and message
-            raise
-        except (Timeout, MPIError):
-            self._peers.check_failed(what)
-            raise
+        self._check(None, what, lambda: wait_in_slices(call, timeout, what=what))
 
-    def _check(self, code: int, what: str) -> None:
-        """check(code), naming a failed peer as _wait does."""
+    def _check(self, code: Optional[int], what: str, run=None) -> None:
+        """check(code), or run(): a peer's report raises PeerError with its exception type;
+        where it fails otherwise, a peer the MPI reports as failed is an MPIError naming it
+        (only then: backup workers may carry on without a dead peer)."""
         try:
-            check(code)
+            run() if run is not None else check(cast(int, code))
         except PeerError:
             self._peers.raise_peer_error(what)
             raise
@@ -449,34 +433,13 @@ class NeighborAllreduce:
         self._abandoned = True
         self._free()
 
-    def _report(self, exc_type: str, message: str, seconds: float) -> int:
-        """Tell every rank of the graph that this rank failed with exc_type: message (as
-        PartialAllreduce._report): their calls on this collective raise PeerError."""
-        if self._closed or getattr(_engine, "lib", None) is None:
-            return 0
-        check(_engine.lib.pc_hop_abort(self._h, exc_type.encode(errors="replace")[:59],
-                                       message.encode(errors="replace")[:431], seconds))
-        return 1
+    def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:
+        if getattr(_engine, "lib", None) is not None:       # not at interpreter shutdown
+            check(_engine.lib.pc_hop_abort(self._h, exc_type, message, seconds))
 
     def _check_open(self) -> None:
         if self._closed:
             raise StateError("this NeighborAllreduce is closed")
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            _propagate.dropped(self)
-            self._abandon()
-
-    def __enter__(self) -> "NeighborAllreduce":
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if self._closed:
-            return
-        if exc_type is None:
-            self.close()
-        else:
-            _propagate.left(self, exc_type, exc[0])
 
     def __repr__(self) -> str:
         return (f"NeighborAllreduce(count={self.count}, dtype={self.dtype}, sources={self.sources}, "
