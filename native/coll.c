@@ -415,8 +415,7 @@ static void coll_peer_failed(pc_coll *c)
 {
     c->peer_heard = 0;
     c->errpeer = c->rep.peer.rank;
-    snprintf(c->errmsg, sizeof c->errmsg, "rank %d failed with %s: %s (this is rank %d)", c->rep.peer.rank,
-             c->rep.peer.type, c->rep.peer.message, c->rank);
+    report_describe(&c->rep, c->rank, c->errmsg, sizeof c->errmsg);
     STORE(c->err, PC_ERR_PEER);
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
     note_event();

@@ -368,8 +368,7 @@ static int hop_poll(pc_unit *u)
     if (!report_heard(&h->rep)) return 0;
     if (h->err || h->rep.made) return 1;
     char msg[sizeof h->errmsg];
-    snprintf(msg, sizeof msg, "rank %d failed with %s: %s (this is rank %d)", h->rep.peer.rank,
-             h->rep.peer.type, h->rep.peer.message, h->rank);
+    report_describe(&h->rep, h->rank, msg, sizeof msg);
     hop_error(h, PC_ERR_PEER, h->rep.peer.rank, msg);
     note_event();
     return 1;

@@ -123,6 +123,7 @@ int report_make(pc_report *r, int rank, const char *type, const char *message); 
 void report_deaf(pc_report *r, int cancel);  /* stop listening (cancel: the comm may be freed) */
 void report_send(pc_report *r, int64_t upto, int cancel);  /* deaf, then the report to every peer */
 int report_heard(pc_report *r);              /* [pass] 1: a peer's report is in r->peer */
+void report_describe(const pc_report *r, int rank, char *buf, size_t len);  /* its error message */
 void report_free(pc_report *r);              /* no MPI call */
 
 /* ------------------------------------------------------------------ units */

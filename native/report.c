@@ -50,6 +50,13 @@ int report_heard(pc_report *r)
     return 1;
 }
 
+/* the collective's error message for the report heard (this is rank `rank`) */
+void report_describe(const pc_report *r, int rank, char *buf, size_t len)
+{
+    snprintf(buf, len, "rank %d failed with %s: %s (this is rank %d)", r->peer.rank, r->peer.type,
+             r->peer.message, rank);
+}
+
 /* the sends: eager everywhere (512 bytes), but a network may need MPI progress */
 void report_flush(pc_unit *u, pc_report *r, double timeout_s)
 {
