@@ -279,7 +279,7 @@ int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */
 int coll_maybe_trigger(pc_coll *c);
 
 /* ------------------------------------------------------------------ engine (progress.c) */
-enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2 };
+enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2, SLEEP_ASIDE = 3 };
 typedef struct {
     pthread_mutex_t lock, wmtx, dmtx;
     pthread_cond_t work;     /* (wmtx) the progress thread's sleep */
@@ -291,6 +291,7 @@ typedef struct {
     int sleeping;            /* (wmtx) SLEEP_* */
     double nap_until_us;     /* (wmtx) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
+    int64_t app_left_us;     /* when one last left such a wait (atomic) */
     int64_t pass_since_us;   /* the progress thread's pass began then; 0 between passes (atomic) */
     int conds_ready;
     pc_idle_policy policy;   /* written at start; poll_armed atomic */

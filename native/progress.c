@@ -200,12 +200,23 @@ void wake(void)
     pthread_mutex_unlock(&E.wmtx);
 }
 
-static void wake_lazy(void)
+/* An application thread left a wait() within the last spin_us: it runs a loop of
+ * posts and waits, and its next wait() progresses inline. */
+static int app_in_loop(void)
+{
+    return now_us() - (double)LOAD(E.app_left_us) < E.policy.spin_us;
+}
+
+/* Wake the progress thread if it sleeps for longer than sleep_max_us; where it stands
+ * aside for a polling application thread, only for a large message (flags SF_BUSY):
+ * that one needs polling while the application computes. */
+static void wake_lazy(int flags)
 {
     pthread_mutex_lock(&E.wmtx);
     E.kicked = 1;
-    if (!E.threaded || E.sleeping == SLEEP_PARKED
-        || (E.sleeping == SLEEP_NAP && E.nap_until_us - now_us() > E.policy.sleep_max_us))
+    double left = E.sleeping == SLEEP_NAP || E.sleeping == SLEEP_ASIDE ? E.nap_until_us - now_us() : 0;
+    if (!E.threaded || E.sleeping == SLEEP_PARKED || (E.sleeping == SLEEP_NAP && left > E.policy.sleep_max_us)
+        || (E.sleeping == SLEEP_ASIDE && left > E.policy.sleep_max_us && (flags & SF_BUSY)))
         pthread_cond_signal(&E.work);
     pthread_mutex_unlock(&E.wmtx);
 }
@@ -222,8 +233,9 @@ static void wake_lazy(void)
 void kick_lazy(void)
 {
     note_event();
-    if (E.threaded && !(engine_flags() & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) return;
-    wake_lazy();
+    int flags = E.threaded ? engine_flags() : 0;
+    if (E.threaded && !(flags & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) return;
+    wake_lazy(flags);
 }
 
 /* The kick of a post that starts a round for others: wake the progress thread at once,
@@ -231,8 +243,10 @@ void kick_lazy(void)
 void kick_eager(void)
 {
     note_event();
-    if (E.threaded && !(engine_flags() & SF_INFLIGHT)) return;
-    wake();
+    int flags = E.threaded ? engine_flags() : 0;
+    if (E.threaded && !(flags & SF_INFLIGHT)) return;
+    if (app_in_loop()) wake_lazy(flags);       /* its wait() follows at once */
+    else wake();
 }
 
 static int take_kick(void)
@@ -248,7 +262,7 @@ static int take_kick(void)
 static __thread int on_progress_thread;
 
 /* Sleep until kicked or for us microseconds (us < 0: until kicked). No lock held. */
-static void sleep_for_kick(double us)
+static void sleep_as(double us, int how)
 {
     int me = on_progress_thread;
     pthread_mutex_lock(&E.wmtx);
@@ -258,7 +272,7 @@ static void sleep_for_kick(double us)
             pthread_cond_wait(&E.work, &E.wmtx);
         } else {
             struct timespec ts;
-            if (me) { E.sleeping = SLEEP_NAP; E.nap_until_us = now_us() + us; }
+            if (me) { E.sleeping = how; E.nap_until_us = now_us() + us; }
             abs_deadline(&ts, us);
             pthread_cond_timedwait(&E.work, &E.wmtx, &ts);
         }
@@ -267,6 +281,8 @@ static void sleep_for_kick(double us)
     E.kicked = 0;            /* a kick ends one sleep */
     pthread_mutex_unlock(&E.wmtx);
 }
+
+static void sleep_for_kick(double us) { sleep_as(us, SLEEP_NAP); }
 
 void notify_done(void)
 {
@@ -332,11 +348,14 @@ static void *progress_main(void *arg)
     for (;;) {
         if (LOAD(E.stop)) break;
         idle_sample();
-        if (LOAD(E.app_polling) > 0) {
-            /* an application thread is polling in wait(): stay off its core (polling, wait
-             * awake, so it takes over without a wake-up) */
+        if (LOAD(E.app_polling) > 0 || app_in_loop()) {
+            /* an application thread is polling in wait(), or left one spin_us ago (a loop of
+             * post and wait): stay off its core (polling, wait awake, so it takes over
+             * without a wake-up; else stand aside for 5 sleep_max_us: on a node without a
+             * core to spare, each wake-up of this thread preempts a rank's application
+             * thread, and its peers wait for it) */
             if (idle_poll()) sched_yield();
-            else sleep_for_kick(E.policy.sleep_max_us);
+            else sleep_as(5 * E.policy.sleep_max_us, SLEEP_ASIDE);
             idle_reset(&st);
             continue;
         }
@@ -488,11 +507,14 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         double idle = now - st.idle_since;
         int64_t pass_since = LOAD(E.pass_since_us);
         int stuck = pass_since > 0 && now - (double)pass_since > E.policy.sleep_max_us;
-        if (idle < E.policy.spin_us || (idle_poll() && idle < idle_spin_bound_us())) {
-            /* spin phase: progress here, sparing the hand-off to the progress thread */
+        if (idle < E.policy.spin_us + E.policy.yield_us || (idle_poll() && idle < idle_spin_bound_us())) {
+            /* spin phase: progress here, sparing the hand-off to the progress thread;
+             * yield now and then, and on every pass after spin_us: a peer's thread (or
+             * this rank's progress thread) waiting for this core gets it at once, where a
+             * thread that only spins keeps it for a whole time slice */
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_pass()) idle_reset(&st);
-            else if ((++st.spins & 63) == 0) sched_yield();
+            else if ((++st.spins & 7) == 0 || idle >= E.policy.spin_us) sched_yield();
             continue;
         }
         if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
@@ -510,6 +532,10 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         pthread_mutex_unlock(&E.dmtx);
     }
     /* the progress thread takes over: at once if it is parked, else when its nap ends */
-    if (polling) { __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake_lazy(); }
+    if (polling) {
+        STORE(E.app_left_us, (int64_t)now_us());
+        __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST);
+        wake_lazy(engine_flags());
+    }
     return rc;
 }

@@ -71,6 +71,10 @@ def _wait1(c, index, out, res, seconds):
 
 
 _ndarray = np.ndarray
+_post1 = _engine.lib.pc_coll_post1
+_pc_wait1 = _engine.lib.pc_coll_wait1
+_unpack = _engine.ffi.unpack
+_NO_FB = (object(), None, None, _engine.ffi.NULL, None)    # PartialAllreduce._fb: no host post to repeat
 _new_result = object.__new__
 _NULL = _engine.ffi.NULL
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
@@ -154,21 +158,21 @@ class PartialRequest:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         result = self._result
         if result is None:
-            if timeout is None:
-                timeout = _rc_values["timeout"]
-            elif type(timeout) is not float or timeout != timeout:
+            if timeout is not None and (type(timeout) is not float or timeout != timeout):
                 timeout = as_timeout(timeout, "wait()'s timeout")
             coll = self._coll
-            coll._waiting.append(None)    # the ownership rule: see PartialAllreduce
+            waiting = coll._waiting
+            waiting.append(None)          # the ownership rule: see PartialAllreduce
             try:
                 if coll._closing:
                     coll._check_not_closing()
                 if self._on_device:
-                    result = coll._take(self._out, self.index, timeout, True)
+                    result = coll._take(self._out, self.index, _rc_values["timeout"] if timeout is None else timeout,
+                                        True)
                 else:
                     result = coll._take_host(self._out, self._fout, self.index, timeout)
             finally:
-                coll._waiting.pop()
+                waiting.pop()
             self._result = result
         return result
 
@@ -311,7 +315,11 @@ class PartialAllreduce(_propagate.Reporting):
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
         self._outs: Dict[int, Buffer] = {}   # post index -> its out= buffer, while the engine may use it
-        self._fb: tuple = (None, None, None, None)    # x, its cffi view, out, its view (post)
+        # the last host post's x, its cffi view, out (or None), its view (or NULL), the native
+        # collective; out is kept alive by this while the engine may use it; _fb_index: the
+        # last post's index
+        self._fb: tuple = _NO_FB
+        self._fb_index = -1
         self._build(comm)
         self._closed = False
         self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
@@ -396,6 +404,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._slot_mask_len = self._mask_len + (lib.PC_TIME_FIELDS * self.size * self.size if timed else 0)
         self._res_len = 7 + self._mask_len                       # pc_coll_wait1's res
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
+        self._res_used = 7 + 2 * self._mask_words                # ... of which a result reads these
         self._res_pool: list = []
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
@@ -514,50 +523,29 @@ class PartialAllreduce(_propagate.Reporting):
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
         or where x lives when out is None.
         """
-        if self._serves_only:
-            raise ArgumentError(f"rank {self.rank} is a dedicated server (not in workers={self.workers}): "
-                                f"it never posts")
-        if type(x) is _ndarray and (out is None or type(out) is _ndarray):
-            # host arrays: the small-message path (bench/small.py), checked cheaply
-            c = self._coll
-            if self._closed:
-                raise StateError("this PartialAllreduce is closed")
-            # The cffi views of the last x and out are kept, with the arrays: a loop posts
-            # the same arrays, which were checked when they were first seen (an array's
-            # memory cannot move while a view of it exists).
-            fb = self._fb
-            if fb[0] is x:
-                fx = fb[1]
-            else:
-                if not (x.dtype == self.dtype and x.size == self.count and x.flags.c_contiguous):
-                    x = self._check_input(x, "post buffer", writable=False)
-                fx = _engine.ffi.from_buffer(x)
-                self._fb = fb = (x, fx, fb[2], fb[3])
-            if out is None:
-                fout = None
-            else:
-                if fb[2] is out:
-                    fout = fb[3]
-                else:
-                    flags = out.flags
-                    if not (out.dtype == self.dtype and out.size == self.count and flags.c_contiguous
-                            and flags.writeable):
-                        out = self._check_input(out, "out buffer", writable=True)
-                    fout = _engine.ffi.from_buffer(out)
-                    self._fb = (fb[0], fb[1], out, fout)
-            self._last_on_device = False
-            if self._staging is not None:
-                self._staging.pending_valid = False
-            r = _engine.lib.pc_coll_post1(c, fx, _NULL if fout is None else fout)
+        fb = self._fb
+        if fb[0] is x and fb[2] is out:
+            # the host arrays of the last post, checked then (an array's memory cannot move
+            # while a cffi view of it exists): the small-message path, bench/small.py
+            r = _post1(fb[4], fb[1], fb[3])
             if r < 0:
                 self._check_post(-r)
             index = r >> 1
-            if out is not None:                           # _keep_out, inlined
-                outs = self._outs
-                outs[index] = out
-                if len(outs) > 4:
-                    self._keep_out(index, out)
-            return PartialRequest(self, index, (r & 1) == 1, out, False, fout)
+            self._fb_index = index
+            return PartialRequest(self, index, (r & 1) == 1, out, False, fb[3])
+        if self._serves_only:
+            raise ArgumentError(f"rank {self.rank} is a dedicated server (not in workers={self.workers}): "
+                                f"it never posts")
+        if type(x) is _ndarray and (out is None or type(out) is _ndarray) and self._staging is None:
+            # host arrays: check them, keep them with their cffi views in _fb, post on the path above
+            c = self._native_coll()
+            x = self._check_input(x, "post buffer", writable=False)
+            if out is not None:
+                out = self._check_input(out, "out buffer", writable=True)
+            ffi = _engine.ffi
+            self._forget_fb(out)
+            self._fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c)
+            return self.post(x, out)
         c = self._native_coll()
         xdev = _device.backend_of(x)
         odev = None if out is None else _device.backend_of(out)
@@ -614,8 +602,16 @@ class PartialAllreduce(_propagate.Reporting):
             for i in [i for i, o in outs.items() if i != index and o.ctypes.data not in held]:
                 del outs[i]
 
+    def _forget_fb(self, out=None) -> None:
+        """Post no more through _fb; its out (unless it is out) goes to _outs, as the engine
+        may still run the last post's round in it."""
+        earlier, self._fb = self._fb[2], _NO_FB
+        if earlier is not None and earlier is not out:
+            self._keep_out(self._fb_index, earlier)
+
     def _staging_for(self, backend, like) -> _device.Staging:
         if self._staging is None:
+            self._forget_fb()            # host posts now go through the staging's bookkeeping
             self._staging = _device.Staging(backend, like, self.count, self.dtype, op_code(self.op))
         elif self._staging.backend is not backend:
             raise InvalidBufferError("this allreduce already stages through another array library")
@@ -659,36 +655,32 @@ class PartialAllreduce(_propagate.Reporting):
 
     def _take_host(self, out, fout, index: int, timeout: Optional[float]) -> Result:
         """_take for host buffers, with one engine call when the round completes within
-        the first slice of the wait (the small-message path)."""
+        the first slice of the wait (the small-message path). timeout None: rc.timeout."""
         c = self._coll
-        if self._closed:
+        if c is None:
             raise StateError("this PartialAllreduce is closed")
-        ffi = _engine.ffi
         if out is None:
             out = np.empty(self.count, self.dtype)
-            fout = ffi.from_buffer(out)
-        elif fout is None:
-            fout = ffi.from_buffer(out)
+            fout = _engine.ffi.from_buffer(out)
         pool = self._res_pool                    # list.pop/append: safe across threads
         try:
             res = pool.pop()
         except IndexError:
-            res = ffi.new(self._res_type)
-        # wait() passes a float (or None): the first slice without builtin calls
-        first = _SLICE if timeout is None or timeout >= _SLICE else max(float(timeout), 0.0)
-        code = _engine.lib.pc_coll_wait1(c, index, first, fout, res)
+            res = _engine.ffi.new(self._res_type)
+        first = _SLICE if timeout is None or timeout >= _SLICE else max(timeout, 0.0)
+        code = _pc_wait1(c, index, first, fout, res)
         if code:
             if code != TIMEOUT_CODE:
                 check_round(code, self._peers, f"round {index}")
             # not done within the first slice: wait out the rest of the timeout in slices
-            left = None if timeout is None else max(float(timeout) - first, 0.0)
-            wait_in_slices(_wait1, left, c, index, fout, res, shown=timeout, peers=self._peers,
-                           what=f"round {index}")
+            if timeout is None:
+                timeout = _rc_values["timeout"]
+            wait_in_slices(_wait1, max(float(timeout) - first, 0.0), c, index, fout, res, shown=timeout,
+                           peers=self._peers, what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
-        w = self._mask_words                     # the active and closing bits: res[7 : 7 + 2 W]
-        v = ffi.unpack(res, 7 + 2 * w)           # one C call, then list indexing
-        key = (v[7], v[8]) if w == 1 else tuple(v[7:])
+        v = _unpack(res, self._res_used)         # one C call, then list indexing
+        key = (v[7], v[8]) if self._mask_words == 1 else tuple(v[7:])   # the active and closing bits
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
         r = _new_result(Result)
@@ -757,7 +749,7 @@ class PartialAllreduce(_propagate.Reporting):
         assert comm is not None           # cleared only by _abandon(), which marks it closed
         comm.Free()
         self._outs = {}
-        self._fb = (None, None, None, None)
+        self._fb = _NO_FB
         return result
 
     def traffic(self) -> np.ndarray:
@@ -783,13 +775,14 @@ class PartialAllreduce(_propagate.Reporting):
         self._stop_balancer()            # before the engine may free what it reads
         coll, self._coll, self._closed = getattr(self, "_coll", None), None, True
         comm, self._comm = getattr(self, "_comm", None), None
+        fb, self._fb = getattr(self, "_fb", _NO_FB), _NO_FB
         if getattr(_engine, "lib", None) is None:      # interpreter shutdown
             return
         deferred = _engine.ffi.new("int *")
         if coll is not None:
             _engine.lib.pc_coll_abandon(coll, deferred)
         if deferred[0]:                  # messages still in flight: keep what they may touch
-            _engine.keep_until_finalize(self._outs, self._staging)
+            _engine.keep_until_finalize(self._outs, self._staging, fb[2])
         _engine.keep_until_finalize(comm)
 
     def __repr__(self) -> str:
