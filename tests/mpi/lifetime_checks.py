@@ -8,6 +8,10 @@
    there (which waited for ranks that never close): the exception propagates at once.
 3. Schedules dropped while running, and a thousand dropped idle ones: nothing leaks
    into later executions, and the duplicated communicators are freed.
+4. post() repeats the last host arrays without checking them again: an out= buffer the
+   caller dropped while its round was in flight stays alive when the next post switches
+   to another one, and the same arrays posted after close() or after an abandoning
+   exception raise StateError.
 """
 from __future__ import annotations
 
@@ -104,6 +108,40 @@ def test_dropped_schedules(comm):
         for _ in range(3):
             s.start().wait(timeout=30)
             assert np.array_equal(got, np.full(5, float((r - 1) % p))), got
+
+
+def test_repeated_arrays(comm):
+    n = 512                               # 2 KiB: freed memory is reused by the next arrays
+    x = np.arange(n, dtype=np.float32) + comm.rank
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect, op=MPI.SUM)
+    coll = pc.PartialAllreduce(n, np.float32, MPI.SUM, comm, mode="full")
+    y = np.empty_like(x)
+    for _ in range(3):
+        assert np.array_equal(coll.post(x, out=y).wait(timeout=60).data, expect)
+    if comm.rank == 0:
+        time.sleep(0.3)                   # the other ranks' round runs while they go on
+    coll.post(x, out=y)                   # request and y dropped while the round runs in y
+    del y
+    gc.collect()
+    y2 = np.empty_like(x)
+    req = coll.post(x, out=y2)            # switches out: the engine may still write the old y
+    junk = [np.full(n, 7, np.float32) for _ in range(64)]
+    assert np.array_equal(req.wait(timeout=60).data, expect)
+    assert all((j == 7).all() for j in junk), "a round wrote into memory the caller had freed"
+    assert np.array_equal(coll.post(x, out=y2).wait(timeout=60).data, expect)
+    coll.close(timeout=60)
+    expect_raises(pc.StateError, coll.post, x, y2, match="closed")
+    coll = pc.PartialAllreduce(n, np.float32, MPI.SUM, comm, mode="solo")
+    try:
+        with coll:
+            coll.post(x, out=y2).wait(timeout=60)
+            comm.Barrier()                # every rank's round is over before any abandons
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    expect_raises(pc.StateError, coll.post, x, y2, match="closed")
+    comm.Barrier()
 
 
 if __name__ == "__main__":
