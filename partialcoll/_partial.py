@@ -662,6 +662,8 @@ class PartialAllreduce(_propagate.Reporting):
         if out is None:
             out = np.empty(self.count, self.dtype)
             fout = _engine.ffi.from_buffer(out)
+        elif fout is None:                       # a request of the device path's host out
+            fout = _engine.ffi.from_buffer(out)
         pool = self._res_pool                    # list.pop/append: safe across threads
         try:
             res = pool.pop()
