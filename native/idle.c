@@ -205,6 +205,13 @@ int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus)
     return PC_OK;
 }
 
+/* Has each rank of the node a CPU for its application thread? Then a thread in wait()
+ * may yield its core for a while before it sleeps: no rank computes on that core. */
+int idle_core_each(void)
+{
+    return LOAD(I.node_known) && LOAD(I.node_ranks) <= LOAD(I.node_cpus);
+}
+
 /* ------------------------------------------------------------------ interference */
 typedef struct { double t; int64_t run, wait, throttled; } sample;
 static __thread sample prev;

@@ -207,6 +207,14 @@ static int app_in_loop(void)
     return now_us() - (double)LOAD(E.app_left_us) < E.policy.spin_us;
 }
 
+/* The progress thread stands aside for application threads that poll (see
+ * progress_main) where each rank of the node has a core for its application thread;
+ * where ranks share cores, it naps as in its other sleeps. */
+static int stand_aside(void)
+{
+    return idle_core_each();
+}
+
 /* Wake the progress thread if it sleeps for longer than sleep_max_us; where it stands
  * aside for a polling application thread, only for a large message (flags SF_BUSY):
  * that one needs polling while the application computes. */
@@ -245,7 +253,7 @@ void kick_eager(void)
     note_event();
     int flags = E.threaded ? engine_flags() : 0;
     if (E.threaded && !(flags & SF_INFLIGHT)) return;
-    if (app_in_loop()) wake_lazy(flags);       /* its wait() follows at once */
+    if (stand_aside() && app_in_loop()) wake_lazy(flags);      /* its wait() follows at once */
     else wake();
 }
 
@@ -348,14 +356,15 @@ static void *progress_main(void *arg)
     for (;;) {
         if (LOAD(E.stop)) break;
         idle_sample();
-        if (LOAD(E.app_polling) > 0 || app_in_loop()) {
+        if (LOAD(E.app_polling) > 0 || (stand_aside() && app_in_loop())) {
             /* an application thread is polling in wait(), or left one spin_us ago (a loop of
              * post and wait): stay off its core (polling, wait awake, so it takes over
-             * without a wake-up; else stand aside for 5 sleep_max_us: on a node without a
-             * core to spare, each wake-up of this thread preempts a rank's application
-             * thread, and its peers wait for it) */
+             * without a wake-up; else nap; where each rank has a core but the progress
+             * threads have none, stand aside for 5 sleep_max_us: each wake-up of this
+             * thread preempts a rank's application thread, and its peers wait for it) */
             if (idle_poll()) sched_yield();
-            else sleep_as(5 * E.policy.sleep_max_us, SLEEP_ASIDE);
+            else if (stand_aside()) sleep_as(5 * E.policy.sleep_max_us, SLEEP_ASIDE);
+            else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
         }
@@ -495,6 +504,9 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     idle_state st;
     idle_reset(&st);
     int polling = 0, rc = PC_OK;
+    /* where each rank of the node has a core, yield it on every pass for yield_us more
+     * before sleeping; else a rank that computes may need it: sleep after spin_us */
+    double yield_until = E.policy.spin_us + (idle_core_each() ? E.policy.yield_us : 0);
     while (!pred(arg)) {
         if (!LOAD(E.started)) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
         double now = now_us();
@@ -507,7 +519,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         double idle = now - st.idle_since;
         int64_t pass_since = LOAD(E.pass_since_us);
         int stuck = pass_since > 0 && now - (double)pass_since > E.policy.sleep_max_us;
-        if (idle < E.policy.spin_us + E.policy.yield_us || (idle_poll() && idle < idle_spin_bound_us())) {
+        if (idle < yield_until || (idle_poll() && idle < idle_spin_bound_us())) {
             /* spin phase: progress here, sparing the hand-off to the progress thread;
              * yield now and then, and on every pass after spin_us: a peer's thread (or
              * this rank's progress thread) waiting for this core gets it at once, where a
