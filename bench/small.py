@@ -10,6 +10,11 @@ is averaged over the block, the block's value is the slowest rank's, and the med
 `--blocks` blocks is reported, with the ratio to MPI_Allreduce. Results are checked
 against MPI_Allreduce (values that differ per rank and per call).
 
+--rounds N then times N single calls of each peer, one after the other, and prints the
+distribution of one call's time on rank 0 (median, p90, p99, p99.9) and the share of the
+loop's time spent in calls over 15 us: a mean per block hides whether it is a slower
+typical call or a few very slow ones.
+
 Rank 0 prints; --json FILE writes the rows.
 """
 from __future__ import annotations
@@ -25,6 +30,18 @@ from mpi4py import MPI
 import partialcoll as pc
 
 
+def single_calls(comm, fn, rounds):
+    """The time of each of `rounds` single calls of fn's body (us), after a barrier."""
+    ts = np.empty(rounds)
+    clock = time.perf_counter_ns
+    comm.Barrier()
+    for i in range(rounds):
+        t = clock()
+        fn(1)
+        ts[i] = (clock() - t) / 1e3
+    return ts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-b", "--blocks", type=int, default=5)
@@ -32,6 +49,7 @@ def main():
     ap.add_argument("-n", "--count", type=int, default=2, help="float32 elements (default 2: 8 B)")
     ap.add_argument("--modes", default="full,solo")
     ap.add_argument("--rc", default="", help="partialcoll.rc options KEY=VALUE,...")
+    ap.add_argument("--rounds", type=int, default=0, help="then time this many single calls of each peer")
     ap.add_argument("--json")
     args = ap.parse_args()
     for kv in filter(None, args.rc.split(",")):
@@ -45,13 +63,13 @@ def main():
     ref = np.empty_like(x)
     colls = {m: pc.PartialAllreduce(n, np.float32, comm=comm, mode=m) for m in args.modes.split(",")}
 
-    def run_mpi():
-        for _ in range(iters):
+    def run_mpi(k=iters):
+        for _ in range(k):
             comm.Allreduce(x, ref, op=MPI.SUM)
 
     def run_coll(coll):
-        def body():
-            for _ in range(iters):
+        def body(k=iters):
+            for _ in range(k):
                 coll.post(x, out=y).wait()
         return body
 
@@ -74,6 +92,7 @@ def main():
             fn()
             t = (time.perf_counter() - t0) / iters * 1e6
             times[name].append(comm.allreduce(t, op=MPI.MAX))
+    tails = {name: single_calls(comm, fn, args.rounds) for name, fn in peers} if args.rounds else {}
     for c in colls.values():
         c.close()
     if comm.rank == 0:
@@ -88,6 +107,14 @@ def main():
             print(f"  {name:<6} {med[name]:9.2f} {ratio:7.2f}   " + " ".join(f"{t:.2f}" for t in times[name]))
             rows.append({"peer": name, "us": med[name], "ratio": ratio, "blocks": times[name],
                          "P": comm.size, "bytes": n * 4, "idle": info.get("idle")})
+        if tails:
+            print(f"# one call, {args.rounds} calls (rank 0): us at the median, p90, p99, p99.9; "
+                  "share of the time in calls over 15 us")
+            for name, ts in tails.items():
+                q = np.percentile(ts, [50, 90, 99, 99.9])
+                slow = ts[ts > 15].sum() / ts.sum() * 100
+                print(f"  {name:<6} " + " ".join(f"{v:8.2f}" for v in q) + f"   {slow:5.1f} %")
+                rows.append({"peer": name, "rounds": args.rounds, "percentiles_us": q.tolist(), "slow_share": slow})
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
