@@ -205,11 +205,12 @@ int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus)
     return PC_OK;
 }
 
-/* Has each rank of the node a CPU for its application thread? Then a thread in wait()
+/* Has each rank of the node a CPU for its application thread, and does auto see no
+ * interference (where it looks: a node with two CPUs per rank)? Then a thread in wait()
  * may yield its core for a while before it sleeps: no rank computes on that core. */
 int idle_core_each(void)
 {
-    return LOAD(I.node_known) && LOAD(I.node_ranks) <= LOAD(I.node_cpus);
+    return LOAD(I.node_known) && LOAD(I.node_ranks) <= LOAD(I.node_cpus) && !(LOAD(I.static_ok) && !LOAD(I.spin));
 }
 
 /* ------------------------------------------------------------------ interference */
