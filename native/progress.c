@@ -207,14 +207,6 @@ static int app_in_loop(void)
     return now_us() - (double)LOAD(E.app_left_us) < E.policy.spin_us;
 }
 
-/* The progress thread stands aside for application threads that poll (see
- * progress_main) where each rank of the node has a core for its application thread;
- * where ranks share cores, it naps as in its other sleeps. */
-static int stand_aside(void)
-{
-    return idle_core_each();
-}
-
 /* Wake the progress thread if it sleeps for longer than sleep_max_us; where it stands
  * aside for a polling application thread, only for a large message (flags SF_BUSY):
  * that one needs polling while the application computes. */
@@ -253,7 +245,7 @@ void kick_eager(void)
     note_event();
     int flags = E.threaded ? engine_flags() : 0;
     if (E.threaded && !(flags & SF_INFLIGHT)) return;
-    if (stand_aside() && app_in_loop()) wake_lazy(flags);      /* its wait() follows at once */
+    if (idle_core_each() && app_in_loop()) wake_lazy(flags);   /* its wait() follows at once */
     else wake();
 }
 
@@ -356,14 +348,14 @@ static void *progress_main(void *arg)
     for (;;) {
         if (LOAD(E.stop)) break;
         idle_sample();
-        if (LOAD(E.app_polling) > 0 || (stand_aside() && app_in_loop())) {
+        if (LOAD(E.app_polling) > 0 || (idle_core_each() && app_in_loop())) {
             /* an application thread is polling in wait(), or left one spin_us ago (a loop of
              * post and wait): stay off its core (polling, wait awake, so it takes over
              * without a wake-up; else nap; where each rank has a core but the progress
              * threads have none, stand aside for 5 sleep_max_us: each wake-up of this
              * thread preempts a rank's application thread, and its peers wait for it) */
             if (idle_poll()) sched_yield();
-            else if (stand_aside()) sleep_as(5 * E.policy.sleep_max_us, SLEEP_ASIDE);
+            else if (idle_core_each()) sleep_as(5 * E.policy.sleep_max_us, SLEEP_ASIDE);
             else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
@@ -547,7 +539,9 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     if (polling) {
         STORE(E.app_left_us, (int64_t)now_us());
         __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST);
-        wake_lazy(engine_flags());
+        /* the flags matter only to a thread that stands aside (a racy read: one that
+         * begins to stand aside just now takes over when its sleep ends, within 1 ms) */
+        wake_lazy(LOAD(E.sleeping) == SLEEP_ASIDE ? engine_flags() : 0);
     }
     return rc;
 }

@@ -74,9 +74,9 @@ _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
 _pc_wait1 = _engine.lib.pc_coll_wait1
 _unpack = _engine.ffi.unpack
-_NO_FB = (object(), None, None, _engine.ffi.NULL, None)    # PartialAllreduce._fb: no host post to repeat
 _new_result = object.__new__
 _NULL = _engine.ffi.NULL
+_NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 
 
