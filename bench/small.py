@@ -15,6 +15,12 @@ distribution of one call's time on rank 0 (median, p90, p99, p99.9) and the shar
 loop's time spent in calls over 15 us: a mean per block hides whether it is a slower
 typical call or a few very slow ones.
 
+--floor adds two peers that show what a round is made of: `self`, the same post+wait on
+a full-mode collective over COMM_SELF (no message: Python and the engine, with the
+world's collectives armed beside it), and `exchange` (even P), the message exchange of
+one round as a plain mpi4py loop would do it: Irecv and Isend with rank ^ 1, then
+Testall until both completed. At P = 2 a full round is about self + exchange.
+
 Rank 0 prints; --json FILE writes the rows.
 """
 from __future__ import annotations
@@ -50,6 +56,7 @@ def main():
     ap.add_argument("--modes", default="full,solo")
     ap.add_argument("--rc", default="", help="partialcoll.rc options KEY=VALUE,...")
     ap.add_argument("--rounds", type=int, default=0, help="then time this many single calls of each peer")
+    ap.add_argument("--floor", action="store_true", help="also time `self` and `exchange` (see above)")
     ap.add_argument("--json")
     args = ap.parse_args()
     for kv in filter(None, args.rc.split(",")):
@@ -74,6 +81,18 @@ def main():
         return body
 
     peers = [("mpi", run_mpi)] + [(m, run_coll(c)) for m, c in colls.items()]
+    if args.floor:
+        colls["self"] = pc.PartialAllreduce(n, np.float32, comm=MPI.COMM_SELF, mode="full")
+        peers.append(("self", run_coll(colls["self"])))
+        if comm.size % 2 == 0:
+            other, rbuf = comm.rank ^ 1, np.empty_like(x)
+
+            def run_exchange(k=iters):
+                for _ in range(k):
+                    reqs = [comm.Irecv(rbuf, other, 7), comm.Isend(x, other, 7)]
+                    while not MPI.Request.Testall(reqs):
+                        pass
+            peers.append(("exchange", run_exchange))
     # warm-up, and a check: every peer gives MPI_Allreduce's result (full mode: exactly;
     # solo: a round's data is a sum of whole posts, so with equal posts per rank and a
     # barrier in between it is the same)
@@ -100,11 +119,11 @@ def main():
         info = pc.info()
         print(f"# small messages: {n * 4} B, P = {comm.size}, {iters} calls x {args.blocks} blocks, "
               f"median of the slowest rank's mean per block; idle={info.get('idle', '?')}")
-        print(f"# {'peer':<6} {'us/call':>9} {'x MPI':>7}   blocks")
+        print(f"# {'peer':<8} {'us/call':>9} {'x MPI':>7}   blocks")
         rows = []
         for name, _ in peers:
             ratio = med[name] / med["mpi"]
-            print(f"  {name:<6} {med[name]:9.2f} {ratio:7.2f}   " + " ".join(f"{t:.2f}" for t in times[name]))
+            print(f"  {name:<8} {med[name]:9.2f} {ratio:7.2f}   " + " ".join(f"{t:.2f}" for t in times[name]))
             rows.append({"peer": name, "us": med[name], "ratio": ratio, "blocks": times[name],
                          "P": comm.size, "bytes": n * 4, "idle": info.get("idle")})
         if tails:
@@ -113,7 +132,7 @@ def main():
             for name, ts in tails.items():
                 q = np.percentile(ts, [50, 90, 99, 99.9])
                 slow = ts[ts > 15].sum() / ts.sum() * 100
-                print(f"  {name:<6} " + " ".join(f"{v:8.2f}" for v in q) + f"   {slow:5.1f} %")
+                print(f"  {name:<8} " + " ".join(f"{v:8.2f}" for v in q) + f"   {slow:5.1f} %")
                 rows.append({"peer": name, "rounds": args.rounds, "percentiles_us": q.tolist(), "slow_share": slow})
         if args.json:
             with open(args.json, "w") as f:

@@ -207,10 +207,20 @@ int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus)
 
 /* Has each rank of the node a CPU for its application thread, and does auto see no
  * interference (where it looks: a node with two CPUs per rank)? Then a thread in wait()
- * may yield its core for a while before it sleeps: no rank computes on that core. */
+ * may yield its core for a while before it sleeps: no rank computes on that core. The
+ * node is the shared-memory communicator's (auto) or else the launcher's count of ranks
+ * against this rank's own budget (spin, sleep): a lower bound of the node's CPUs. */
 int idle_core_each(void)
 {
-    return LOAD(I.node_known) && LOAD(I.node_ranks) <= LOAD(I.node_cpus) && !(LOAD(I.static_ok) && !LOAD(I.spin));
+    int ranks = LOAD(I.node_ranks);
+    return ranks > 0 && ranks <= LOAD(I.node_cpus) && !(LOAD(I.static_ok) && !LOAD(I.spin));
+}
+
+/* Does the policy poll, with a CPU for each rank's application and progress thread?
+ * Then no thread of this node waits for the core a waiter polls on. */
+int idle_spare(void)
+{
+    return idle_poll() && LOAD(I.static_ok);
 }
 
 /* ------------------------------------------------------------------ interference */

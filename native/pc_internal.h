@@ -342,6 +342,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s);   /* no lock h
 int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus);
 int idle_poll(void);                     /* poll while armed now? (spin, or auto's spin) */
 int idle_core_each(void);                /* a CPU per rank of the node (its application thread) */
+int idle_spare(void);                    /* idle_poll() and a CPU per thread of the node (2 per rank) */
 double idle_spin_bound_us(void);         /* how long polling may go on after the last event */
 void idle_note_gap(double us);           /* an event came us after the previous one */
 void idle_sample(void);                  /* [progress] interference, every ~10 ms */

@@ -21,7 +21,16 @@ static pc_stepper stepper;        /* (written once, before any schedule runs) */
 
 void engine_set_stepper(const pc_stepper *st) { if (stepper.step != st->step) stepper = *st; }
 
-pc_engine_state E = {.lock = PTHREAD_MUTEX_INITIALIZER, .wmtx = PTHREAD_MUTEX_INITIALIZER,
+/* E.lock and E.wmtx guard a few words each and are taken by the application's posts and
+ * waits while the progress thread polls: they spin briefly before sleeping (glibc's
+ * adaptive mutex), where a plain mutex sent a thread that found one held into a futex
+ * sleep and wake-up of several us, for a critical section of well under one. */
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+#define SHORT_MUTEX PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+#else
+#define SHORT_MUTEX PTHREAD_MUTEX_INITIALIZER
+#endif
+pc_engine_state E = {.lock = SHORT_MUTEX, .wmtx = SHORT_MUTEX,
                      .dmtx = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER,
                      .done = PTHREAD_COND_INITIALIZER};
 
@@ -350,12 +359,15 @@ static void *progress_main(void *arg)
         idle_sample();
         if (LOAD(E.app_polling) > 0 || (idle_core_each() && app_in_loop())) {
             /* an application thread is polling in wait(), or left one spin_us ago (a loop of
-             * post and wait): stay off its core (polling, wait awake, so it takes over
-             * without a wake-up; else nap; where each rank has a core but the progress
-             * threads have none, stand aside for 5 sleep_max_us: each wake-up of this
-             * thread preempts a rank's application thread, and its peers wait for it) */
-            if (idle_poll()) sched_yield();
-            else if (idle_core_each()) sleep_as(5 * E.policy.sleep_max_us, SLEEP_ASIDE);
+             * post and wait): stay off MPI and off the engine's cache lines. Where each rank
+             * has a core, stand aside asleep: where its progress thread has one too and the
+             * policy polls (idle_spare), for spin_us at a time, so it takes over soon after the loop ends (a thread that spun on
+             * sched_yield() here took a hyperthread and the lines the waiter writes: 8 B
+             * rounds 2x slower on a 16-core node); else for 5 sleep_max_us (each wake-up
+             * preempts a rank's application thread, and its peers wait for it). Where ranks
+             * share cores: yield (polling) or nap. */
+            if (idle_core_each()) sleep_as(idle_spare() ? E.policy.spin_us : 5 * E.policy.sleep_max_us, SLEEP_ASIDE);
+            else if (idle_poll()) sched_yield();
             else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
@@ -518,7 +530,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
              * thread that only spins keeps it for a whole time slice */
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_pass()) idle_reset(&st);
-            else if ((++st.spins & 7) == 0 || idle >= E.policy.spin_us) sched_yield();
+            else if (((++st.spins & 7) == 0 && !idle_spare()) || idle >= E.policy.spin_us) sched_yield();
             continue;
         }
         if (polling) { polling = 0; __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); wake(); }
