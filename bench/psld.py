@@ -43,7 +43,9 @@ ranks' hosts' links only, set and lifted by those ranks. Scenarios:
 Printed per configuration: mean round time over the second half of the rounds (ms; the
 round time is the slowest rank's), the ratio to the baseline and to static, the largest
 share of the blocks a slow rank holds at the end, and the first round at which it fell below
-1/(2P) (for transient: its share over the last third).
+1/(2P) (for transient: its share over the last third). --json also keeps, per
+configuration, every round's time, the slow ranks' share and the blocks each server owns
+per round, and the number of switches (rounds whose assignment differs from the last).
 """
 from __future__ import annotations
 
@@ -208,12 +210,13 @@ def worker(args) -> None:
                 coll.post(x).wait(timeout=120)
             ends.append(time.perf_counter() - t0)
         interfere(False)
-        shares = []
+        shares, counts = [], []
         if coll is not None:
             coll.close()
             for i in range(rounds):
                 a = coll.assignment(round=i)
                 shares.append(max(float(np.count_nonzero(a == s)) / len(a) for s in slow))   # the busiest slow rank
+                counts.append(np.bincount(a, minlength=p)[serving].tolist())               # blocks per server
         every = comm.gather(ends if posting else None)
         if rank:
             return {}
@@ -225,6 +228,8 @@ def worker(args) -> None:
             below = [i for i, s in enumerate(shares) if s < 1 / (2 * p)]
             out["below_at"] = below[0] if below else None
             out["shares"] = shares
+            out["blocks_per_server"] = counts
+            out["switches"] = sum(counts[i] != counts[i - 1] for i in range(1, rounds))
             if args.scenario == "transient":
                 out["slow_share_during"] = float(np.mean(shares[rounds // 6:rounds // 3]))
                 out["recovered_share"] = float(np.mean(shares[2 * rounds // 3:]))
