@@ -18,8 +18,9 @@
  * Interference makes the node sleep for a hold time (1 s, doubling up to 16 s while the
  * interference comes back each time auto tries polling again; back to 1 s after 30 s of
  * polling without it). Polling itself is bounded: at most idle_spin_bound_us() after the
- * last event (a few times the recent gap between events, within [spin_us, poll_max_us]);
- * then the sleep policy takes over, which blocks on the engine's condition variables.
+ * last event (a few times the recent idle period, within [spin_us, poll_max_us]; spin_us
+ * where idle periods are as long as polling may last); then the sleep policy takes over,
+ * which blocks on the engine's condition variables.
  */
 #define _GNU_SOURCE
 #include "pc_internal.h"
@@ -333,16 +334,25 @@ int idle_poll(void)
     return p == 2 ? LOAD(I.spin) : p;
 }
 
+/* An event came us after the previous one. Only idle periods count: gaps shorter than
+ * spin_us are the events of one burst (a post and the round it arms, a round's
+ * messages), which say nothing about how long the engine will wait for the next one. */
 void idle_note_gap(double us)
 {
     double cap = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
+    if (us < E.policy.spin_us) return;
     if (us > cap) us = cap;
     I.gap_ewma_us = 0.875 * I.gap_ewma_us + 0.125 * us;
 }
 
+/* How long polling may go on after the last event: four times the typical idle period,
+ * within [spin_us, poll_max_us]; spin_us alone where idle periods are typically half of
+ * poll_max_us or longer (a late peer, a step that computes for tens of ms): polling
+ * would mostly run out before the next event, and each time it burnt poll_max_us. */
 double idle_spin_bound_us(void)
 {
     double b = 4 * I.gap_ewma_us, lo = E.policy.spin_us, hi = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
+    if (I.gap_ewma_us >= hi / 2) return lo;
     return b < lo ? lo : b > hi ? hi : b;
 }
 

@@ -372,14 +372,19 @@ static void *progress_main(void *arg)
             idle_reset(&st);
             continue;
         }
-        int poll = idle_poll();
+        /* polling (spin, or auto's spin) covers armed rounds (a message in flight), but
+         * only within the bound after the last event; past it, as under sleep, only what
+         * can complete without a local post: a full round armed waits for this rank's
+         * post, which kicks, so the thread sleeps until then instead of waking every
+         * sleep_max_us for nothing */
+        int hot = idle_poll() && now_us() - st.idle_since < idle_spin_bound_us();
         int flags = engine_flags(), any = LOAD(E.nrunning) > 0;
-        int pollable = flags & (poll ? SF_INFLIGHT : SF_POLLABLE);
+        int pollable = flags & (hot ? SF_INFLIGHT : SF_POLLABLE);
         STORE(E.pass_since_us, (int64_t)now_us());
         int progressed = any && engine_pass();
         STORE(E.pass_since_us, 0);
         if (!any || (!pollable && !progressed
-                     && (poll || now_us() - st.idle_since > E.policy.spin_us + E.policy.yield_us))) {
+                     && (hot || now_us() - st.idle_since > E.policy.spin_us + E.policy.yield_us))) {
             sleep_for_kick(-1);               /* nothing to poll: sleep until a post */
             idle_reset(&st);
         } else if (progressed || take_kick()) {

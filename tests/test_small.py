@@ -38,6 +38,36 @@ def test_auto_decision(setting):
         assert got == (expect if setting == "auto" else setting), (ranks, cpus, line)
 
 
+_BOUND = """
+import time, numpy as np, partialcoll as pc
+from mpi4py import MPI
+pc.rc.idle = "spin"
+c = pc.PartialAllreduce(2, np.float32, MPI.SUM, MPI.COMM_SELF, mode="full")
+x = np.ones(2, np.float32)
+def bound(pause):
+    for _ in range(40):
+        c.post(x).wait()
+        time.sleep(pause)
+    return pc.info()["spin_bound_us"]
+print(bound(0.001), bound(0.03), bound(0.001), pc.rc.spin_us, pc.rc.poll_max_us)
+c.close()
+"""
+
+
+def test_spin_bound_follows_idle_periods():
+    """Polling lasts a few times the typical idle period after the last event: after 1 ms
+    pauses between posts, more than spin_us and at most poll_max_us; after 30 ms pauses
+    (longer than polling may last: it would run out before every next event), spin_us
+    alone; then back. The events of one post (the post, the round it arms) are no idle
+    period."""
+    out = subprocess.run([*PYTHON, "-c", _BOUND], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    short, long_, again, spin_us, poll_max = map(float, out.stdout.split())
+    assert spin_us < short <= poll_max, out.stdout
+    assert long_ == spin_us, out.stdout
+    assert spin_us < again <= poll_max, out.stdout
+
+
 @pytest.mark.parametrize("limits, expect", [
     ([({0, 1}, 0, "/"), ({0, 1}, 0, "/")], 2),            # two ranks sharing two cores
     ([({0}, 0, "/"), ({1}, 0, "/"), ({2, 3}, 0, "/")], 4),  # pinned ranks: the union
