@@ -361,11 +361,11 @@ static void *progress_main(void *arg)
             /* an application thread is polling in wait(), or left one spin_us ago (a loop of
              * post and wait): stay off MPI and off the engine's cache lines. Where each rank
              * has a core, stand aside asleep: where its progress thread has one too and the
-             * policy polls (idle_spare), for spin_us at a time, so it takes over soon after the loop ends (a thread that spun on
-             * sched_yield() here took a hyperthread and the lines the waiter writes: 8 B
-             * rounds 2x slower on a 16-core node); else for 5 sleep_max_us (each wake-up
-             * preempts a rank's application thread, and its peers wait for it). Where ranks
-             * share cores: yield (polling) or nap. */
+             * policy polls (idle_spare), for spin_us at a time, so that it takes over soon
+             * after the loop ends (a thread that spun on sched_yield() here took the lines
+             * the waiter writes: 8 B rounds 2x slower on a 16-core node); else for 5
+             * sleep_max_us (each wake-up preempts a rank's application thread, and its
+             * peers wait for it). Where ranks share cores: yield (polling) or nap. */
             if (idle_core_each()) sleep_as(idle_spare() ? E.policy.spin_us : 5 * E.policy.sleep_max_us, SLEEP_ASIDE);
             else if (idle_poll()) sched_yield();
             else sleep_for_kick(E.policy.sleep_max_us);
