@@ -377,10 +377,11 @@ static void *progress_main(void *arg)
          * can complete without a local post: a full round armed waits for this rank's
          * post, which kicks, so the thread sleeps until then instead of waking every
          * sleep_max_us for nothing */
-        int hot = idle_poll() && now_us() - st.idle_since < idle_spin_bound_us();
+        double now = now_us();
+        int hot = idle_poll() && now - st.idle_since < idle_spin_bound_us();
         int flags = engine_flags(), any = LOAD(E.nrunning) > 0;
         int pollable = flags & (hot ? SF_INFLIGHT : SF_POLLABLE);
-        STORE(E.pass_since_us, (int64_t)now_us());
+        STORE(E.pass_since_us, (int64_t)now);
         int progressed = any && engine_pass();
         STORE(E.pass_since_us, 0);
         if (!any || (!pollable && !progressed
@@ -530,9 +531,10 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         int stuck = pass_since > 0 && now - (double)pass_since > E.policy.sleep_max_us;
         if (idle < yield_until || (idle_poll() && idle < idle_spin_bound_us())) {
             /* spin phase: progress here, sparing the hand-off to the progress thread;
-             * yield now and then, and on every pass after spin_us: a peer's thread (or
-             * this rank's progress thread) waiting for this core gets it at once, where a
-             * thread that only spins keeps it for a whole time slice */
+             * yield every 8th pass (not where every thread has a CPU: idle_spare), and on
+             * every pass after spin_us: a peer's thread (or this rank's progress thread)
+             * waiting for this core gets it at once, where a thread that only spins keeps
+             * it for a whole time slice */
             if (!polling) { polling = 1; __atomic_add_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST); }
             if (engine_pass()) idle_reset(&st);
             else if (((++st.spins & 7) == 0 && !idle_spare()) || idle >= E.policy.spin_us) sched_yield();
