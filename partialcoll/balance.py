@@ -294,10 +294,10 @@ class Balancer:
                     del coll                         # may run its __del__ here: abandoned, stopped
                     if self._stop:
                         return
+                if new != self.current:              # published before the engine may run it:
+                    self.history.append(((epoch + 2) * self.every, new))    # a round's wait can return
+                    self.current = new               # before this thread is back from the switch
                 check(lib.pc_coll_switch(self._native, epoch, s0, s1))
-                if new != self.current:
-                    self.history.append(((epoch + 2) * self.every, new))
-                    self.current = new
                 epoch += 1
         except BaseException as exc:    # noqa: BLE001 - the application's next call reports it
             self.error = exc

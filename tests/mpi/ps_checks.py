@@ -7,6 +7,8 @@ a rank that only serves and never posts; owner_times() and assignment() agreed b
 every rank; bad owner options raise the same error on every rank."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
@@ -128,6 +130,49 @@ def test_owner_times_and_assignment(comm):
         everyone = comm.allgather((t.tobytes(), coll.assignment(round=9).tobytes()))
         assert all(e == everyone[0] for e in everyone), "owner_times or assignment differ across ranks"
         coll.close()
+
+
+def test_assignment_of_a_round_that_ran(comm):
+    """assignment(round=n) read as soon as round n's wait returned is the assignment it
+    ran with, never revised later: the balancer thread publishes a decision before the
+    engine may run a round with it (here it is slow to come back from the switch, and
+    every decision rotates the owners, so a stale answer differs)."""
+    from partialcoll import _engine, balance
+    p, rounds = comm.size, 8
+    if p == 1:
+        return
+    real_decide, real_lib = balance.decide, _engine.lib
+
+    def rotate(kind, measured, predictor, servers, current, *rest):
+        return [(o + 1) % p for o in current]
+
+    class SlowSwitch:
+        def __getattr__(self, name):
+            return getattr(real_lib, name)
+
+        def pc_coll_switch(self, *args):
+            rc = real_lib.pc_coll_switch(*args)
+            time.sleep(0.2)
+            return rc
+
+    balance.decide, _engine.lib = rotate, SlowSwitch()
+    try:
+        count = 4 * p * 8
+        coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64,
+                                 balance="proportional", rebalance_every=1)
+        seen = []
+        for n in range(rounds):
+            x = np.arange(count, dtype=np.float64) * (comm.rank + 1) + n
+            assert np.array_equal(coll.post(x).wait(timeout=60).data, comm.allreduce(x)), n
+            seen.append(coll.assignment(round=n).tolist())
+        coll.close()
+    finally:
+        balance.decide, _engine.lib = real_decide, real_lib
+    later = [coll.assignment(round=n).tolist() for n in range(rounds)]
+    assert seen == later, (seen, later)
+    first = later[0]
+    for n in range(2, rounds):         # decision e runs from round e + 2 (rebalance_every=1)
+        assert later[n] == [(o + n - 1) % p for o in first], (n, later)
 
 
 def test_transient_owner_wins_its_blocks_back(comm):
