@@ -937,7 +937,7 @@ int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, in
     *got = 0;
     if (epoch >= 0) {
         coll_epoch_arg a = {c, epoch};
-        int rc = coll_epoch_out(&a) ? PC_OK : wait_until(coll_epoch_out, &a, timeout_s);
+        int rc = coll_epoch_out(&a) ? PC_OK : wait_passive(coll_epoch_out, &a, timeout_s);
         if (rc) {                      /* the balancer's slice ended: free what was retired meanwhile */
             unit_lock(&c->owner.unit);
             coll_reap_retired(c);

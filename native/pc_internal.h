@@ -337,6 +337,7 @@ typedef struct pc_stepper {
 } pc_stepper;
 void engine_set_stepper(const pc_stepper *st);
 int wait_until(int (*pred)(void *), void *arg, double timeout_s);   /* no lock held */
+int wait_passive(int (*pred)(void *), void *arg, double timeout_s); /* no lock held; drives nothing */
 
 /* idle.c */
 int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus);

@@ -502,6 +502,29 @@ int pc_engine_stop(void)
 
 int pc_engine_threaded(void) { return LOAD(E.started) && E.threaded; }
 
+/* Wait for pred without driving progress: for a thread that waits on the engine's
+ * bookkeeping, not on a round (the balancer's pc_coll_stats). It sleeps on E.done until
+ * pred holds or timeout_s passes, and never polls MPI or watches for a stuck pass as
+ * wait_until does (a second waiter of that kind woke every sleep_max_us while the
+ * progress thread reduced a large round, and took that CPU from it where ranks share
+ * cores). Whoever changes what pred reads calls notify_done(). */
+int wait_passive(int (*pred)(void *), void *arg, double timeout_s)
+{
+    double deadline = now_us() + timeout_s * 1e6;
+    int rc = PC_OK;
+    pthread_mutex_lock(&E.dmtx);
+    while (!pred(arg)) {
+        double now = now_us();
+        if (!LOAD(E.started)) { rc = fail(PC_ERR_STATE, "the engine is not running (partialcoll.finalize was called)"); break; }
+        if (now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
+        struct timespec ts;
+        abs_deadline(&ts, deadline - now);
+        pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+    }
+    pthread_mutex_unlock(&E.dmtx);
+    return rc;
+}
+
 /* Wait (no lock held) until pred(arg) or the timeout; pred reads atomics only.
  * Thread mode: poll briefly (longer under the spin policy), progressing here to spare
  * the hand-off, then sleep on E.done while the progress thread works. If the progress

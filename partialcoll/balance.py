@@ -28,8 +28,10 @@ balance=
 """
 from __future__ import annotations
 
+import heapq
 import threading
 import weakref
+from collections import Counter
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -121,12 +123,15 @@ class OwnerTimes:
             self.fixed = np.maximum(latency - marginal, 0.0)
 
 
-def _fill(t: np.ndarray, servers: Sequence[int]) -> np.ndarray:
-    """Times of the servers, unknown ones (NaN) as the mean of the known (1 if none)."""
-    ts = np.array([t[s] for s in servers], np.float64)
-    known = ts[~np.isnan(ts)]
-    ts[np.isnan(ts)] = known.mean() if known.size else 1.0
-    return np.maximum(ts, 1e-12)
+def _fill(t, servers: Sequence[int]) -> List[float]:
+    """Times of the servers, unknown ones (NaN) as the mean of the known (1 if none).
+    Plain floats: a decision runs on every rank's balancer thread, holding the GIL that
+    the rank's application thread needs to return from its wait, so the functions here
+    keep to a few microseconds (NumPy costs that per call on arrays this small)."""
+    ts = [float(t[s]) for s in servers]
+    known = [v for v in ts if v == v]
+    mean = sum(known) / len(known) if known else 1.0
+    return [max(v if v == v else mean, 1e-12) for v in ts]
 
 
 def _place(counts: Sequence[int], servers: Sequence[int], current: Sequence[int]) -> List[int]:
@@ -149,7 +154,7 @@ def proportional(times: np.ndarray, servers: Sequence[int], current: Sequence[in
     """PSLD's strawman: blocks in proportion to speed (1 / per-block time), largest
     remainders rounded up."""
     n = len(current)
-    speed = 1.0 / _fill(times, servers)
+    speed = 1.0 / np.array(_fill(times, servers))
     share = n * speed / speed.sum()
     counts = np.floor(share).astype(int)
     for i in np.argsort(-(share - counts), kind="stable")[:n - counts.sum()]:
@@ -157,9 +162,27 @@ def proportional(times: np.ndarray, servers: Sequence[int], current: Sequence[in
     return _place(counts, servers, current)
 
 
-def _span(counts: np.ndarray, t: np.ndarray, fixed: np.ndarray) -> np.ndarray:
-    """Predicted span per server: fixed + n t where it holds n > 0 blocks, else 0."""
-    return np.where(counts > 0, fixed + counts * t, 0.0)
+def _round_time(counts: Sequence[int], t: Sequence[float], fixed: Sequence[float]) -> float:
+    """Predicted round time: the longest span fixed + n t over the servers holding n > 0."""
+    return max((f + n * x for n, x, f in zip(counts, t, fixed) if n > 0), default=0.0)
+
+
+def _least_counts(t: Sequence[float], f: Sequence[float], nblocks: int) -> List[int]:
+    """least_time's greedy on filled times: each block to the server that would finish
+    it first (the lowest index among equals, as np.argmin)."""
+    counts = [0] * len(t)
+    heap = [(f[i] + t[i], i) for i in range(len(t))]
+    heapq.heapify(heap)
+    for _ in range(nblocks):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, (f[i] + (counts[i] + 1) * t[i], i))
+    return counts
+
+
+def _fixed(fixed, servers: Sequence[int]) -> List[float]:
+    """The fixed delays of the servers, filled as the times are (0 where not given)."""
+    return [0.0] * len(servers) if fixed is None else _fill(fixed, servers)
 
 
 def least_time(times: np.ndarray, servers: Sequence[int], nblocks: int,
@@ -167,12 +190,7 @@ def least_time(times: np.ndarray, servers: Sequence[int], nblocks: int,
     """Blocks per server minimizing the predicted round time max(fixed_s + n_s t_s) (fixed:
     0 where not given): each block to the server that would finish it first (optimal for
     equal blocks). Servers slower than the resulting round time get none."""
-    t = _fill(times, servers)
-    f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
-    counts = np.zeros(len(servers), int)
-    for _ in range(nblocks):
-        counts[int(np.argmin(f + (counts + 1) * t))] += 1
-    return counts
+    return np.array(_least_counts(_fill(times, servers), _fixed(fixed, servers), nblocks), int)
 
 
 def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, seed: int, epoch: int,
@@ -183,19 +201,21 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
     choice; it gives one block to a server left without blocks (the only ones whose
     prediction no measurement refreshes): with none, there is nothing to explore."""
     n = len(current)
-    counts = least_time(times, servers, n, fixed)
-    t = _fill(times, servers)
-    f = np.zeros(len(servers)) if fixed is None else np.nan_to_num(_fill(fixed, servers))
-    now = np.array([sum(o == s for o in current) for s in servers])
-    if np.max(_span(counts, t, f)) > (1 - GAIN) * np.max(_span(now, t, f)):
+    t, f = _fill(times, servers), _fixed(fixed, servers)
+    counts = _least_counts(t, f, n)
+    held = Counter(current)
+    now = [held[s] for s in servers]
+    if _round_time(counts, t, f) > (1 - GAIN) * _round_time(now, t, f):
         counts = now                         # no straggler worth a switch: keep the assignment
-    rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
     idle = [i for i in range(len(servers)) if counts[i] == 0]
-    if idle and n > 1 and rng.random() < epsilon:
-        pick = int(rng.choice(idle))
-        counts[int(np.argmax(_span(counts, t, f)))] -= 1     # from the owner that finishes last
-        counts[pick] += 1
-    return _place(counts.tolist(), servers, current)
+    if idle and n > 1 and epsilon > 0:
+        rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
+        if rng.random() < epsilon:
+            pick = int(rng.choice(idle))
+            spans = [f[i] + c * t[i] if c > 0 else 0.0 for i, c in enumerate(counts)]
+            counts[spans.index(max(spans))] -= 1     # from the owner that finishes last
+            counts[pick] += 1
+    return _place(counts, servers, current)
 
 
 class Predictor:

@@ -7,6 +7,7 @@ a rank that only serves and never posts; owner_times() and assignment() agreed b
 every rank; bad owner options raise the same error on every rank."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -173,6 +174,34 @@ def test_assignment_of_a_round_that_ran(comm):
     first = later[0]
     for n in range(2, rounds):         # decision e runs from round e + 2 (rebalance_every=1)
         assert later[n] == [(o + n - 1) % p for o in first], (n, later)
+
+
+def test_balancer_sleeps_while_rounds_run(comm):
+    """The balancer thread waits for an epoch's times without driving progress: it wakes
+    when the engine notifies (a few times a round) or its slice ends, not every
+    sleep_max_us while the progress thread reduces a large round (that took the CPU from
+    the progress thread where ranks share cores). Counted as the thread's voluntary
+    context switches over 20 rounds of 16 MiB, no decision due (rebalance_every=1000)."""
+    from partialcoll import balance
+    p, rounds, n = comm.size, 20, 4 << 20
+    if p == 1 or not os.path.exists("/proc/thread-self/status"):
+        return
+    coll = pc.allreduce_init(n, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=4 << 20,
+                             balance="psld", rebalance_every=1000)
+    x = np.ones(n, np.float32)
+
+    def switches():
+        with open(f"/proc/self/task/{coll._balancer.thread.native_id}/status") as f:
+            return int(next(line for line in f if line.startswith("voluntary_ctxt_switches")).split()[1])
+
+    coll.post(x).wait(timeout=60)
+    before, t0 = switches(), time.perf_counter()
+    for _ in range(rounds):
+        assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p)
+    elapsed = time.perf_counter() - t0
+    woke = switches() - before
+    coll.close()
+    assert woke <= 3 * rounds + 2 * elapsed / balance.Balancer.SLICE + 5, (woke, rounds, elapsed)
 
 
 def test_transient_owner_wins_its_blocks_back(comm):
