@@ -871,8 +871,8 @@ static int coll_report(pc_coll *c, const char *type, const char *message)
     if (!report_make(&c->rep, c->rank, type, message)) return 0;
     if (!c->err) {
         c->errpeer = -1;
-        snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers: the collective "
-                 "cannot be used any more", c->rank, c->rep.mine.type);
+        snprintf(c->errmsg, sizeof c->errmsg, "this rank (%d) reported %s to its peers, the collective "
+                 "cannot be used any more: %s", c->rank, c->rep.mine.type, c->rep.mine.message);
         STORE(c->err, PC_ERR_STATE);
     }
     notify_done();

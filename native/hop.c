@@ -812,8 +812,8 @@ int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeou
     if (send) {
         if (!h->err) {
             char msg[sizeof h->errmsg];
-            snprintf(msg, sizeof msg, "this rank (%d) reported %s to its peers: the NeighborAllreduce cannot be "
-                     "used any more", h->rank, h->rep.mine.type);
+            snprintf(msg, sizeof msg, "this rank (%d) reported %s to its peers, the NeighborAllreduce cannot be "
+                     "used any more: %s", h->rank, h->rep.mine.type, h->rep.mine.message);
             hop_error(h, PC_ERR_STATE, -1, msg);
         }
         if (timeout_s < 0) h->rep.pending = 1;

@@ -489,6 +489,12 @@ class PartialAllreduce(_propagate.Reporting):
         check(_engine.lib.pc_coll_stats(self._native_coll(), -1, 0.0, sums, got))
         return balance_mod.OwnerTimes(list(sums)).per_block
 
+    def _balancer_failed(self, exc: BaseException) -> None:
+        """[balancer thread] A decision could not be made: no round after it can run.
+        Report it (no MPI call on this thread: the engine's next pass sends it); this
+        rank's calls then raise StateError carrying the message, the peers' PeerError."""
+        self._report(type(exc).__name__, f"the balancer thread failed: {_propagate.describe(exc)}", -1.0)
+
     def _stop_balancer(self) -> None:
         b = getattr(self, "_balancer", None)
         if b is not None:

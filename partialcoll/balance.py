@@ -321,6 +321,11 @@ class Balancer:
                 epoch += 1
         except BaseException as exc:    # noqa: BLE001 - the application's next call reports it
             self.error = exc
+            coll = self._coll()
+            if coll is not None and not self._stop:
+                # rounds that need this decision would wait for it for good: the collective
+                # fails here and the peers hear of it (their calls raise PeerError)
+                coll._balancer_failed(exc)
 
     def stop(self) -> None:
         """Stop the thread and wait for it (not from the thread itself)."""

@@ -204,6 +204,45 @@ def test_balancer_sleeps_while_rounds_run(comm):
     assert woke <= 3 * rounds + 2 * elapsed / balance.Balancer.SLICE + 5, (woke, rounds, elapsed)
 
 
+def test_a_failing_balancer_fails_the_collective(comm):
+    """A decision that raises (here on the last rank only, at epoch 1) leaves no round
+    parked for good: that rank's wait raises with the balancer's exception, the others'
+    PeerError naming that rank; within a wait's timeout, never a Timeout or a hang."""
+    from partialcoll import balance
+    p, bad = comm.size, comm.size - 1
+    if p == 1:
+        return
+    real = balance.decide
+
+    def failing(kind, measured, predictor, servers, current, seed, epoch, epsilon):
+        if epoch == 1 and comm.rank == bad:
+            raise RuntimeError("this decision fails on purpose")
+        return real(kind, measured, predictor, servers, current, seed, epoch, epsilon)
+
+    balance.decide = failing
+    got = None
+    t0 = time.perf_counter()
+    try:
+        coll = pc.allreduce_init(4000, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=8000,
+                                 balance="proportional", rebalance_every=1)
+        x = np.ones(4000)
+        for i in range(40):
+            assert np.array_equal(coll.post(x).wait(timeout=30).data, x * p), i
+    except pc.PartialcollError as exc:
+        got = exc
+    finally:
+        balance.decide = real
+    assert got is not None and not isinstance(got, pc.Timeout), repr(got)
+    assert time.perf_counter() - t0 < 25, time.perf_counter() - t0
+    if comm.rank == bad:
+        assert "this decision fails on purpose" in str(got) + str(got.__cause__), repr(got)
+    else:
+        assert isinstance(got, pc.PeerError) and got.rank == bad, repr(got)
+        assert "this decision fails on purpose" in str(got), repr(got)
+    del coll
+    comm.Barrier()
+
+
 def test_transient_owner_wins_its_blocks_back(comm):
     """psld with a straggling owner that recovers, on real ranks: the balancer threads
     decide from a model of the owners' times (every owner that served blocks in the
