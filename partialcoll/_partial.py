@@ -491,9 +491,11 @@ class PartialAllreduce(_propagate.Reporting):
 
     def _balancer_failed(self, exc: BaseException) -> None:
         """[balancer thread] A decision could not be made: no round after it can run.
-        Report it (no MPI call on this thread: the engine's next pass sends it); this
-        rank's calls then raise StateError carrying the message, the peers' PeerError."""
-        self._report(type(exc).__name__, f"the balancer thread failed: {_propagate.describe(exc)}", -1.0)
+        Report it, sent from this thread (with progress inline no pass may come to send
+        it); this rank's calls then raise StateError carrying the message, the peers'
+        PeerError."""
+        self._report(type(exc).__name__, f"the balancer thread failed: {_propagate.describe(exc)}",
+                     _propagate.REPORT_SECONDS)
 
     def _stop_balancer(self) -> None:
         b = getattr(self, "_balancer", None)

@@ -302,6 +302,13 @@ def test_noise_is_no_straggler():
 
 
 @pytest.mark.mpiexec
+def test_failing_balancer_inline_progress(mpirun):
+    """A decision that raises, with progress inline: the peers still hear of it (the
+    balancer thread sends the report: no progress pass may come to send it)."""
+    mpirun("ps_checks.py", 3, "-k", "failing_balancer", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=120)
+
+
+@pytest.mark.mpiexec
 def test_ps_partial_inline_progress(mpirun):
     """The same with progress inline (no progress thread: the balancer thread's decisions
     still reach the engine, and parked rounds are armed by them)."""
