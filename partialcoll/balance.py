@@ -241,22 +241,23 @@ class Predictor:
         self.fixed = np.full(size, np.nan)
         self.fresh = np.zeros(size, bool)        # measured in the latest epoch
 
-    def _average(self, est: np.ndarray, measured: np.ndarray, base, jump: float) -> None:
-        """est <- measured, averaged into a continuing series unless (measured + base)
-        is off (est + base) by a factor `jump` or more (base: what the quantity adds to
-        in a prediction, so that a fixed delay near 0 is not jumpy)."""
+    def _average(self, est: np.ndarray, measured: np.ndarray, base=0.0, jump: Optional[float] = None) -> None:
+        """est <- measured, averaged into a continuing series unless, with jump given,
+        (measured + base) is off (est + base) by that factor or more (base: what the
+        quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy)."""
         new = ~np.isnan(measured)
         keep = new & self.fresh & ~np.isnan(est)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = (measured + base) / (est + base)
-            keep &= (ratio < jump) & (ratio > 1 / jump)
+        if jump is not None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ratio = (measured + base) / (est + base)
+                keep &= (ratio < jump) & (ratio > 1 / jump)
         est[keep] = ALPHA * measured[keep] + (1 - ALPHA) * est[keep]
         est[new & ~keep] = measured[new & ~keep]
 
     def update(self, measured: "OwnerTimes"):
         """(marginal, fixed) predictions after this epoch's measurements."""
         marginal = np.nan_to_num(self.est)               # what a fixed delay adds to
-        self._average(self.est, measured.marginal, 0.0, np.inf)
+        self._average(self.est, measured.marginal)
         self._average(self.fixed, measured.fixed, marginal, JUMP)
         self.fresh = ~np.isnan(measured.marginal)
         return self.est.copy(), self.fixed.copy()
@@ -331,12 +332,13 @@ class Balancer:
                     del coll                         # may run its __del__ here: abandoned, stopped
                     if self._stop:
                         return
-                if new != self.current:              # published before the engine may run it:
-                    self.history.append(((epoch + 2) * self.every, new))    # a round's wait can return
-                    self.current = new               # before this thread is back from the switch
+                    # published before the engine may run it: a round's wait can return
+                    # before this thread is back from the switch
+                    self.history.append(((epoch + 2) * self.every, new))
+                    self.current = new
                 check(lib.pc_coll_switch(self._native, epoch, s0, s1))
                 epoch += 1
-        except BaseException as exc:    # noqa: BLE001 - the application's next call reports it
+        except BaseException as exc:    # noqa: BLE001 - reported to the peers, raised by assignment()
             self.error = exc
             coll = self._coll()
             if coll is not None and not self._stop:
