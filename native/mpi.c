@@ -369,9 +369,7 @@ int mpi_alarm_heard(pc_alarm *a)
     return 0;
 }
 
-/* Stop listening. The receive is completed, not cancelled: MPI_Cancel of an
- * MPI_ANY_SOURCE receive is where MPICH's ch4 device has been fragile (a rare heap
- * corruption in the MPI_Comm_free that followed, under load). A message from this rank
+/* Stop listening. The receive is completed, not cancelled: a message from this rank
  * to itself matches the receive, unless a peer's report got there first (it is then
  * dropped, as a cancel that came too late would drop it), and the message to itself is
  * then taken by a receive from this rank alone. Cancel stays the fallback where the

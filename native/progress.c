@@ -82,6 +82,22 @@ int unit_lock_within(pc_unit *u, double seconds)
                 "%.2f s (a peer may have died)", seconds);
 }
 
+/* PARTIALCOLL_DOOM_PAUSE_US (tests): the thread that dooms a unit keeps holding its lock
+ * this long after, as a thread that is descheduled there does: the window in which
+ * another thread's reap_units() finds the unit doomed while its lock is still held. */
+static long long doom_pause_us(void)
+{
+    static long long us = -1;
+    long long v = __atomic_load_n(&us, __ATOMIC_RELAXED);
+    if (v >= 0) return v;
+    const char *forced = getenv("PARTIALCOLL_DOOM_PAUSE_US");
+    v = forced && atoll(forced) > 0 ? atoll(forced) : 0;
+    __atomic_store_n(&us, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+/* Mark u to be freed once nothing runs it, no pass holds it and no thread holds its
+ * lock (reap_units); a caller holding its lock reaps after letting go. */
 void unit_doom(pc_unit *u)
 {
     pthread_mutex_lock(&E.lock);
@@ -91,17 +107,33 @@ void unit_doom(pc_unit *u)
         E.doomed = u;
     }
     pthread_mutex_unlock(&E.lock);
+    long long pause = doom_pause_us();
+    if (pause > 0) {
+        struct timespec ts = {(time_t)(pause / 1000000), (long)(pause % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
-/* Free the doomed units that nothing runs and no pass holds. No lock held. */
+/* Free the doomed units that nothing runs, no pass holds and no thread holds the lock
+ * of: the thread that doomed a unit holds its lock until it lets go (unit_doom), and a
+ * unit freed before that let go was written after its free (pthread_mutex_unlock writes
+ * the mutex: glibc's heap broke at the next free). That thread reaps it after letting
+ * go; a pass that ends meanwhile leaves it. Nothing takes a doomed unit's lock anew
+ * (nothing runs and no pass holds it), so a lock found free stays free. No lock held. */
 void reap_units(void)
 {
     pc_unit *dead = NULL;
     pthread_mutex_lock(&E.lock);
     for (pc_unit **link = &E.doomed; *link;) {
         pc_unit *u = *link;
-        if (u->pins == 0 && u->nrunning == 0) { *link = u->next_doomed; u->next_doomed = dead; dead = u; }
-        else link = &u->next_doomed;
+        if (u->pins == 0 && u->nrunning == 0 && pthread_mutex_trylock(&u->lock) == 0) {
+            pthread_mutex_unlock(&u->lock);
+            *link = u->next_doomed;
+            u->next_doomed = dead;
+            dead = u;
+        } else {
+            link = &u->next_doomed;
+        }
     }
     pthread_mutex_unlock(&E.lock);
     while (dead) { pc_unit *u = dead; dead = u->next_doomed; u->destroy(u); }

@@ -20,6 +20,15 @@ def test_lifetime(mpirun, nprocs, progress):
 
 
 @pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
+def test_freed_while_passes_run(mpirun, nprocs):
+    """Objects freed while the progress thread passes, each free meeting a pass (the
+    freeing thread holds the lock 2 ms: PARTIALCOLL_DOOM_PAUSE_US): no free under it."""
+    mpirun("lifetime_checks.py", nprocs, "-k", "freed_while_passes_run", timeout=120,
+           env={"PARTIALCOLL_DOOM_PAUSE_US": "2000"})
+
+
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 @pytest.mark.parametrize("tag_ub", ["255", "2047"])
 def test_small_tag_ub(mpirun, nprocs, tag_ub):

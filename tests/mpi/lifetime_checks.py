@@ -12,6 +12,12 @@
    caller dropped while its round was in flight stays alive when the next post switches
    to another one, and the same arrays posted after close() or after an abandoning
    exception raise StateError.
+5. Collectives and schedules closed, freed or dropped while the progress thread passes
+   (another collective keeps a round armed): a pass that ends while the freeing thread
+   still holds the freed object's lock must not free it under that thread (it wrote
+   the freed memory when it let go: glibc's heap broke at a later free, once in a few
+   thousand closes). tests/test_engine.py runs this with PARTIALCOLL_DOOM_PAUSE_US,
+   which holds the lock that long: every free meets a pass then.
 """
 from __future__ import annotations
 
@@ -108,6 +114,31 @@ def test_dropped_schedules(comm):
         for _ in range(3):
             s.start().wait(timeout=30)
             assert np.array_equal(got, np.full(5, float((r - 1) % p))), got
+
+
+def test_freed_while_passes_run(comm):
+    r, p = comm.rank, comm.size
+    keep = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode="solo")   # its armed round: passes run
+    keep.post(np.ones(4, np.int64)).wait(timeout=30)
+    ring = pc.ring_graph(comm)
+    for i in range(40):
+        n = 64 + i % 5
+        coll = pc.PartialAllreduce(n, np.int64, MPI.SUM, comm, mode="full")
+        got = coll.post(np.full(n, i + r, np.int64)).wait(timeout=30).data
+        assert np.array_equal(got, np.full(n, p * i + p * (p - 1) // 2)), (i, got)
+        coll.close(timeout=30)
+        dropped = pc.PartialAllreduce(n, np.int64, MPI.SUM, comm, mode="solo")
+        del dropped                        # abandoned: freed by the engine
+        with pc.NeighborAllreduce(n, np.float64, comm=ring) as hop:
+            hop.post(np.full(n, 1.0)).wait(timeout=30)
+        s = pc.Schedule(comm)
+        s.send(np.zeros(1), (r + 1) % p)
+        s.recv(np.zeros(1), (r - 1) % p)
+        s.commit()
+        del s
+        gc.collect()
+    assert keep.close(timeout=30).rounds >= 0
+    ring.Free()
 
 
 def test_repeated_arrays(comm):
