@@ -368,9 +368,12 @@ class NeighborAllreduce(_propagate.Reporting):
         beyond what was sent) and free the communicator. Pending requests are dropped."""
         self._check_open()
         timeout = as_timeout(rc.timeout if timeout is None else timeout, "close() timeout")
-        for req in self._pending.values():
+        # The pending requests' out arrays stay referenced until the engine has stopped
+        # completing iterations (pc_hop_close_begin, or the free of an abandon): until then
+        # the progress thread may still write a result into one.
+        pending, self._pending = self._pending, {}
+        for req in pending.values():
             req._cancelled = True
-        self._pending = {}
         try:
             self._close(timeout)
         except PartialcollError as exc:  # after a peer's error at once; a Timeout tells the peers
@@ -379,6 +382,7 @@ class NeighborAllreduce(_propagate.Reporting):
             self._abandon()
             raise
         self._free()
+        del pending
 
     def _close(self, timeout: Optional[float]) -> None:
         deadline = time.monotonic() + timeout if timeout is not None else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -366,6 +367,38 @@ def test_engine_progress(comm, kind):
         stats = coll.stats
         assert stats["early"] >= 3 and stats["completed"] == coll.iteration + 1, stats
         assert stats["used"] == stats["received"] == len(coll.sources) * (coll.iteration + 1), stats
+    g.Free()
+
+
+def test_close_keeps_pending_outs(comm):
+    """close() drops the requests never waited for, but their out arrays stay referenced
+    until the engine has stopped completing iterations (pc_hop_close_begin): until then
+    the progress thread may still write a result into one. A proxy of the engine's
+    library looks at a dropped request's out array when close_begin is called."""
+    asked("engine")
+    from partialcoll import _engine
+    real_lib, alive = _engine.lib, []
+
+    class Proxy:
+        def __getattr__(self, name):
+            return getattr(real_lib, name)
+
+        def pc_hop_close_begin(self, *args):
+            alive.append([r() is not None for r in out_refs])
+            return real_lib.pc_hop_close_begin(*args)
+
+    g = pc.ring_graph(comm)
+    coll = pc.NeighborAllreduce(4, np.float64, comm=g)
+    reqs = [coll.post(np.full(4, 1.0)) for _ in range(min(coll.depth, 2))]
+    out_refs = [weakref.ref(req._out) for req in reqs]
+    del reqs                             # never waited for: close() drops them
+    _engine.lib = Proxy()
+    try:
+        coll.close(timeout=60)
+    finally:
+        _engine.lib = real_lib
+    assert alive == [[True] * len(out_refs)], alive
+    assert all(r() is None for r in out_refs)    # and let go once close() returned
     g.Free()
 
 
