@@ -263,6 +263,28 @@ def test_transient_straggler_wins_its_blocks_back_at_the_first_exploration():
         assert min(share[explored[0] + 4:]) >= 3, (seed, share)
 
 
+def test_exploring_a_server_found_slow_backs_off():
+    """A server that stays slow: every exploration that finds it slow halves the chance
+    of the next one (down to 1/8), so the explored blocks cost a few per cent of the
+    epochs over a long run, not epsilon's share (each exploration of an 8x-slow server
+    puts it on the critical path for an epoch). A server never explored in vain is
+    explored with probability epsilon, as before: the transient straggler above still
+    wins its blocks back at the first exploration after it recovered."""
+    p, epochs = 4, 400
+    slow = lambda o, e: 8.0 if o == 3 else 1.0                    # noqa: E731
+    for seed in range(4):
+        ran = model_epochs("psld", slow, epochs, epsilon=0.2, seed=seed, delay=2)
+        explored = sum(counts(a, p)[3] > 0 for a in ran[10:]) / (epochs - 10)
+        assert 0.0 < explored < 0.06, (seed, explored)        # without the back-off: ~0.2
+    # the pure function: tries (explorations of each server that found it slow) scale
+    # the chance: 2 ** -tries of epsilon's
+    t, cur = np.array([1.0, 1.0, 1.0, 8.0]), ps.round_robin(15, range(3))    # server 3 holds nothing
+    for tries, share in ((0, 1.0), (1, 0.5), (3, 0.125)):
+        hits = sum(balance.psld(t, range(4), cur, seed=5, epoch=e, epsilon=0.5, tries=[0, 0, 0, tries]) != cur
+                   for e in range(2000))
+        assert abs(hits / 2000 - 0.5 * share) < 0.03, (tries, hits)
+
+
 def test_predictor_replaces_a_stale_prediction():
     """An owner measured again after epochs without blocks is predicted from the new
     measurement alone; a continuing series is averaged."""
