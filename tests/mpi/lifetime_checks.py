@@ -16,8 +16,8 @@
    (another collective keeps a round armed): a pass that ends while the freeing thread
    still holds the freed object's lock must not free it under that thread (it wrote
    the freed memory when it let go: glibc's heap broke at a later free, once in a few
-   thousand closes). tests/test_engine.py runs this with PARTIALCOLL_DOOM_PAUSE_US,
-   which holds the lock that long: every free meets a pass then.
+   thousand closes). tests/test_engine.py runs this module with PARTIALCOLL_DOOM_PAUSE_US,
+   which holds the lock that much longer: every free meets a pass then.
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_freed_while_passes_run(comm):
     keep = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode="solo")   # its armed round: passes run
     keep.post(np.ones(4, np.int64)).wait(timeout=30)
     ring = pc.ring_graph(comm)
-    for i in range(40):
+    for i in range(12):
         n = 64 + i % 5
         coll = pc.PartialAllreduce(n, np.int64, MPI.SUM, comm, mode="full")
         got = coll.post(np.full(n, i + r, np.int64)).wait(timeout=30).data
