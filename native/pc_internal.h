@@ -133,7 +133,7 @@ typedef struct pc_unit {
     int waiters;             /* application threads blocked on lock (atomic): passes skip it */
     int pins;                /* progress passes holding a pointer to the unit (E.lock) */
     int nrunning;            /* its schedules on the running list (E.lock; atomic reads) */
-    int doomed;              /* free once nothing runs and nothing pins it (E.lock) */
+    int doomed;              /* free once nothing runs, nothing pins it and its lock is free (E.lock) */
     int leaked;              /* MPI may still touch its memory: never freed (E.lock) */
     int withdraw;            /* abandoned: the next pass withdraws what has not started (unit) */
     void (*destroy)(struct pc_unit *);   /* frees the owner (registered by it) */
