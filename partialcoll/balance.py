@@ -28,7 +28,10 @@ balance=
                   is measured again and wins its blocks back. Each exploration that
                   found a server still slow halves the chance of exploring it (down to
                   2 ** -MAX_TRIES of epsilon's), so a server that stays slow costs a few
-                  explored epochs, not epsilon's share of all of them.
+                  explored epochs, not epsilon's share of all of them. Noise is weighed
+                  as the measurements show it (their deviations from the predictions):
+                  servers predicted within it of each other count as equally fast, and
+                  a switch must gain more than it; the first epoch is not used.
 """
 from __future__ import annotations
 
@@ -59,6 +62,15 @@ GAIN = 0.10                  # psld exploits only for a predicted round time thi
                              # (a straggler detected, not noise in the measurements; 15 % kept
                              # a recovered server at one block where the delay every owner
                              # shares was 3 blocks' work)
+WARMUP = 1                   # psld's first epochs, not used: the collective's first rounds
+                             # (connections, first touches of the scratch blocks) put one
+                             # equal server at 3 - 7x another's marginal cost on emulated hosts
+NOISE = 0.5                  # how much an owner's measurements are taken to vary from epoch to
+                             # epoch, relative to their value, before they show it: a prior
+                             # that counts as one measured deviation (TCP starts its RTT
+                             # variation at half the first RTT, RFC 6298). Measured exactly,
+                             # an owner 4x slow loses blocks at the first decision made (after
+                             # WARMUP), 2.5 - 3x at the second, 2x at the third, 1.5x at the fifth
 MAX_TRIES = 3                # explorations in vain that halve a server's chance of the next:
                              # at most 8x less likely (a server found slow 3 times is still
                              # explored now and then, so it wins its blocks back once it
@@ -211,30 +223,76 @@ def least_time(times: np.ndarray, servers: Sequence[int], nblocks: int,
 
 
 def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, seed: int, epoch: int,
-         epsilon: float, fixed: Optional[np.ndarray] = None, tries: Optional[Sequence[int]] = None) -> List[int]:
+         epsilon: float, fixed: Optional[np.ndarray] = None, tries: Optional[Sequence[int]] = None,
+         spread: Optional[tuple] = None, explored: Optional[Sequence[bool]] = None) -> List[int]:
     """PSLD's prediction-guided exploitation and exploration (times: the predicted
     marginal per-block time of every rank, fixed: its predicted fixed delay, NaN
     unknown). Exploration is drawn from (seed, epoch), so every rank makes the same
     choice; it gives one block to a server left without blocks (the only ones whose
     prediction no measurement refreshes): with none, there is nothing to explore.
     tries (per server, as servers): explorations that found it slow; the chance of
-    exploring a server is epsilon * 2 ** -tries."""
-    return _place(_psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries), servers, current)
+    exploring a server is epsilon * 2 ** -tries. spread: (marginal, fixed) arrays like
+    times, how much each owner's measurements vary from epoch to epoch (None: not at
+    all); explored (per server): it holds blocks only because exploration gave them."""
+    return _place(_psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread, explored),
+                  servers, current)
 
 
-def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries):
+def _spread(counts: Sequence[int], t, f, dt, df) -> float:
+    """How much the span of the owner that finishes last varies from epoch to epoch:
+    its fixed delay's deviation + n x its marginal cost's."""
+    spans = [(x + n * y, g + n * e) for n, y, x, e, g in zip(counts, t, f, dt, df) if n > 0]
+    return max(spans)[1] if spans else 0.0
+
+
+def _pool(values: Sequence[float], devs: Sequence[float]) -> List[float]:
+    """Values that lie within their deviations of each other taken as equal (their mean):
+    from the least up, a value joins the group of the least one not yet grouped if the
+    two differ by less than the sum of their deviations."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = list(values)
+    k = 0
+    while k < len(order):
+        first, group = order[k], [order[k]]
+        while k + len(group) < len(order):
+            j = order[k + len(group)]
+            if values[j] - values[first] > devs[j] + devs[first]:
+                break
+            group.append(j)
+        mean = sum(values[i] for i in group) / len(group)
+        for i in group:
+            out[i] = mean
+        k += len(group)
+    return out
+
+
+def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None):
     """psld's blocks per server. tries: a list, or a function of the exploitation's
-    counts alone (before the GAIN test and the exploration: whom the predictions find
-    fast enough) that returns it (decide: the outcome of an exploration counts at once)."""
+    counts alone (before the switch test and the exploration: whom the predictions find
+    fast enough) that returns it (decide: the outcome of an exploration counts at once).
+
+    With spread, the measurements' noise is weighed twice: owners whose predictions lie
+    within it of each other are taken as equally fast (so that noise does not split
+    blocks unevenly between equal servers), and a switch must gain more than the round
+    times it compares vary (the root of the sum of squares of their slowest owners'
+    deviations) -- except that blocks exploration gave a server the predictions now leave
+    out go back at the first decision that sees it (GAIN alone)."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
+    dt = df = [0.0] * len(servers)
+    if spread is not None:
+        dt, df = _fixed(spread[0], servers), _fixed(spread[1], servers)
+        t, f = _pool(t, dt), _pool(f, df)
     exploit = _least_counts(t, f, n)
     if callable(tries):
         tries = tries(exploit)
     held = Counter(current)
     now = [held[s] for s in servers]
     # no straggler worth a switch: keep the assignment
-    counts = now if _round_time(exploit, t, f) > (1 - GAIN) * _round_time(now, t, f) else list(exploit)
+    gain = _round_time(now, t, f) - _round_time(exploit, t, f)
+    noise = (_spread(now, t, f, dt, df) ** 2 + _spread(exploit, t, f, dt, df) ** 2) ** 0.5
+    vain = any(x and h > 0 and k == 0 for x, h, k in zip(explored or (), now, exploit))
+    counts = list(exploit) if gain > GAIN * _round_time(now, t, f) and (vain or gain > noise) else now
     idle = [i for i in range(len(servers)) if counts[i] == 0]
     if idle and n > 1 and epsilon > 0:
         rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
@@ -250,50 +308,84 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries):
 
 class Predictor:
     """psld's per-owner prediction: moving averages of the measured marginal and fixed
-    times. An owner that served nothing keeps its last prediction; when it is measured
-    again after such a gap (exploration gave it a block), the new measurement replaces
-    the stale prediction instead of being averaged with it, so that a server that
-    recovered is predicted fast at once; so does a fixed delay that puts the first
-    block JUMP times off its prediction (an owner starved, or recovered while it held
-    its explored block). Every rank feeds it the same epochs, so every rank predicts the same."""
+    times, and of how far each measurement was from them (the deviations, started from
+    the NOISE prior). An owner that served nothing keeps its last prediction; when it is
+    measured again after such a gap (exploration gave it a block), the new measurement
+    replaces the stale prediction instead of being averaged with it, so that a server
+    that recovered is predicted fast at once (its deviation then taken as its peers'
+    until it has its own); so does a fixed delay that puts the first block JUMP times
+    off its prediction (an owner starved, or recovered while it held its explored
+    block). Every rank feeds it the same epochs, so every rank predicts the same."""
 
     def __init__(self, size: int) -> None:
         self.est = np.full(size, np.nan)         # marginal seconds per block
         self.fixed = np.full(size, np.nan)
+        self.dev = np.full(size, np.nan)         # mean deviations of the measurements from
+        self.fixed_dev = np.full(size, np.nan)   # est and fixed (NaN: no series yet)
+        self.devs = np.zeros(size, int)          # ... and how many deviations each averages
+        self.fixed_devs = np.zeros(size, int)
+        self.merit = np.ones(size, bool)         # the latest exploitation gave it blocks (else
+                                                 # blocks it holds came from exploration)
         self.fresh = np.zeros(size, bool)        # measured in the latest epoch
         self.probed = np.zeros(size, bool)       # ... after an epoch without blocks (explored)
         self.tries = np.zeros(size, int)         # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
 
-    def _average(self, est: np.ndarray, measured: np.ndarray, base=0.0, jump: Optional[float] = None) -> None:
+    def _average(self, est: np.ndarray, dev: np.ndarray, count: np.ndarray, measured: np.ndarray, base=0.0,
+                 jump: Optional[float] = None) -> None:
         """est <- measured, averaged into a continuing series unless, with jump given,
         (measured + base) is off (est + base) by that factor or more (base: what the
-        quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy)."""
+        quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy).
+        dev: the series' mean deviation from est (TCP's RTT variation): the mean of the
+        NOISE prior and the deviations while they are fewer than 1 / ALPHA, then averaged
+        as est is; count: how many deviations it holds (a new series: none, dev NaN)."""
         new = ~np.isnan(measured)
         keep = new & self.fresh & ~np.isnan(est)
         if jump is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
                 ratio = (measured + base) / (est + base)
                 keep &= (ratio < jump) & (ratio > 1 / jump)
+        off = np.abs(measured[keep] - est[keep])
+        prior = NOISE * (est[keep] + np.broadcast_to(base, est.shape)[keep])
+        count[keep] += 1
+        weight = np.maximum(ALPHA, 1.0 / (count[keep] + 1))
+        dev[keep] = weight * off + (1 - weight) * np.where(np.isnan(dev[keep]), prior, dev[keep])
         est[keep] = ALPHA * measured[keep] + (1 - ALPHA) * est[keep]
         est[new & ~keep] = measured[new & ~keep]
+        dev[new & ~keep] = np.nan
+        count[new & ~keep] = 0
 
     def update(self, measured: "OwnerTimes"):
         """(marginal, fixed) predictions after this epoch's measurements."""
         marginal = np.nan_to_num(self.est)               # what a fixed delay adds to
         known = ~np.isnan(self.est)
-        self._average(self.est, measured.marginal)
-        self._average(self.fixed, measured.fixed, marginal, JUMP)
+        self._average(self.est, self.dev, self.devs, measured.marginal)
+        self._average(self.fixed, self.fixed_dev, self.fixed_devs, measured.fixed, marginal, JUMP)
         fresh = ~np.isnan(measured.marginal)
         self.probed = fresh & ~self.fresh & known
         self.fresh = fresh
         return self.est.copy(), self.fixed.copy()
+
+    def spread(self):
+        """(marginal, fixed) mean deviations to expect of each owner's measurements: its
+        own where it has a series of them, else the owners' typical deviation relative to
+        their predictions (NOISE before any owner has one): a server measured again after
+        a time without blocks is taken to vary as much as its peers do."""
+        out = []
+        for dev, est in ((self.dev, self.est), (self.fixed_dev, self.fixed + np.nan_to_num(self.est))):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rel = dev / est
+            known = ~np.isnan(rel) & np.isfinite(rel)
+            typical = float(np.median(rel[known])) if known.any() else NOISE
+            out.append(np.where(np.isnan(dev), typical * est, dev))
+        return tuple(out)
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
         server is not slow (tries 0); one just measured again after a time without blocks
         that they still leave out was explored in vain (tries + 1, at most MAX_TRIES)."""
         for s, n in zip(servers, exploit):
+            self.merit[s] = n > 0
             if n > 0:
                 self.tries[s] = 0
             elif self.probed[s]:
@@ -312,9 +404,13 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
         t = measured.per_block
         predictor.est[~np.isnan(t)] = t[~np.isnan(t)]          # the last measurement of each owner
         return proportional(predictor.est, servers, current)
+    if epoch < WARMUP:
+        return list(current)
     marginal, fixed = predictor.update(measured)
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)
-    return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge), servers, current)
+    explored = [not predictor.merit[s] for s in servers]        # before judge() updates it
+    return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge, predictor.spread(),
+                               explored), servers, current)
 
 
 class Balancer:

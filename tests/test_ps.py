@@ -197,11 +197,17 @@ def test_psld_exploit_explore_seeded():
 
 def test_psld_drops_an_owner_that_starts_late():
     """An owner whose blocks all come back late but together (a CPU-starved process: its
-    marginal cost is like the others', its fixed delay is not) loses its blocks."""
+    marginal cost is like the others', its fixed delay is not) loses its blocks. Not on
+    the first epoch (the warm-up: not used), nor on one measured epoch alone, where its
+    round (9 block times against 6 without it) is within the NOISE taken for granted
+    until the measurements show less: the second measured epoch drops it."""
     p, cur = 4, ps.round_robin(16, range(4))
-    m = observe([1.0, 1.0, 1.0, 1.0], np.bincount(cur, minlength=p), latency=np.array([0.5, 0.5, 0.5, 6.0]))
-    a = balance.decide("psld", m, balance.Predictor(p), list(range(p)), cur, 0, 0, 0.0)
-    assert counts(a, p)[3] == 0, counts(a, p)
+    pred, got = balance.Predictor(p), []
+    for e in range(4):
+        m = observe([1.0, 1.0, 1.0, 1.0], np.bincount(cur, minlength=p), latency=np.array([0.5, 0.5, 0.5, 6.0]))
+        cur = balance.decide("psld", m, pred, list(range(p)), cur, 0, e, 0.0)
+        got.append(counts(cur, p))
+    assert got == [[4, 4, 4, 4], [4, 4, 4, 4], [6, 5, 5, 0], [6, 5, 5, 0]], got
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):
@@ -227,19 +233,19 @@ def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
     p = 4
     slow = lambda o, e: 8.0 if o == 3 and e < 10 else 1.0          # noqa: E731  (recovers at epoch 10)
     psld = model_epochs("psld", slow, 80)
-    # one decision takes the slow owner below 1 / (2P) of the blocks
-    assert counts(psld[1], p)[3] / 16 < 1 / (2 * p)
+    # the first decision after the warm-up epoch takes the slow owner below 1 / (2P) of the blocks
+    assert counts(psld[1], p) == [4, 4, 4, 4] and counts(psld[2], p)[3] / 16 < 1 / (2 * p)
     # after it recovered, exploration measures it again and it gets a fair share back
     assert counts(psld[-1], p)[3] >= 3, [counts(a, p) for a in psld[-5:]]
     # the same with a latency common to every owner (waiting for the slowest sender) 3x a
     # block's cost: the marginal costs see through it
     lat = model_epochs("psld", slow, 80, latency=3.0)
-    assert counts(lat[1], p)[3] / 16 < 1 / (2 * p) and counts(lat[-1], p)[3] >= 3
+    assert counts(lat[2], p)[3] / 16 < 1 / (2 * p) and counts(lat[-1], p)[3] >= 3
     prop = model_epochs("proportional", slow, 80)
     # the strawman keeps it busy with a block: its round takes 8, psld's 6 (in block times)
     assert counts(prop[1], p)[3] == 1
     cost = lambda a: max(np.array(counts(a, p)) * np.array([1, 1, 1, 8.0]))   # noqa: E731
-    assert cost(prop[1]) == 8 and cost(psld[1]) == 6
+    assert cost(prop[1]) == 8 and cost(psld[2]) == 6
     # nothing slow: every server holds blocks, so every one is measured in every epoch
     # and there is nothing to explore: the balanced assignment is never disturbed
     flat = model_epochs("psld", lambda o, e: 1.0, 400, epsilon=0.5, delay=2)
@@ -247,17 +253,17 @@ def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
 
 
 def test_transient_straggler_wins_its_blocks_back_at_the_first_exploration():
-    """A CPU-starved owner (its blocks late by a fixed delay) recovers at epoch 6; the
+    """A CPU-starved owner (its blocks late by a fixed delay) recovers at epoch 8; the
     decisions take effect 2 epochs late, as in the engine. Exploration measures it again,
     the new measurement replaces its stale prediction (not averaged with it), and the
     next decisions give it its share back: within 4 epochs of its first block after the
     recovery (2 of them the decision delay), for every seed, and for good."""
-    p, back = 4, 6
+    p, back = 4, 8
     slow_lat = lambda e: np.array([0.5, 0.5, 0.5, 8.0 if e < back else 0.5])     # noqa: E731
     for seed in range(20):
         ran = model_epochs("psld", lambda o, e: 1.0, 60, epsilon=0.2, seed=seed, latency=slow_lat, delay=2)
         share = [counts(a, p)[3] for a in ran]
-        assert all(share[e] <= 1 for e in range(2, back)), share   # dropped (explored: one block)
+        assert all(share[e] <= 1 for e in range(4, back)), share   # dropped by decision 2 (explored: one block)
         explored = [e for e in range(back, 60) if share[e] > 0]
         assert explored, (seed, share)
         assert min(share[explored[0] + 4:]) >= 3, (seed, share)
@@ -303,24 +309,83 @@ def test_predictor_replaces_a_stale_prediction():
     assert np.allclose(fixed, [0.0, 0.5]) and np.isclose(est[1], a * 40 + (1 - a) * 1.0), (est, fixed)
 
 
-def test_noise_is_no_straggler():
-    """Equal owners measured with random noise (each epoch's per-block times and latencies
-    30 % off, lognormal): psld's decisions cost little over the balanced assignment (with
-    the predictions averaged at weight 0.5 they chased the noise: 1.17x)."""
-    p, nblocks, latency = 4, 16, 0.5
-    costs = []
-    for seed in range(8):
+def noisy_rounds(sigma, common, latency, slow=1.0, seeds=8, epochs=100, p=4, nblocks=16):
+    """psld against a model of noisy measurements: owner o takes t_o per block (the last
+    owner slow x the others) after a latency every owner shares; each epoch measures
+    every owner holding blocks at t_o and latency x lognormal(sigma) of its own, both x
+    lognormal(common) of the epoch's (a whole epoch slower on every owner); decisions
+    run 2 epochs later, as in the engine. Returns the mean round time (the slowest
+    owner's latency + n t) over epochs 10 on, against the best assignment's."""
+    t = np.array([1.0] * (p - 1) + [slow])
+    best = latency + min(max(np.ceil(nblocks / (p - 1)), 1), t.max() * nblocks / p) if slow > 1 else \
+        latency + nblocks / p
+    out = []
+    for seed in range(seeds):
         rng = np.random.default_rng(seed)
         pred, cur = balance.Predictor(p), ps.round_robin(nblocks, list(range(p)))
         decided, cost = [cur, cur], []
-        for e in range(100):
+        for e in range(epochs):
             n = np.bincount(decided[e], minlength=p)
-            cost.append(latency + n.max())                        # every block costs 1
-            m = observe(rng.lognormal(0, 0.3, p), n, latency=latency * rng.lognormal(0, 0.3, p))
+            cost.append(latency + (n * t).max())
+            c = rng.lognormal(0, common)
+            m = observe(c * t * rng.lognormal(0, sigma, p), n, latency=c * latency * rng.lognormal(0, sigma, p))
             cur = balance.decide("psld", m, pred, list(range(p)), cur, 1, e, 0.1)
             decided.append(cur)
-        costs.append(np.mean(cost[10:]) / (latency + nblocks / p))
-    assert np.mean(costs) < 1.12, costs
+        out.append(np.mean(cost[10:]) / best)
+    return float(np.mean(out))
+
+
+@pytest.mark.parametrize("sigma,common,latency,bound", [
+    (0.3, 0.0, 0.5, 1.02),       # before noise was weighed: 1.09
+    (0.6, 0.0, 0.5, 1.02),       # 1.27
+    (0.6, 0.6, 0.5, 1.02),       # 1.28
+    (0.6, 0.0, 3.0, 1.12),       # 1.21
+    (0.6, 0.6, 3.0, 1.12),       # 1.35
+])
+def test_noise_is_no_straggler(sigma, common, latency, bound):
+    """Equal owners measured with noise (this machine's epochs: one owner's marginal cost
+    3 - 7x another's now and then, whole epochs 2x slower): psld's decisions cost little
+    over the balanced assignment. Before they weighed the noise (with the predictions'
+    averaging alone), they moved blocks after it (the costs in the comments)."""
+    assert noisy_rounds(sigma, common, latency) < bound
+
+
+@pytest.mark.parametrize("sigma,common,bound", [
+    (0.3, 0.0, 1.05),            # before: 1.03
+    (0.6, 0.0, 1.10),            # 1.20
+    (0.6, 0.6, 1.15),            # 1.43
+])
+def test_straggler_among_noisy_owners(sigma, common, bound):
+    """One owner 8x slow, the rest as above: psld keeps it out (an exploration of it now
+    and then costs a few per cent) and the equal owners evenly loaded."""
+    assert noisy_rounds(sigma, common, 0.5, slow=8.0) < bound
+
+
+def test_pool_takes_owners_within_their_noise_as_equal():
+    assert balance._pool([1.0, 1.5, 1.0, 9.0], [0.3, 0.3, 0.3, 0.3]) == [7 / 6, 7 / 6, 7 / 6, 9.0]
+    assert balance._pool([1.0, 1.5, 1.0, 9.0], [0.2, 0.2, 0.2, 0.2]) == [1.0, 1.5, 1.0, 9.0]
+    # a group is bounded by its least member: a chain of small steps does not merge it all
+    assert balance._pool([1.0, 1.4, 1.8, 2.2], [0.25] * 4) == [1.2, 1.2, 2.0, 2.0]
+
+
+def test_psld_switches_only_beyond_the_noise():
+    """Owner 1 measured 1.5x the others: with no noise given, a predicted gain over GAIN
+    moves its blocks (the old rule); within the noise the owners count as equal (0.3:
+    pooled) or the gain does not exceed what the round times vary (0.2: 1.0 against
+    1.28), so the assignment stays; with little noise (0.05) the blocks move."""
+    t, cur = np.array([1.0, 1.5, 1.0, 1.0]), ps.round_robin(16, range(4))
+    kw = dict(seed=5, epoch=1, epsilon=0.0)
+    assert counts(balance.psld(t, range(4), cur, **kw), 4) == [5, 3, 4, 4]
+    for dev, moved in ((0.3, False), (0.2, False), (0.05, True)):
+        spread = (np.full(4, dev), np.zeros(4))
+        assert (balance.psld(t, range(4), cur, spread=spread, **kw) != cur) == moved, dev
+    # an explored block the predictions leave out goes back however noisy: server 3 (8x)
+    # holds the one block exploration gave it
+    t, cur = np.array([1.0, 1.0, 1.0, 8.0]), ps.round_robin(15, range(3)) + [3]
+    spread = (np.full(4, 2.0), np.full(4, 4.0))
+    assert balance.psld(t, range(4), cur, spread=spread, **kw) == cur
+    back = balance.psld(t, range(4), cur, spread=spread, explored=[False, False, False, True], **kw)
+    assert counts(back, 4) == [6, 5, 5, 0], counts(back, 4)
 
 
 @pytest.mark.mpiexec
