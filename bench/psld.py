@@ -26,7 +26,8 @@ are servers); side by side in one job:
                        knowing the slow ranks in advance; what stays is the slow ranks'
                        work as workers (sending and receiving the whole vector)
 Each configuration runs --repeat times, in rotated order; the run of median round time
-is reported (the machine is shared: its load drifts during a run).
+is reported (the machine is shared: its load drifts during a run). Repetition k seeds
+every collective with 1 + k, so psld explores in other rounds in each.
 
 Interference (PSLD's "computation interference"): the slow rank is pinned to one CPU
 with taskset, and while a configuration with interference runs, it starts --hogs busy
@@ -141,6 +142,13 @@ def limit_link(host: int, rate) -> None:
         subprocess.run(cmd, check=bool(rate), capture_output=True)
 
 
+# The dedicated servers wait in a barrier while the workers' rounds run: it tests every
+# 5 ms, not every 0.2 ms. With 6 ranks on 2 cores, a server whose application thread woke
+# 5000 times a second made a collective with a balancer thread (any second Python thread
+# did) 1.5 - 2x slower, one without none; at 5 ms neither is.
+QUIET = 0.005
+
+
 def worker(args) -> None:
     import numpy as np
     from mpi4py import MPI
@@ -165,7 +173,7 @@ def worker(args) -> None:
     hogs: list = []
 
     def interfere(on: bool) -> None:
-        quiet_barrier(comm)                      # every rank got here (servers run ahead of the workers)
+        quiet_barrier(comm, QUIET)               # every rank got here (servers run ahead of the workers)
         if args.link:                            # this host's link, both ways (tc tbf)
             if rank in slow and on != bool(hogs):
                 limit_link(rank, args.link if on else None)
@@ -178,13 +186,13 @@ def worker(args) -> None:
                 h.kill()
                 h.wait()
             hogs.clear()
-        quiet_barrier(comm)
+        quiet_barrier(comm, QUIET)
 
-    def measure(make, interfered) -> dict:
+    def measure(make, interfered, rep) -> dict:
         """Round times (the slowest rank's) and the slow ranks' share per round."""
         if args.verbose:
             print(f"rank {rank}: {make}", file=sys.stderr, flush=True)
-        coll = make()
+        coll = make(rep)
         if args.verbose and coll is not None:    # a hang: what the balancer thread says
             import threading
             dog = threading.Timer(25, lambda: print(f"rank {rank} after 25 s: balancer "
@@ -193,7 +201,7 @@ def worker(args) -> None:
                                                     file=sys.stderr, flush=True))
             dog.daemon = True
             dog.start()
-        quiet_barrier(comm)
+        quiet_barrier(comm, QUIET)
         ends = []
         t0 = time.perf_counter()
         for i in range(rounds):
@@ -240,12 +248,14 @@ def worker(args) -> None:
             kw.update(mode="quorum", quorum=len(workers), workers=workers)
         else:                                    # every rank posts and serves: a full allreduce
             kw.update(mode="full")
-        return lambda: pc.PartialAllreduce(count, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=block,
-                                           balance=balance, rebalance_every=args.every, seed=1,
-                                           servers=servers, **kw)
+        # seed: psld's exploration draws, a sequence per repetition (with one seed for all,
+        # every repetition explored in the same rounds)
+        return lambda rep: pc.PartialAllreduce(count, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=block,
+                                               balance=balance, rebalance_every=args.every, seed=1 + rep,
+                                               servers=servers, **kw)
 
     fast = [r for r in serving if r not in slow]
-    configs = {"mpi": (lambda: None, True), "baseline": (ps_coll("static"), False)}
+    configs = {"mpi": (lambda rep: None, True), "baseline": (ps_coll("static"), False)}
     if args.scenario in ("one", "two"):          # where the gap to the baseline comes from
         configs.update({"fast servers": (ps_coll("static", servers=fast), False),
                         "ideal": (ps_coll("static", servers=fast), True)})
@@ -260,7 +270,7 @@ def worker(args) -> None:
     for rep in range(args.repeat):                # rotated order: drift on the shared machine spreads evenly
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             make, interfered = configs[name]
-            runs[name].append(measure(make, interfered))
+            runs[name].append(measure(make, interfered, rep))
     results = {}
     for name, got in runs.items():               # the repetition of median mean round time
         if rank == 0:

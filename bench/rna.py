@@ -45,13 +45,14 @@ from mpi4py import MPI
 import partialcoll as pc
 
 
-def quiet(req):
+def quiet(req, interval=0.0002):
     while not req.Test():
-        time.sleep(0.0002)
+        time.sleep(interval)
 
 
-def quiet_barrier(comm):
-    quiet(comm.Ibarrier())
+def quiet_barrier(comm, interval=0.0002):
+    """A barrier that waits without spinning a core: it tests every `interval` seconds."""
+    quiet(comm.Ibarrier(), interval)
 
 
 # -- mixed heterogeneity ------------------------------------------------------------------

@@ -288,11 +288,15 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
         tries = tries(exploit)
     held = Counter(current)
     now = [held[s] for s in servers]
-    # no straggler worth a switch: keep the assignment
-    gain = _round_time(now, t, f) - _round_time(exploit, t, f)
+    # no straggler worth a switch: keep the assignment. GAIN is of what an assignment can
+    # change: the round time beyond the least fixed delay (the wait for the slowest
+    # sender, which every owner's first result includes)
+    rt = _round_time(now, t, f)
+    gain = rt - _round_time(exploit, t, f)
+    floor = min((f[i] for i in range(len(f)) if now[i] or exploit[i]), default=0.0)
     noise = (_spread(now, t, f, dt, df) ** 2 + _spread(exploit, t, f, dt, df) ** 2) ** 0.5
     vain = any(x and h > 0 and k == 0 for x, h, k in zip(explored or (), now, exploit))
-    counts = list(exploit) if gain > GAIN * _round_time(now, t, f) and (vain or gain > noise) else now
+    counts = list(exploit) if gain > GAIN * (rt - floor) and (vain or gain > noise) else now
     idle = [i for i in range(len(servers)) if counts[i] == 0]
     if idle and n > 1 and epsilon > 0:
         rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
