@@ -36,6 +36,7 @@ balance=
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import weakref
 from collections import Counter
@@ -130,7 +131,8 @@ class OwnerTimes:
 
     per_block  span / blocks: the mean service time per block (seconds; owner_times())
     marginal   what one more block costs the owner: (span - first latency) / (blocks - 1),
-               averaged (an owner that served one block at a time: the others' mean)
+               averaged (an owner that served one block at a time: its block's latency
+               beyond the others' least fixed delay, at least their mean marginal cost)
     fixed      what its first block costs beyond that: first latency - marginal (waiting
                for the slowest sender, common to every owner, plus the owner's own delay
                in starting: a CPU-starved owner answers late, then quickly)
@@ -146,9 +148,18 @@ class OwnerTimes:
             several = extra > 0
             marginal = np.where(several, (span - first) / np.where(several, extra, 1), np.nan)
             latency = np.where(samples > 0, first / np.where(samples > 0, samples, 1), np.nan)
-            one = (samples > 0) & ~several          # one block at a time: the others' mean marginal cost
-            marginal[one] = np.nanmean(marginal) if several.any() else latency[one]
+            # one block at a time: its marginal cost is unmeasured; take what its block
+            # took beyond the least fixed delay the others show (what every owner's first
+            # result waits for), at least the others' mean marginal cost: an owner 8x slow
+            # that holds one block is not predicted to take more at the others' pace
+            one = (samples > 0) & ~several
+            if several.any():
+                shared = np.nanmin(np.maximum(latency - marginal, 0.0)[several])
+                marginal[one] = np.maximum(np.nanmean(marginal[several]), latency[one] - shared)
+            else:
+                marginal[one] = latency[one]
             self.marginal = marginal
+            self.direct = several                   # the marginal cost measured (not the others')
             self.fixed = np.maximum(latency - marginal, 0.0)
 
 
@@ -238,25 +249,36 @@ def psld(times: np.ndarray, servers: Sequence[int], current: Sequence[int], *, s
                   servers, current)
 
 
+def _last(counts: Sequence[int], t, f) -> int:
+    """The owner that finishes last (predicted: fixed + n t; -1: none holds blocks)."""
+    spans = [(x + n * y, i) for i, (n, y, x) in enumerate(zip(counts, t, f)) if n > 0]
+    return max(spans)[1] if spans else -1
+
+
 def _spread(counts: Sequence[int], t, f, dt, df) -> float:
     """How much the span of the owner that finishes last varies from epoch to epoch:
     its fixed delay's deviation + n x its marginal cost's."""
-    spans = [(x + n * y, g + n * e) for n, y, x, e, g in zip(counts, t, f, dt, df) if n > 0]
-    return max(spans)[1] if spans else 0.0
+    i = _last(counts, t, f)
+    return df[i] + counts[i] * dt[i] if i >= 0 else 0.0
 
 
-def _pool(values: Sequence[float], devs: Sequence[float]) -> List[float]:
-    """Values that lie within their deviations of each other taken as equal (their mean):
-    from the least up, a value joins the group of the least one not yet grouped if the
-    two differ by less than the sum of their deviations."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
+def _pool(values: Sequence[float], devs: Sequence[float], base=None, apart=None) -> List[float]:
+    """Values that lie within their deviations of each other taken as equal (their mean),
+    relative to value + base: from the least up, a value joins the group of the least one
+    not yet grouped if the log of their ratio is within the sum of their relative
+    deviations (a server 8x slow stays apart however noisy its measurements). Those
+    apart (an owner measured one block at a time: its marginal cost inferred) keep theirs."""
+    base = base or [0.0] * len(values)
+    v = [max(x + b, 1e-12) for x, b in zip(values, base)]
+    rel = [d / x for d, x in zip(devs, v)]
+    order = sorted((i for i in range(len(values)) if not (apart and apart[i])), key=lambda i: v[i])
     out = list(values)
     k = 0
     while k < len(order):
         first, group = order[k], [order[k]]
         while k + len(group) < len(order):
             j = order[k + len(group)]
-            if values[j] - values[first] > devs[j] + devs[first]:
+            if math.log(v[j] / v[first]) > rel[j] + rel[first]:
                 break
             group.append(j)
         mean = sum(values[i] for i in group) / len(group)
@@ -271,18 +293,24 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     counts alone (before the switch test and the exploration: whom the predictions find
     fast enough) that returns it (decide: the outcome of an exploration counts at once).
 
-    With spread, the measurements' noise is weighed twice: owners whose predictions lie
-    within it of each other are taken as equally fast (so that noise does not split
-    blocks unevenly between equal servers), and a switch must gain more than the round
-    times it compares vary (the root of the sum of squares of their slowest owners'
-    deviations) -- except that blocks exploration gave a server the predictions now leave
-    out go back at the first decision that sees it (GAIN alone)."""
+    With spread -- (marginal, fixed) deviations of each owner's measurements, and
+    optionally which owners to keep apart -- the noise is weighed: owners whose
+    predictions lie within it of each other count as equally fast (so that noise does not
+    split blocks unevenly between equal servers), and a switch must gain more than the
+    round times it compares vary (the root of the sum of squares of their last owners'
+    deviations; where those two owners count as equally fast, the gain is in the counts
+    alone and must beat only the marginal cost's deviation times the blocks it moves).
+    Exploration's outcome counts at once: blocks exploration gave a server the
+    predictions now leave out go back, and one they now give blocks gets the share its
+    pessimistic prediction (plus its deviations) earns, on GAIN alone."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
     if spread is not None:
         dt, df = _fixed(spread[0], servers), _fixed(spread[1], servers)
-        t, f = _pool(t, dt), _pool(f, df)
+        apart = [bool(spread[2][s]) for s in servers] if len(spread) > 2 else None
+        t = _pool(t, dt, None, apart)
+        f = _pool(f, df, t, apart)
     exploit = _least_counts(t, f, n)
     if callable(tries):
         tries = tries(exploit)
@@ -294,9 +322,23 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     rt = _round_time(now, t, f)
     gain = rt - _round_time(exploit, t, f)
     floor = min((f[i] for i in range(len(f)) if now[i] or exploit[i]), default=0.0)
-    noise = (_spread(now, t, f, dt, df) ** 2 + _spread(exploit, t, f, dt, df) ** 2) ** 0.5
+    a, b = _last(now, t, f), _last(exploit, t, f)
+    if a >= 0 and b >= 0 and (t[a], f[a]) == (t[b], f[b]):
+        noise = abs(now[a] - exploit[b]) * dt[a]
+    else:
+        noise = (_spread(now, t, f, dt, df) ** 2 + _spread(exploit, t, f, dt, df) ** 2) ** 0.5
     vain = any(x and h > 0 and k == 0 for x, h, k in zip(explored or (), now, exploit))
     counts = list(exploit) if gain > GAIN * (rt - floor) and (vain or gain > noise) else now
+    if counts is now and explored:
+        # an explored server the predictions give blocks: the share its pessimistic
+        # prediction (+ its deviations) earns, on GAIN alone
+        up = [i for i, (x, k) in enumerate(zip(explored, exploit)) if x and k > now[i]]
+        if up:
+            t2 = [y + (dt[i] if i in up else 0.0) for i, y in enumerate(t)]
+            f2 = [x + (df[i] if i in up else 0.0) for i, x in enumerate(f)]
+            won = _least_counts(t2, f2, n)
+            if any(won[i] > now[i] for i in up) and rt - _round_time(won, t, f) > GAIN * (rt - floor):
+                counts = won
     idle = [i for i in range(len(servers)) if counts[i] == 0]
     if idle and n > 1 and epsilon > 0:
         rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
@@ -328,6 +370,7 @@ class Predictor:
         self.fixed_dev = np.full(size, np.nan)   # est and fixed (NaN: no series yet)
         self.devs = np.zeros(size, int)          # ... and how many deviations each averages
         self.fixed_devs = np.zeros(size, int)
+        self.direct = np.ones(size, bool)        # its latest measurement had its marginal cost
         self.merit = np.ones(size, bool)         # the latest exploitation gave it blocks (else
                                                  # blocks it holds came from exploration)
         self.fresh = np.zeros(size, bool)        # measured in the latest epoch
@@ -336,19 +379,23 @@ class Predictor:
                                                  # held blocks on its predicted merit
 
     def _average(self, est: np.ndarray, dev: np.ndarray, count: np.ndarray, measured: np.ndarray, base=0.0,
-                 jump: Optional[float] = None) -> None:
+                 jump: Optional[float] = None, jumpy=True) -> None:
         """est <- measured, averaged into a continuing series unless, with jump given,
-        (measured + base) is off (est + base) by that factor or more (base: what the
-        quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy).
+        (measured + base) is off (est + base) by that factor or more where jumpy (base:
+        what the quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy).
         dev: the series' mean deviation from est (TCP's RTT variation): the mean of the
         NOISE prior and the deviations while they are fewer than 1 / ALPHA, then averaged
         as est is; count: how many deviations it holds (a new series: none, dev NaN)."""
         new = ~np.isnan(measured)
-        keep = new & self.fresh & ~np.isnan(est)
+        keep = new & self.fresh & ~np.isnan(est) & (self._direct == self.direct)
         if jump is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
                 ratio = (measured + base) / (est + base)
-                keep &= (ratio < jump) & (ratio > 1 / jump)
+                # relative to what the epoch did to every owner (a whole epoch faster is
+                # no owner's change)
+                steady = keep & np.isfinite(ratio)
+                ratio = ratio / (float(np.median(ratio[steady])) if steady.sum() > 2 else 1.0)
+                keep &= ((ratio < jump) & (ratio > 1 / jump)) | ~np.asarray(jumpy)
         off = np.abs(measured[keep] - est[keep])
         prior = NOISE * (est[keep] + np.broadcast_to(base, est.shape)[keep])
         count[keep] += 1
@@ -363,9 +410,15 @@ class Predictor:
         """(marginal, fixed) predictions after this epoch's measurements."""
         marginal = np.nan_to_num(self.est)               # what a fixed delay adds to
         known = ~np.isnan(self.est)
-        self._average(self.est, self.dev, self.devs, measured.marginal)
+        # a measurement of another kind than the series' (one block at a time, its
+        # marginal cost inferred, against several, measured) starts a new series
+        self._direct = np.asarray(getattr(measured, "direct", ~np.isnan(measured.marginal)), bool)
+        # one block at a time, the marginal cost is a latency, as steady as the fixed
+        # delay: a JUMP times off is a change too
+        self._average(self.est, self.dev, self.devs, measured.marginal, 0.0, JUMP, ~self._direct)
         self._average(self.fixed, self.fixed_dev, self.fixed_devs, measured.fixed, marginal, JUMP)
         fresh = ~np.isnan(measured.marginal)
+        self.direct = np.where(fresh, self._direct, self.direct)
         self.probed = fresh & ~self.fresh & known
         self.fresh = fresh
         return self.est.copy(), self.fixed.copy()
@@ -382,7 +435,7 @@ class Predictor:
             known = ~np.isnan(rel) & np.isfinite(rel)
             typical = float(np.median(rel[known])) if known.any() else NOISE
             out.append(np.where(np.isnan(dev), typical * est, dev))
-        return tuple(out)
+        return tuple(out) + (~self.direct,)
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a

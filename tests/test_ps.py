@@ -361,11 +361,52 @@ def test_straggler_among_noisy_owners(sigma, common, bound):
     assert noisy_rounds(sigma, common, 0.5, slow=8.0) < bound
 
 
+@pytest.mark.parametrize("sigma,common,latency", [(0.3, 0.0, 0.5), (0.3, 0.0, 3.0), (0.6, 0.0, 3.0),
+                                                  (0.6, 0.6, 0.5), (0.6, 0.6, 3.0)])
+def test_transient_straggler_among_noisy_owners_wins_its_share_back(sigma, common, latency):
+    """An owner 8x slow for the first 10 epochs, then as fast as the others, all measured
+    with noise as above: over epochs 50 - 100 it holds its fair share (4 of 16 blocks)
+    again, on average over the seeds (weighing the noise without the counts-alone rule
+    and the one-block marginal cost kept it at 1 - 2 blocks)."""
+    p, nblocks, held = 4, 16, []
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        pred, cur = balance.Predictor(p), ps.round_robin(nblocks, list(range(p)))
+        decided, share = [cur, cur], []
+        for e in range(100):
+            n = np.bincount(decided[e], minlength=p)
+            share.append(n[3])
+            t = np.array([1.0, 1.0, 1.0, 8.0 if e < 10 else 1.0])
+            c = rng.lognormal(0, common)
+            m = observe(c * t * rng.lognormal(0, sigma, p), n, latency=c * latency * rng.lognormal(0, sigma, p))
+            cur = balance.decide("psld", m, pred, list(range(p)), cur, seed, e, 0.1)
+            decided.append(cur)
+        held.append(np.mean(share[50:]))
+    assert np.mean(held) > 3.3, held
+
+
 def test_pool_takes_owners_within_their_noise_as_equal():
     assert balance._pool([1.0, 1.5, 1.0, 9.0], [0.3, 0.3, 0.3, 0.3]) == [7 / 6, 7 / 6, 7 / 6, 9.0]
     assert balance._pool([1.0, 1.5, 1.0, 9.0], [0.2, 0.2, 0.2, 0.2]) == [1.0, 1.5, 1.0, 9.0]
     # a group is bounded by its least member: a chain of small steps does not merge it all
     assert balance._pool([1.0, 1.4, 1.8, 2.2], [0.25] * 4) == [1.2, 1.2, 2.0, 2.0]
+    # relative: 8x apart stays apart even where its deviation is large in absolute terms
+    assert balance._pool([1.0, 8.0], [0.5, 2.0]) == [1.0, 8.0]
+    # an owner kept apart (its marginal cost inferred from one block) keeps its value
+    assert balance._pool([1.0, 1.5, 1.0], [0.3] * 3, apart=[False, False, True]) == [1.25, 1.25, 1.0]
+
+
+def test_one_block_owner_is_not_predicted_at_the_others_pace():
+    """An owner that served one block at a time has no measured marginal cost: it is
+    what its block took beyond the least fixed delay the others show (at least their
+    mean), so an owner 8x slow holding one block is predicted 8x slow per block, not at
+    the others' pace (which had it given blocks back on a lucky epoch)."""
+    m = observe([1.0, 1.0, 1.0, 8.0], [5, 5, 5, 1], latency=0.5)
+    assert np.allclose(m.marginal, [1.0, 1.0, 1.0, 8.0]) and np.allclose(m.fixed, [0.5] * 4)
+    assert list(m.direct) == [True, True, True, False]
+    # a fast one holding one block: the others' mean
+    m = observe([1.0, 1.0, 1.0, 1.0], [5, 5, 5, 1], latency=0.5)
+    assert np.allclose(m.marginal, [1.0] * 4)
 
 
 def test_psld_switches_only_beyond_the_noise():
@@ -382,7 +423,7 @@ def test_psld_switches_only_beyond_the_noise():
     # an explored block the predictions leave out goes back however noisy: server 3 (8x)
     # holds the one block exploration gave it
     t, cur = np.array([1.0, 1.0, 1.0, 8.0]), ps.round_robin(15, range(3)) + [3]
-    spread = (np.full(4, 2.0), np.full(4, 4.0))
+    spread = (np.full(4, 0.5), np.full(4, 4.0))
     assert balance.psld(t, range(4), cur, spread=spread, **kw) == cur
     back = balance.psld(t, range(4), cur, spread=spread, explored=[False, False, False, True], **kw)
     assert counts(back, 4) == [6, 5, 5, 0], counts(back, 4)
