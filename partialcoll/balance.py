@@ -21,8 +21,8 @@ balance=
                   with probability 1 - epsilon *exploit*: the assignment of least
                   predicted round time (blocks handed one by one to the owner that would
                   finish them first, so slow owners fall out of the set of effective
-                  servers and come back when the set cannot keep up), if it is GAIN
-                  shorter than the current one's (else the current one), and with
+                  servers and come back when the set cannot keep up), if it saves GAIN
+                  of what an assignment can change (else the current one), and with
                   probability epsilon *explore*: one block moved to a random server left
                   without blocks (none: nothing to explore), so a server that recovered
                   is measured again and wins its blocks back. Each exploration that
@@ -59,10 +59,10 @@ JUMP = 4.0                   # a fixed delay that moves the first block's time b
                              # replaces the prediction. Not for the marginal cost: a
                              # difference of two times over a few blocks, it is off by 4x
                              # now and then with nothing changed (bench/psld.py none)
-GAIN = 0.10                  # psld exploits only for a predicted round time this much shorter
-                             # (a straggler detected, not noise in the measurements; 15 % kept
-                             # a recovered server at one block where the delay every owner
-                             # shares was 3 blocks' work)
+GAIN = 0.10                  # psld exploits only to save this much of what an assignment can
+                             # change (the predicted round time beyond the least fixed delay,
+                             # which every owner's first result waits for), and more than the
+                             # noise (NOISE, _psld_counts)
 WARMUP = 1                   # psld's first epochs, not used: the collective's first rounds
                              # (connections, first touches of the scratch blocks) put one
                              # equal server at 3 - 7x another's marginal cost on emulated hosts
@@ -70,8 +70,9 @@ NOISE = 0.5                  # how much an owner's measurements are taken to var
                              # epoch, relative to their value, before they show it: a prior
                              # that counts as one measured deviation (TCP starts its RTT
                              # variation at half the first RTT, RFC 6298). Measured exactly,
-                             # an owner 4x slow loses blocks at the first decision made (after
-                             # WARMUP), 2.5 - 3x at the second, 2x at the third, 1.5x at the fifth
+                             # an owner 4x slow loses blocks at the first or second decision
+                             # made (after WARMUP), 2.5 - 3x at the second, 2x at the first to
+                             # third, 1.5x at the fifth
 MAX_TRIES = 3                # explorations in vain that halve a server's chance of the next:
                              # at most 8x less likely (a server found slow 3 times is still
                              # explored now and then, so it wins its blocks back once it
