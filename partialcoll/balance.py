@@ -379,21 +379,21 @@ class Predictor:
         self.tries = np.zeros(size, int)         # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
 
-    def _average(self, est: np.ndarray, dev: np.ndarray, count: np.ndarray, measured: np.ndarray, base=0.0,
-                 jump: Optional[float] = None, jumpy=True) -> None:
-        """est <- measured, averaged into a continuing series unless, with jump given,
-        (measured + base) is off (est + base) by that factor or more where jumpy (base:
-        what the quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy).
+    def _average(self, est: np.ndarray, dev: np.ndarray, count: np.ndarray, measured: np.ndarray,
+                 same: np.ndarray, base=0.0, jump: Optional[float] = None, jumpy=True) -> None:
+        """est <- measured, averaged into a continuing series (measured last epoch, and of
+        the same kind: same) unless, with jump given, (measured + base) is off (est + base)
+        by that factor or more, relative to what the epoch did to every owner (its median
+        ratio: a whole epoch faster is no owner's change), where jumpy (base: what the
+        quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy).
         dev: the series' mean deviation from est (TCP's RTT variation): the mean of the
         NOISE prior and the deviations while they are fewer than 1 / ALPHA, then averaged
         as est is; count: how many deviations it holds (a new series: none, dev NaN)."""
         new = ~np.isnan(measured)
-        keep = new & self.fresh & ~np.isnan(est) & (self._direct == self.direct)
+        keep = new & self.fresh & ~np.isnan(est) & same
         if jump is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
                 ratio = (measured + base) / (est + base)
-                # relative to what the epoch did to every owner (a whole epoch faster is
-                # no owner's change)
                 steady = keep & np.isfinite(ratio)
                 ratio = ratio / (float(np.median(ratio[steady])) if steady.sum() > 2 else 1.0)
                 keep &= ((ratio < jump) & (ratio > 1 / jump)) | ~np.asarray(jumpy)
@@ -413,13 +413,14 @@ class Predictor:
         known = ~np.isnan(self.est)
         # a measurement of another kind than the series' (one block at a time, its
         # marginal cost inferred, against several, measured) starts a new series
-        self._direct = np.asarray(getattr(measured, "direct", ~np.isnan(measured.marginal)), bool)
+        direct = np.asarray(measured.direct, bool)
+        same = direct == self.direct
         # one block at a time, the marginal cost is a latency, as steady as the fixed
         # delay: a JUMP times off is a change too
-        self._average(self.est, self.dev, self.devs, measured.marginal, 0.0, JUMP, ~self._direct)
-        self._average(self.fixed, self.fixed_dev, self.fixed_devs, measured.fixed, marginal, JUMP)
+        self._average(self.est, self.dev, self.devs, measured.marginal, same, 0.0, JUMP, ~direct)
+        self._average(self.fixed, self.fixed_dev, self.fixed_devs, measured.fixed, same, marginal, JUMP)
         fresh = ~np.isnan(measured.marginal)
-        self.direct = np.where(fresh, self._direct, self.direct)
+        self.direct = np.where(fresh, direct, self.direct)
         self.probed = fresh & ~self.fresh & known
         self.fresh = fresh
         return self.est.copy(), self.fixed.copy()
