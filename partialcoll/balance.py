@@ -256,13 +256,6 @@ def _last(counts: Sequence[int], t, f) -> int:
     return max(spans)[1] if spans else -1
 
 
-def _spread(counts: Sequence[int], t, f, dt, df) -> float:
-    """How much the span of the owner that finishes last varies from epoch to epoch:
-    its fixed delay's deviation + n x its marginal cost's."""
-    i = _last(counts, t, f)
-    return df[i] + counts[i] * dt[i] if i >= 0 else 0.0
-
-
 def _pool(values: Sequence[float], devs: Sequence[float], base=None, apart=None) -> List[float]:
     """Values that lie within their deviations of each other taken as equal (their mean),
     relative to value + base: from the least up, a value joins the group of the least one
@@ -308,7 +301,7 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
     if spread is not None:
-        dt, df = _fixed(spread[0], servers), _fixed(spread[1], servers)
+        dt, df = _fill(spread[0], servers), _fill(spread[1], servers)
         apart = [bool(spread[2][s]) for s in servers] if len(spread) > 2 else None
         t = _pool(t, dt, None, apart)
         f = _pool(f, df, t, apart)
@@ -324,10 +317,12 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     gain = rt - _round_time(exploit, t, f)
     floor = min((f[i] for i in range(len(f)) if now[i] or exploit[i]), default=0.0)
     a, b = _last(now, t, f), _last(exploit, t, f)
-    if a >= 0 and b >= 0 and (t[a], f[a]) == (t[b], f[b]):
+    if a < 0 or b < 0:
+        noise = 0.0
+    elif (t[a], f[a]) == (t[b], f[b]):
         noise = abs(now[a] - exploit[b]) * dt[a]
-    else:
-        noise = (_spread(now, t, f, dt, df) ** 2 + _spread(exploit, t, f, dt, df) ** 2) ** 0.5
+    else:                        # each span varies by its fixed delay's deviation + n x its marginal cost's
+        noise = ((df[a] + now[a] * dt[a]) ** 2 + (df[b] + exploit[b] * dt[b]) ** 2) ** 0.5
     vain = any(x and h > 0 and k == 0 for x, h, k in zip(explored or (), now, exploit))
     counts = list(exploit) if gain > GAIN * (rt - floor) and (vain or gain > noise) else now
     if counts is now and explored:
