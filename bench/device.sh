@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command for a GPU node (one rank per GPU, cores to spare): set up, then measure.
 #
-#   bash bench/device.sh                                   # every step (about 20 min)
-#   bash bench/device.sh --steps info,gpu-tests,cuda-torch,buffers,fold   # part 1 (< 10 min)
-#   bash bench/device.sh --steps fig9,torch                # part 2 (< 10 min)
+#   bash bench/device.sh                                   # every step (about 30 min)
+#   bash bench/device.sh --steps info,engine,psld          # the engine's threads, PSLD (< 10 min)
+#   bash bench/device.sh --steps info,gpu-tests,cuda-torch,buffers,fold   # the GPU paths (< 10 min)
+#   bash bench/device.sh --steps fig9,torch                # Fig. 9, the torch table (< 10 min)
 #   bash bench/device.sh --dry                             # CPU parts at P = 2, GPU steps skipped
 #   python bench/device_report.py --merge a.json b.json --out DIR    # one report of both parts
 #

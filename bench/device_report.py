@@ -16,11 +16,25 @@ Steps (the issue's numbering in brackets):
                   P = 8 and 16, idle=auto, against the targets
   torch       [5] bench/torch_mlp.py, P = 4 and 8: hook and wrapper, full and solo,
                   against DDP+gloo and the mpi4py loop (target: >= 0.9x the best)
+  engine      the engine's threads where cores are spare, P = 2, idle=auto and idle=spin:
+                  bench/small.py (8 B full post+wait / MPI_Allreduce <= 1.3, and one
+                  call's time over 20000 calls), bench/threads.py lock (a post while
+                  another thread waits: worst <= 5x the median alone) and latency (8 B
+                  beside a 100 MiB post <= 1.5x alone), bench/idle.py (armed and waiting
+                  cost beyond the round's work < 1 % of a core)
+  psld        bench/psld.py one, two, none (24 rounds, twice), transient (60 rounds): P = 6,
+                  4 dedicated servers, 32 MiB in 1 MiB blocks, the slow servers pinned with
+                  the busy processes to the last CPU (computation interference): psld <= 1.2x
+                  the no-straggler baseline and >= 1.2x faster than static; the slow
+                  servers below 1/(2P) of the blocks; nothing slow: psld <= 1.03x static;
+                  transient: the recovered server holds >= half its fair share over the
+                  last third
 
 --dry (or PC_DEVICE_DRY=1): what runs without a GPU, at P = 2 with few iterations: info;
 the gpu-marked tests collected, not run; cuda-torch on the CPU; buffers and fold with a
 stand-in CuPy on host memory (tests/fakecupy: the code path, not its timing); fig9 and
-torch at P = 2. Targets are shown and marked, never a failure of the run.
+torch at P = 2; engine and psld, each benchmark once with few iterations (psld at P = 5,
+4 MiB, 8 rounds). Targets are shown and marked, never a failure of the run.
 """
 from __future__ import annotations
 
@@ -40,11 +54,19 @@ from typing import Callable, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-STEPS = ("info", "gpu-tests", "cuda-torch", "buffers", "fold", "fig9", "torch")
-BUDGET = {"info": 60, "gpu-tests": 270, "cuda-torch": 110, "buffers": 70, "fold": 40, "fig9": 200, "torch": 300}
+STEPS = ("info", "gpu-tests", "cuda-torch", "buffers", "fold", "fig9", "torch", "engine", "psld")
+BUDGET = {"info": 60, "gpu-tests": 270, "cuda-torch": 110, "buffers": 70, "fold": 40, "fig9": 200, "torch": 300,
+          "engine": 150, "psld": 360}
 FIG9_TARGETS = {"solo": 25.0, "majority": 2.5, "probe": 5.8}   # MPI latency / mode latency
 IDEAL_WITHIN = 1.1                                              # majority, probe: latency <= 1.1 x ideal
 TORCH_TARGET = 0.9                                              # x the best of DDP+gloo, mpi4py loop
+SMALL_TARGET = 1.3          # 8 B full post+wait / MPI_Allreduce, P = 2
+LOCK_TARGET = 5.0           # a post while another thread waits: worst / median alone
+BESIDE_TARGET = 1.5         # an 8 B round beside a 100 MiB post / alone
+IDLE_TARGET = 1.0           # % of a core: armed, and waiting beyond the round's work
+PSLD_BASELINE = 1.2         # psld round / no-straggler baseline (at most)
+PSLD_STATIC = 1.2           # static round / psld round (at least)
+PSLD_EXPLORE = 1.03         # nothing slow: psld round / static round (at most)
 
 
 class Runner:
@@ -313,8 +335,87 @@ def step_torch(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
             **({"reason": "dry run: P = 2, 4 steps, 1 repetition"} if dry else {})}
 
 
+def _target(what: str, value: Optional[float], target: float, at_most: bool = True) -> dict:
+    met = None if value is None else (value <= target if at_most else value >= target)
+    return {"what": what, "value": float("nan") if value is None else value,
+            "target": f"{'<=' if at_most else '>='} {target}", "met": met}
+
+
+def step_engine(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
+    small = ["-b", "1", "-i", "200", "--rounds", "1000"] if dry else ["-b", "9", "--rounds", "20000"]
+    reps = ["--reps", "1", "--seconds", "1"] if dry else ["--reps", "3", "--seconds", "3"]
+    idle = (["--seconds", "0.5", "--sizes", "8B,1MiB", "--modes", "full"] if dry else ["--seconds", "2"])
+    runs, numbers, targets = [], {}, []
+
+    def bench(name, argv, share):
+        path = _json_file(tmp, f"{name}.json")
+        runs.append(r.run(mpi(2, PY, *argv, "--json", path), limit * share))
+        numbers[name] = _load(path)
+        return numbers[name]
+
+    for idle_rc in ("auto", "spin"):
+        rows = bench(f"small_{idle_rc}", ["bench/small.py", *small, "--rc", f"idle={idle_rc}"], 0.12) or []
+        full = next((row for row in rows if row.get("peer") == "full" and "ratio" in row), None)
+        targets.append(_target(f"idle={idle_rc}: 8 B full post+wait / MPI_Allreduce, P=2",
+                               full and full["ratio"], SMALL_TARGET))
+        row = bench(f"lock_{idle_rc}", ["bench/threads.py", "lock", *reps, "--rc", f"idle={idle_rc}"], 0.12)
+        targets.append(_target(f"idle={idle_rc}: a post while another thread waits, worst / median alone",
+                               row and row["worst_over_alone_median"], LOCK_TARGET))
+        row = bench(f"latency_{idle_rc}", ["bench/threads.py", "latency", *reps, "--rc", f"idle={idle_rc}"], 0.12)
+        targets.append(_target(f"idle={idle_rc}: 8 B round beside a 100 MiB post / alone",
+                               row and row.get("ratio"), BESIDE_TARGET))
+    for row in bench("idle", ["bench/idle.py", "--progress", "thread", *idle], 0.25) or []:
+        for what in ("armed", "overhead"):
+            targets.append(_target(f"idle CPU %, {row['mode']} {row['size']} {what} (policy {row['idle']})",
+                                   row[what], IDLE_TARGET))
+    return {"status": _status(runs), "runs": runs, "numbers": numbers, "targets": targets,
+            **({"reason": "dry run: each benchmark once, few iterations (the targets are for a node with cores "
+                          "to spare)"} if dry else {})}
+
+
+def psld_targets(scenario: str, res: dict) -> List[dict]:
+    c = res["configs"]
+    psld, base, static = c["psld"]["mean_ms"], c["baseline"]["mean_ms"], c["static"]["mean_ms"]
+    if scenario == "none":
+        return [_target("psld nothing slow: psld / static", psld / static, PSLD_EXPLORE)]
+    if scenario == "transient":
+        servers = len(c["psld"]["blocks_per_server"][0])       # blocks per server, per round
+        return [_target("psld transient: the recovered server's share over the last third",
+                        c["psld"].get("recovered_share"), round(1 / (2 * servers), 3), at_most=False)]
+    below = c["psld"].get("below_at")
+    return [_target(f"psld {scenario} slow: psld / no-straggler baseline", psld / base, PSLD_BASELINE),
+            _target(f"psld {scenario} slow: static / psld", static / psld, PSLD_STATIC, at_most=False),
+            {"what": f"psld {scenario} slow: round at which the slow servers hold < 1/(2P)",
+             "value": float("nan") if below is None else float(below), "target": "reached", "met": below is not None}]
+
+
+def step_psld(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
+    size = (["--np", "5", "--servers", "3", "--mib", "4", "--block-mib", "1", "--repeat", "1"] if dry
+            else ["--np", "6", "--servers", "4", "--mib", "32", "--block-mib", "1"])
+    # rounds, repetitions; transient: slow for the first third, then enough decisions after
+    # the recovery for epsilon to explore it
+    plan = ({s: ["--rounds", "8"] for s in ("one", "two", "none", "transient")} if dry else
+            {"one": ["--rounds", "24", "--repeat", "2"], "two": ["--rounds", "24", "--repeat", "2"],
+             "none": ["--rounds", "24", "--repeat", "2"], "transient": ["--rounds", "60", "--repeat", "1"]})
+    runs, numbers, targets = [], {}, []
+    for scenario, argv in plan.items():
+        path = _json_file(tmp, f"psld_{scenario}.json")
+        share = limit / len(plan)
+        runs.append(r.run([PY, "bench/psld.py", scenario, *size, *argv, "--timeout", str(max(10, int(share) - 10)),
+                           "--json", path], share))
+        res = _load(path)
+        if res:
+            numbers[scenario] = {name: {k: v for k, v in conf.items() if k not in ("shares", "blocks_per_server")}
+                                 for name, conf in res["configs"].items()}
+            targets += psld_targets(scenario, res)
+    return {"status": _status(runs), "runs": runs, "numbers": numbers, "targets": targets,
+            **({"reason": "dry run: P = 5, 3 dedicated servers, 4 MiB, 8 rounds, one run (the targets are for "
+                          "a node with cores to spare)"} if dry else {})}
+
+
 STEP_FUNCS: Dict[str, Callable] = {"info": step_info, "gpu-tests": step_gpu_tests, "cuda-torch": step_cuda_torch,
-                                   "buffers": step_buffers, "fold": step_fold, "fig9": step_fig9, "torch": step_torch}
+                                   "buffers": step_buffers, "fold": step_fold, "fig9": step_fig9, "torch": step_torch,
+                                   "engine": step_engine, "psld": step_psld}
 NEEDS_GPU = {"gpu-tests", "cuda-torch", "buffers", "fold"}     # their GPU form; dry runs their CPU form
 
 
@@ -373,7 +474,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry", action="store_true", default=os.environ.get("PC_DEVICE_DRY") == "1")
     ap.add_argument("--steps", default=",".join(STEPS))
-    ap.add_argument("--budget", type=float, default=1170.0, help="seconds for every step together (default 1170)")
+    ap.add_argument("--budget", type=float, default=1700.0, help="seconds for every step together (default 1700)")
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(REPO, "device-report"))
     ap.add_argument("--setup-log", help="device.sh's record of its setup (JSON lines)")
     ap.add_argument("--merge", nargs="+", metavar="REPORT.json", help="merge reports of several calls into one")

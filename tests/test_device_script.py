@@ -32,7 +32,7 @@ def device_sh(out, *args, timeout=420):
 def test_dry_run(tmp_path):
     """Every step of the dry run passes (gpu-tests: collected and skipped, with the reason);
     the numbers each step promises are in the report, Markdown and JSON."""
-    steps = ["info", "gpu-tests", "cuda-torch", "buffers", "fold", "fig9", "torch"]
+    steps = ["info", "gpu-tests", "cuda-torch", "buffers", "fold", "fig9", "torch", "engine", "psld"]
     if not _torch():
         print("torch is not installed: the dry run leaves out its torch steps")
         steps = [s for s in steps if s not in ("cuda-torch", "torch")]
@@ -60,6 +60,15 @@ def test_dry_run(tmp_path):
         assert all(rows[p, "full"]["checked_steps"] > 0 for p in ("hook", "partial_ddp", "optimizer"))
         rates = st["torch"]["numbers"]["tables"]["2"]["steps_per_s"]
         assert set(rates) >= {"gloo", "mpi4py", "hook-full", "hook-solo", "optim-full", "optim-solo"}
+    targets = {t["what"]: t for t in st["engine"]["targets"]}
+    for idle in ("auto", "spin"):                 # each benchmark ran and gave its number
+        for what in ("8 B full post+wait / MPI_Allreduce, P=2", "a post while another thread waits, worst / "
+                     "median alone", "8 B round beside a 100 MiB post / alone"):
+            assert targets[f"idle={idle}: {what}"]["value"] > 0, targets
+    assert {"idle CPU %, full 8B armed", "idle CPU %, full 1MiB overhead"} <= {w.split(" (")[0] for w in targets}
+    assert set(st["psld"]["numbers"]) == {"one", "two", "none", "transient"}
+    assert all(st["psld"]["numbers"][s]["psld"]["mean_ms"] > 0 for s in st["psld"]["numbers"])
+    assert len(st["psld"]["targets"]) == 3 + 3 + 1 + 1, st["psld"]["targets"]
     md = (tmp_path / "report.md").read_text()
     assert "| gpu-tests | skipped |" in md and "## Targets" in md
 
