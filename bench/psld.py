@@ -6,6 +6,7 @@
     flock /tmp/pc-bench.lock python bench/psld.py none
     flock /tmp/pc-bench.lock python bench/psld.py one --link 500mbit    (root: emulated hosts)
     flock /tmp/pc-bench.lock python bench/psld.py one --np 6 --servers 4  (dedicated servers)
+    flock /tmp/pc-bench.lock python bench/psld.py one --quota 0.05       (root: a CPU quota)
 
 A driver: it launches one MPI job per scenario (mpiexec; the slow ranks' command lines
 start with ``taskset -c CPU``) and prints the table. In the job, every rank both posts
@@ -34,7 +35,11 @@ with taskset, and while a configuration with interference runs, it starts --hogs
 processes pinned to the same CPU (and kills them after). With --link RATE (root), the
 job runs across P emulated hosts instead (tests/hosts.py: network namespaces, MPI over
 TCP, one rank per host), and the interference is a rate limit (tc tbf) on the slow
-ranks' hosts' links only, set and lifted by those ranks. Scenarios:
+ranks' hosts' links only, set and lifted by those ranks. With --quota CPUS (root), the
+interference is a share of a CPU instead, as a CPU shared with busy processes gives
+(where ranks share cores, as here, pinning slows every rank; a quota only the slow
+ones): while a configuration with interference runs, the slow ranks move themselves
+into a cgroup limited to CPUS CPUs (tests/cgroup.py) and back after. Scenarios:
   one        the last rank slow
   two        the last two ranks slow (both pinned to the same CPU, with the hogs)
   transient  the last rank slow for the first third of the rounds, then not: psld must
@@ -51,13 +56,16 @@ per round, and the number of switches (rounds whose assignment differs from the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests"))   # hosts, cgroup
 
 
 def driver(args) -> None:
@@ -69,27 +77,34 @@ def driver(args) -> None:
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
               "--repeat", str(args.repeat),
               "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
-    if args.link:                                # one rank per emulated host (tests/hosts.py)
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests"))
-        import hosts
-        hosts.remove_stale()
-        h = hosts.Hosts(p, tag=f"pch{os.getpid()}b").up()
+    env = None
+    with contextlib.ExitStack() as up:
+        if args.quota:                           # a cgroup the slow ranks join while interfered
+            import cgroup
+            # a short period (10 ms, or where the quota would be under the kernel's least, 1 ms,
+            # the shortest above it): the slow rank runs in slices, as on a CPU shared by turns,
+            # not 100 ms at a time
+            period = max(10000, math.ceil(1000 / args.quota))
+            path = up.enter_context(cgroup.quota_group(args.quota, period_us=period))
+            cmd = ["mpiexec", "-n", str(p), *worker, "--quota-path", path]
+        elif args.link:                          # one rank per emulated host (tests/hosts.py)
+            import hosts
+            hosts.remove_stale()
+            h = hosts.Hosts(p, tag=f"pch{os.getpid()}b").up()
+            up.callback(h.down)
+            cmd = h.mpiexec(os.path.join(os.path.dirname(sys.executable), "mpiexec"), p, worker)
+            env = dict(os.environ, **h.env())
+        else:                                    # the slow ranks pinned to one CPU
+            cmd = ["mpiexec"]
+            for r in range(p):
+                if cmd[-1] != "mpiexec":
+                    cmd.append(":")
+                cmd += ["-n", "1"] + (["taskset", "-c", slow_cpu] if r in slow else []) + worker
         try:
-            exe = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-            out = subprocess.run(h.mpiexec(exe, p, worker), capture_output=True, text=True, timeout=args.timeout,
-                                 env=dict(os.environ, **h.env()))
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         except subprocess.TimeoutExpired as exc:
             sys.exit(f"timed out after {args.timeout} s; the job's last words:\n"
                      f"{(exc.stdout or b'')[-3000:].decode()}{(exc.stderr or b'')[-3000:].decode()}")
-        finally:
-            h.down()
-    else:
-        cmd = ["mpiexec"]
-        for r in range(p):
-            if cmd[-1] != "mpiexec":
-                cmd.append(":")
-            cmd += ["-n", "1"] + (["taskset", "-c", slow_cpu] if r in slow else []) + worker
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode:
         sys.exit(out.stdout[-4000:] + out.stderr[-4000:])
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
@@ -103,8 +118,9 @@ def driver(args) -> None:
 def report(res: dict, args) -> None:
     p = res["P"]
     layout = f"ranks {p - args.servers}..{p - 1} dedicated servers" if args.servers else "every rank a server"
-    how = (f"links limited to {args.link}, one rank per emulated host" if args.link else
-           f"taskset -c {args.cpu}, {res['hogs']} busy processes")
+    how = (f"links limited to {args.link}, one rank per emulated host" if args.link
+           else f"a CPU quota of {args.quota:g} CPUs" if args.quota
+           else f"taskset -c {args.cpu}, {res['hogs']} busy processes")
     print(f"scenario {res['scenario']}: P = {p}, {res['mib']} MiB float32, blocks of {res['block_mib']} MiB "
           f"({res['nblocks']} blocks), {res['rounds']} rounds per configuration, slow ranks {res['slow']} "
           f"({how}), rebalance_every {args.every}, "
@@ -171,12 +187,18 @@ def worker(args) -> None:
     x = np.full(count, 1.0 + rank, np.float32)
     rounds = args.rounds
     hogs: list = []
+    if args.quota_path:
+        import cgroup
+        home = cgroup.home()
 
     def interfere(on: bool) -> None:
         quiet_barrier(comm, QUIET)               # every rank got here (servers run ahead of the workers)
-        if args.link:                            # this host's link, both ways (tc tbf)
+        if args.link or args.quota_path:         # this host's link, both ways (tc tbf); a CPU quota
             if rank in slow and on != bool(hogs):
-                limit_link(rank, args.link if on else None)
+                if args.link:
+                    limit_link(rank, args.link if on else None)
+                else:
+                    cgroup.join(args.quota_path if on else home)
                 hogs[:] = [on] if on else []
         elif rank in slow and on and not hogs:
             for _ in range(args.hogs):
@@ -293,6 +315,8 @@ def main() -> None:
     ap.add_argument("--hogs", type=int, default=2)
     ap.add_argument("--link", help="interference by link instead: run across P emulated hosts (root) and "
                                    "rate-limit the slow ranks' links to LINK, e.g. 500mbit")
+    ap.add_argument("--quota", type=float, default=0.0,
+                    help="interference by a CPU quota instead (root): the slow ranks' share of a CPU, e.g. 0.05")
     ap.add_argument("--every", type=int, default=2, help="rebalance_every")
     ap.add_argument("--servers", type=int, default=0,
                     help="the last SERVERS ranks are dedicated servers (workers= the others, mode quorum)")
@@ -303,6 +327,7 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="every rank says what it starts (on stderr)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--slow", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--quota-path", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args)
