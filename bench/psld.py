@@ -36,10 +36,11 @@ processes pinned to the same CPU (and kills them after). With --link RATE (root)
 job runs across P emulated hosts instead (tests/hosts.py: network namespaces, MPI over
 TCP, one rank per host), and the interference is a rate limit (tc tbf) on the slow
 ranks' hosts' links only, set and lifted by those ranks. With --quota CPUS (root), the
-interference is a share of a CPU instead, as a CPU shared with busy processes gives
-(where ranks share cores, as here, pinning slows every rank; a quota only the slow
-ones): while a configuration with interference runs, the slow ranks move themselves
-into a cgroup limited to CPUS CPUs (tests/cgroup.py) and back after. Scenarios:
+interference is a CPU quota instead, a container's CPU limit (where ranks share cores,
+as here, pinning slows every rank; a quota only the slow ones; harsher than a CPU
+shared with busy processes: a throttled rank cannot run until its next period): while
+a configuration with interference runs, the slow ranks move themselves into a cgroup
+limited to CPUS CPUs (tests/cgroup.py) and back after. Scenarios:
   one        the last rank slow
   two        the last two ranks slow (both pinned to the same CPU, with the hogs)
   transient  the last rank slow for the first third of the rounds, then not: psld must
@@ -77,6 +78,8 @@ def driver(args) -> None:
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
               "--repeat", str(args.repeat),
               "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
+    if args.quota and os.geteuid() != 0:
+        sys.exit("--quota needs root (it makes a cgroup)")
     env = None
     with contextlib.ExitStack() as up:
         if args.quota:                           # a cgroup the slow ranks join while interfered
