@@ -50,6 +50,11 @@ def lock(comm, args):
             into.append(time.perf_counter() - t0)
             time.sleep(0.02)
 
+    if comm.rank == 0:
+        # Y's first two posts touch its accumulator and scratch (2 - 3 ms each here): no lock
+        # wait, and they would fall in the first sample only (B's posts while A waits)
+        for _ in range(2):
+            Y.post(big).wait(timeout=60)
     for _ in range(args.reps):
         comm.Barrier()
         if comm.rank == 0:
