@@ -281,19 +281,25 @@ def step_fold(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
     return out
 
 
+def _target(what: str, value: Optional[float], target: float, at_most: bool = True) -> dict:
+    """A target's row in the report: met is None where the value is unknown (None or NaN)."""
+    known = value is not None and value == value
+    met = (value <= target if at_most else value >= target) if known else None
+    return {"what": what, "value": float("nan") if value is None else value,
+            "target": f"{'<=' if at_most else '>='} {target}", "met": met}
+
+
 def fig9_targets(rows: List[dict], p: int) -> List[dict]:
     by = {row["mode"]: row for row in rows}
     out = []
     for mode, target in FIG9_TARGETS.items():
         if mode in by and "mpi" in by:
-            out.append({"what": f"P={p} MPI/{mode}", "value": by[mode]["mpi_over"], "target": f">= {target}",
-                        "met": by[mode]["mpi_over"] >= target})
+            out.append(_target(f"P={p} MPI/{mode}", by[mode]["mpi_over"], target, at_most=False))
     for mode in ("majority", "probe"):
         if mode in by:
             ideal = by[mode]["ideal_us"]
             x = by[mode]["latency_us"] / ideal if ideal > 0 else float("nan")   # ideal 0: every rank eligible
-            out.append({"what": f"P={p} {mode} latency / ideal", "value": x, "target": f"<= {IDEAL_WITHIN}",
-                        "met": x <= IDEAL_WITHIN if ideal > 0 else None})
+            out.append(_target(f"P={p} {mode} latency / ideal", x, IDEAL_WITHIN))
     return out
 
 
@@ -328,17 +334,10 @@ def step_torch(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
         for v in ("hook-full", "hook-solo", "optim-full", "optim-solo"):
             if v in rates and best:
                 x = rates[v] / best
-                targets.append({"what": f"P={n} {v} / best of DDP+gloo, mpi4py", "value": x,
-                                "target": f">= {TORCH_TARGET}", "met": x >= TORCH_TARGET})
+                targets.append(_target(f"P={n} {v} / best of DDP+gloo, mpi4py", x, TORCH_TARGET, at_most=False))
     runs = [run for _, run, _ in done]
     return {"status": _status(runs), "runs": runs, "numbers": {"tables": tables}, "targets": targets,
             **({"reason": "dry run: P = 2, 4 steps, 1 repetition"} if dry else {})}
-
-
-def _target(what: str, value: Optional[float], target: float, at_most: bool = True) -> dict:
-    met = None if value is None else (value <= target if at_most else value >= target)
-    return {"what": what, "value": float("nan") if value is None else value,
-            "target": f"{'<=' if at_most else '>='} {target}", "met": met}
 
 
 def step_engine(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
