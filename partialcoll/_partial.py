@@ -74,7 +74,7 @@ _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
 _pc_wait1 = _engine.lib.pc_coll_wait1
 _unpack = _engine.ffi.unpack
-_new_result = object.__new__
+_new_result = object.__new__         # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
@@ -540,7 +540,11 @@ class PartialAllreduce(_propagate.Reporting):
                 self._check_post(-r)
             index = r >> 1
             self._fb_index = index
-            return PartialRequest(self, index, (r & 1) == 1, out, False, fb[3])
+            # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
+            req = _new_result(PartialRequest)
+            req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
+            req._on_device, req._result, req._fout = False, None, fb[3]
+            return req
         if self._serves_only:
             raise ArgumentError(f"rank {self.rank} is a dedicated server (not in workers={self.workers}): "
                                 f"it never posts")
@@ -674,9 +678,9 @@ class PartialAllreduce(_propagate.Reporting):
             fout = _engine.ffi.from_buffer(out)
         pool = self._res_pool                    # list.pop/append: safe across threads
         try:
-            res = pool.pop()
+            res, values = entry = pool.pop()
         except IndexError:
-            res = _engine.ffi.new(self._res_type)
+            res, values = entry = self._new_res()
         first = _SLICE if timeout is None or timeout >= _SLICE else max(timeout, 0.0)
         code = _pc_wait1(c, index, first, fout, res)
         if code:
@@ -689,7 +693,7 @@ class PartialAllreduce(_propagate.Reporting):
                            peers=self._peers, what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
-        v = _unpack(res, self._res_used)         # one C call, then list indexing
+        v = values()                             # the words a result reads, as a list
         key = (v[7], v[8]) if self._mask_words == 1 else tuple(v[7:])   # the active and closing bits
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
@@ -697,8 +701,14 @@ class PartialAllreduce(_propagate.Reporting):
         r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
         r.posts = v[6]
         r.contributed = v[3] <= index < v[4]
-        pool.append(res)
+        pool.append(entry)
         return r
+
+    def _new_res(self):
+        """A pc_coll_wait1 result array for _res_pool, with its reader: the words a result
+        reads as a list (memoryview.tolist, a third of ffi.unpack's time)."""
+        res = _engine.ffi.new(self._res_type)
+        return res, memoryview(_engine.ffi.buffer(res)).cast("q")[:self._res_used].tolist
 
     def _ranks_of(self, mask: Tuple[int, ...]) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         """(active, closing) rank tuples of a result's bitmask words (memoized: few distinct masks)."""
