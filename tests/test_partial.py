@@ -19,12 +19,13 @@ def test_partial_allreduce(mpirun, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [3, 4, 5])
-def test_counts_exact(mpirun, nprocs):
-    """Rank r posts 1000**r: every result's posts, active and nap say exactly whose posts
-    its data holds, leftovers of late posts included; solo, majority, probe, quorum x
-    fold, latest (one in-rank check each)."""
-    mpirun("counts_checks.py", nprocs, "solo,majority,probe,quorum", "fold,latest", "40", timeout=300)
+@pytest.mark.parametrize("nprocs,idle", [(3, "auto"), (4, "auto"), (5, "auto"), (8, "auto"), (8, "spin")])
+def test_counts_exact(mpirun, nprocs, idle):
+    """Rank r posts e_r (and 1000**r): every result's posts, active and nap say exactly
+    whose posts its data holds, leftovers of late posts included; solo, majority, probe,
+    quorum x fold, latest (one in-rank check each); at P = 8 with the polling policy too."""
+    mpirun("counts_checks.py", nprocs, "solo,majority,probe,quorum", "fold,latest", "40", timeout=300,
+           env={"PARTIALCOLL_IDLE": idle})
 
 
 @pytest.mark.mpiexec

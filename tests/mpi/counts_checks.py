@@ -1,8 +1,9 @@
 """Exact counts: python counts_checks.py MODES LATES [ROUNDS]
 (MODES, LATES: comma-separated lists, e.g. solo,probe fold,latest: every combination is a check)
 
-Rank r posts 1000**r (int64, SUM), so a result's data says whose posts it holds: its
-base-1000 digit r is the number of rank r's posts inside. Ranks sleep a random 0-6 ms
+Rank r posts e_r, the r-th unit vector (int64, SUM), so a result's data says whose posts
+it holds: its element r is the number of rank r's posts inside; and, in one more element,
+1000**r where P <= 6 (fits int64), whose base-1000 digit r must say the same. Ranks sleep a random 0-6 ms
 before each post and now and then post twice before waiting, so rounds take leftovers
 of late posts. Every result must report exactly what its data holds: posts (the sum of
 the digits), active (the ranks with a digit) and, for one round, nap == len(active);
@@ -25,14 +26,21 @@ LATES = ARGS[1].split(",") if len(ARGS) > 1 else ["fold"]
 ROUNDS = int(ARGS[2]) if len(ARGS) > 2 else 60
 
 
-def digits(value: int, p: int):
-    """Rank r's posts inside a result: the base-1000 digits of its data."""
-    return [(value // 1000 ** r) % 1000 for r in range(p)]
+DIGITS = 6          # 1000**r fits an int64 up to r = 6
+
+
+def contribution(r: int, p: int) -> np.ndarray:
+    x = np.zeros(p + 1, np.int64)
+    x[r] = 1
+    x[p] = 1000 ** r if p <= DIGITS else 0
+    return x
 
 
 def check_result(res, p: int):
-    k = digits(int(res.data[0]), p)
-    assert np.all(res.data == res.data[0]), res
+    """Rank r's posts inside a result: element r of its data."""
+    k = [int(v) for v in res.data[:p]]
+    if p <= DIGITS:
+        assert [(int(res.data[p]) // 1000 ** r) % 1000 for r in range(p)] == k, res
     active = tuple(r for r in range(p) if k[r] > 0)
     assert res.posts == sum(k), f"posts={res.posts}, but the data holds {k} posts per rank: {res}"
     assert res.active == active, f"active={res.active}, but the data holds posts of {active}: {res}"
@@ -48,9 +56,9 @@ def check_result(res, p: int):
 def test_counts_are_exact(comm, mode, late):
     p, r = comm.size, comm.rank
     opts = {"quorum": {"quorum": max(1, (p + 1) // 2)}, "probe": {"candidates": 2}}.get(mode, {})
-    coll = pc.PartialAllreduce(4, np.int64, MPI.SUM, comm, mode=mode, late=late, seed=3, **opts)
+    coll = pc.PartialAllreduce(p + 1, np.int64, MPI.SUM, comm, mode=mode, late=late, seed=3, **opts)
     rng = np.random.default_rng(77 + r)
-    x = np.full(4, 1000 ** r, np.int64)
+    x = contribution(r, p)
     posted, seen = 0, [0] * p
     multi = 0
     for _i in range(ROUNDS):
