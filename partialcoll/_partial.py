@@ -73,7 +73,6 @@ def _wait1(c, index, out, res, seconds):
 _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
 _pc_wait1 = _engine.lib.pc_coll_wait1
-_unpack = _engine.ffi.unpack
 _new_result = object.__new__         # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
