@@ -3,9 +3,9 @@
 
 Rank r posts e_r, the r-th unit vector (int64, SUM), so a result's data says whose posts
 it holds: its element r is the number of rank r's posts inside; and, in one more element,
-1000**r where P <= 6 (fits int64), whose base-1000 digit r must say the same. Ranks sleep a random 0-6 ms
-before each post and now and then post twice before waiting, so rounds take leftovers
-of late posts. Every result must report exactly what its data holds: posts (the sum of
+1000**r where P <= 6 (where it fits int64), whose base-1000 digit r must say the same.
+Ranks sleep a random 0-6 ms before each post and now and then post twice before waiting,
+so rounds take leftovers of late posts. Every result must report exactly what its data holds: posts (the sum of
 the digits), active (the ranks with a digit) and, for one round, nap == len(active);
 a fold of several rounds reports at least len(active) and at most posts. With
 late="fold", the results plus close() hold every post exactly once.
@@ -26,7 +26,7 @@ LATES = ARGS[1].split(",") if len(ARGS) > 1 else ["fold"]
 ROUNDS = int(ARGS[2]) if len(ARGS) > 2 else 60
 
 
-DIGITS = 6          # 1000**r fits an int64 up to r = 6
+DIGITS = 6          # up to this P, 1000**(P - 1) times a rank's posts fits an int64
 
 
 def contribution(r: int, p: int) -> np.ndarray:
