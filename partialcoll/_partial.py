@@ -73,7 +73,7 @@ def _wait1(c, index, out, res, seconds):
 _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
 _pc_wait1 = _engine.lib.pc_coll_wait1
-_new_result = object.__new__         # a Result or PartialRequest without __init__ (hot paths)
+_new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
@@ -540,7 +540,7 @@ class PartialAllreduce(_propagate.Reporting):
             index = r >> 1
             self._fb_index = index
             # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
-            req = _new_result(PartialRequest)
+            req = _new_bare(PartialRequest)
             req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
             req._on_device, req._result, req._fout = False, None, fb[3]
             return req
@@ -696,7 +696,7 @@ class PartialAllreduce(_propagate.Reporting):
         key = (v[7], v[8]) if self._mask_words == 1 else tuple(v[7:])   # the active and closing bits
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
-        r = _new_result(Result)
+        r = _new_bare(Result)
         r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
         r.posts = v[6]
         r.contributed = v[3] <= index < v[4]
