@@ -74,6 +74,7 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
 static inline int W_of(const pc_coll *c) { return (c->size + 63) / 64; }
 
 int pc_coll_mask_words(int size) { return size < 1 ? 0 : 2 * ((size + 63) / 64) + size; }
+int pc_coll_timed_words(int size) { return size < 1 ? 0 : PC_TIME_FIELDS * size * size + size; }
 
 static void fill_identity(pc_coll *c, void *dst)
 {
@@ -150,6 +151,35 @@ static void coll_retire(pc_coll *c, pc_sched *s);
 
 static void coll_peer_failed(pc_coll *c);
 
+/* At epoch boundary n: apply, in order, the decisions that every rank has received
+ * (ready, agreed in round n - 1's masks) and that may run by now (decision e: from round
+ * (e + 2) K on). Every rank applies the same ones here: no round mixes two assignments. */
+static int coll_apply_ready(pc_coll *c, int64_t n)
+{
+    int64_t K = c->spec.rebalance_every;
+    int done = 0;
+    while (done < c->npend && c->pend[done].epoch < c->ready && (c->pend[done].epoch + 2) * K <= n) {
+        coll_switch *w = &c->pend[done++];
+        if (c->nswitched == c->capswitched) {
+            int64_t cap = 2 * c->capswitched + 8;
+            int64_t *p = realloc(c->switched, sizeof(int64_t) * (size_t)cap);
+            if (!p) return fail(PC_ERR_NOMEM, "out of memory for the owners' switches");
+            c->switched = p;
+            c->capswitched = cap;
+        }
+        c->switched[c->nswitched++] = n;
+        for (int k = 0; k < 2; k++) {
+            if (!w->s[k]) continue;
+            coll_retire(c, c->sched[k][0]);
+            c->sched[k][0] = w->s[k];
+            w->s[k] = NULL;
+        }
+    }
+    c->npend -= done;
+    memmove(c->pend, c->pend + done, sizeof(coll_switch) * (size_t)c->npend);
+    return PC_OK;
+}
+
 static int coll_arm(pc_coll *c, int64_t n)
 {
     if (c->peer_heard && n >= c->rep.peer.upto) {      /* a peer's report: this round cannot come */
@@ -158,18 +188,13 @@ static int coll_arm(pc_coll *c, int64_t n)
         return PC_OK;
     }
     int64_t K = c->spec.rebalance_every;
-    if (K > 0 && n >= 2 * K && c->decided < n / K - 1) {   /* decision n / K - 2 is not in yet */
+    if (K > 0 && n >= PC_SNAPS * K && c->decided < n / K - (PC_SNAPS - 1)) {   /* decisions lag too far */
         c->parked = n;
         return PC_OK;
     }
-    if (c->next_from >= 0 && n >= c->next_from) {          /* a decided switch starts here */
-        for (int k = 0; k < 2; k++) {
-            if (!c->next[k]) continue;
-            coll_retire(c, c->sched[k][0]);
-            c->sched[k][0] = c->next[k];
-            c->next[k] = NULL;
-        }
-        c->next_from = -1;
+    if (K > 0 && n % K == 0) {
+        int rc = coll_apply_ready(c, n);
+        if (rc) return rc;
     }
     int kind = pc_coll_round_kind(c, n), v = (int)(n % c->variants);
     pc_sched *s = c->sched[kind][v];
@@ -217,6 +242,7 @@ static int coll_take(pc_owner *o)
         memcpy(m + pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)c->rank, c->meas,
                sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
         memset(c->meas, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+        m[pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)P + (size_t)c->rank] = (uint64_t)c->decided;
     }
     if (k > 0) m[c->rank / 64] |= 1ULL << (c->rank % 64);
     if (c->closing) m[W + c->rank / 64] |= 1ULL << (c->rank % 64);
@@ -278,12 +304,18 @@ static void coll_measure(pc_coll *c, const pc_sched *s)
     }
 }
 
+/* DELIVER: sum every rank's row of times into agreed, and take the least number of
+ * decisions any rank had received at its TAKE (the words after the rows) as ready. */
 static void coll_agree_times(pc_coll *c, const uint64_t *rows)
 {
     int P = c->size;
     for (int r = 0; r < P; r++)
         for (int j = 0; j < PC_TIME_FIELDS * P; j++)
             c->agreed[j] += (int64_t)rows[PC_TIME_FIELDS * (size_t)P * (size_t)r + (size_t)j];
+    const uint64_t *decided = rows + PC_TIME_FIELDS * (size_t)P * (size_t)P;
+    int64_t least = (int64_t)decided[0];
+    for (int r = 1; r < P; r++) if ((int64_t)decided[r] < least) least = (int64_t)decided[r];
+    if (least > c->ready) c->ready = least;
 }
 
 /* Round n has completed here: if it ends an epoch, publish the epoch's snapshot. Only
@@ -295,7 +327,7 @@ static void coll_epoch_end(pc_coll *c, int64_t n)
     int64_t K = c->spec.rebalance_every;
     if (K <= 0 || (n + 1) % K) return;
     int64_t e = (n + 1) / K - 1;
-    memcpy(c->snap[e % 2], c->agreed, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
+    memcpy(c->snap[e % PC_SNAPS], c->agreed, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
     memset(c->agreed, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
     STORE(c->epochs, e + 1);
     notify_done();                     /* pc_coll_stats waits for it */
@@ -460,10 +492,11 @@ static void coll_destroy(pc_coll *c)
     for (int k = 0; k < 2; k++) {
         for (int v = 0; c->sched[k] && v < c->variants; v++) if (c->sched[k][v]) sched_destroy(c->sched[k][v]);
         free(c->sched[k]);
-        if (c->next[k]) sched_destroy(c->next[k]);
+        for (int i = 0; i < c->npend; i++) if (c->pend[i].s[k]) sched_destroy(c->pend[i].s[k]);
     }
     for (int i = 0; i < c->nretired; i++) sched_destroy(c->retired[i]);
-    free(c->retired); free(c->meas); free(c->agreed); free(c->snap[0]); free(c->snap[1]); free(c->retired_sent);
+    for (int i = 0; i < PC_SNAPS; i++) free(c->snap[i]);
+    free(c->retired); free(c->meas); free(c->agreed); free(c->retired_sent); free(c->switched);
     if (!leaked) {
         for (int b = 0; b < 3; b++) free(c->buf[b]);
         free(c->mask_slot);
@@ -501,10 +534,10 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
                     spec->variants);
     int rank, size;
     if (mpi_comm_info(*(MPI_Comm *)comm_handle, &rank, &size)) return PC_ERR_MPI;
-    int want = pc_coll_mask_words(size) + (spec->timed ? PC_TIME_FIELDS * size * size : 0);
+    int want = pc_coll_mask_words(size) + (spec->timed ? pc_coll_timed_words(size) : 0);
     if (spec->mask_words != want)
         return fail(PC_ERR_ARG, "mask_words is %d, but P = %d needs %d (pc_coll_mask_words%s)", spec->mask_words,
-                    size, want, spec->timed ? " + PC_TIME_FIELDS P^2 timed words" : "");
+                    size, want, spec->timed ? " + pc_coll_timed_words" : "");
     if (spec->rebalance_every < 0 || (spec->rebalance_every > 0 && !spec->timed) || (spec->variants > 1 && spec->timed))
         return fail(PC_ERR_ARG, "rebalance_every needs timed schedules, and timed ones one variant");
     if ((spec->mode == PC_MODE_PROBE && (spec->candidates < 1 || spec->candidates > size))
@@ -529,11 +562,12 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     for (int k = 0; k < 2; k++) c->sched[k] = calloc((size_t)c->variants, sizeof(pc_sched *));
     for (int b = 0; b < 3; b++) c->buf[b] = malloc(c->nbytes ? c->nbytes : 1);
     size_t tb = sizeof(int64_t) * PC_TIME_FIELDS * (size_t)size;
-    c->meas = calloc(1, tb); c->agreed = calloc(1, tb); c->snap[0] = calloc(1, tb); c->snap[1] = calloc(1, tb);
+    c->meas = calloc(1, tb); c->agreed = calloc(1, tb);
+    int snaps = 1;
+    for (int i = 0; i < PC_SNAPS; i++) snaps &= (c->snap[i] = calloc(1, tb)) != NULL;
     c->retired_sent = calloc((size_t)size, sizeof(int64_t));
     c->parked = -1;
-    c->next_from = -1;
-    if (!c->meas || !c->agreed || !c->snap[0] || !c->snap[1] || !c->retired_sent) {
+    if (!c->meas || !c->agreed || !snaps || !c->retired_sent) {
         free(id);
         coll_destroy(c);
         return fail(PC_ERR_NOMEM, "out of memory");
@@ -950,15 +984,24 @@ int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, in
     int rc = c->err ? coll_error(c) : PC_OK;
     int64_t e = c->epochs;
     if (rc == PC_OK && epoch >= 0 && e > epoch) {
-        if (epoch < e - 2) rc = fail(PC_ERR_STATE, "epoch %lld's times are gone (%lld out)", (long long)epoch,
-                                     (long long)e);
-        else { memcpy(sums, c->snap[epoch % 2], tb); *got = 1; }
+        if (epoch < e - PC_SNAPS) rc = fail(PC_ERR_STATE, "epoch %lld's times are gone (%lld out)", (long long)epoch,
+                                            (long long)e);
+        else { memcpy(sums, c->snap[epoch % PC_SNAPS], tb); *got = 1; }
     } else if (rc == PC_OK && epoch < 0) {
-        memcpy(sums, e > 0 ? c->snap[(e - 1) % 2] : c->agreed, tb);
+        memcpy(sums, e > 0 ? c->snap[(e - 1) % PC_SNAPS] : c->agreed, tb);
         *got = 1;
     }
     unit_unlock(&c->owner.unit);
     return rc;
+}
+
+int pc_coll_switched(pc_coll *c, int64_t k, int64_t *round)
+{
+    if (k < 0) return fail(PC_ERR_ARG, "pc_coll_switched: switch %lld", (long long)k);
+    unit_lock(&c->owner.unit);
+    *round = k < c->nswitched ? c->switched[k] : -1;
+    unit_unlock(&c->owner.unit);
+    return PC_OK;
 }
 
 int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
@@ -970,16 +1013,13 @@ int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
     int rc = PC_OK;
     if (LOAD(c->finished) || c->err || c->abandoned)
         rc = PC_OK;                    /* no round will run again: nothing to switch */
-    else if (epoch != c->decided || c->next_from >= 0 || c->spec.rebalance_every <= 0)
-        rc = fail(PC_ERR_STATE, "decision %lld out of order (%lld made, a switch %s)", (long long)epoch,
-                  (long long)c->decided, c->next_from >= 0 ? "pending" : "not pending");
+    else if (epoch != c->decided || epoch >= LOAD(c->epochs) || c->spec.rebalance_every <= 0
+             || c->npend == PC_SNAPS + 2)
+        rc = fail(PC_ERR_STATE, "decision %lld out of order (%lld made, %lld epochs out, %d pending)",
+                  (long long)epoch, (long long)c->decided, (long long)LOAD(c->epochs), c->npend);
     if (rc == PC_OK && !(LOAD(c->finished) || c->err || c->abandoned)) {
         c->decided = epoch + 1;
-        if (s0 || s1) {
-            c->next[0] = s0;
-            c->next[1] = s1;
-            c->next_from = (epoch + 2) * c->spec.rebalance_every;
-        }
+        if (s0 || s1) c->pend[c->npend++] = (coll_switch){epoch, {s0, s1}};
         if (c->parked >= 0 && !c->err && !c->abandoned && !LOAD(c->finished)) {
             int64_t n = c->parked;
             c->parked = -1;

@@ -125,15 +125,16 @@ typedef struct pc_collspec {
     int candidates;      /* probe: q */
     int quorum;          /* quorum: k */
     int max_staleness;   /* 0: none; s: rounds n with (n+1) % s == 0 are full */
-    int mask_words;      /* words of the MASK slot: pc_coll_mask_words(P) */
+    int mask_words;      /* words of the MASK slot: pc_coll_mask_words(P) (+ timed words) */
     int variants;        /* schedules per round kind (0 or 1: one); round n runs on
                           * variant n mod variants (the tree's rotated aggregators) */
     uint64_t seed;
     int timed;           /* 1: the schedules carry timers (pc_sched_set_timers) and the MASK
-                          * slot PC_TIME_FIELDS P^2 more words, each rank's row of
-                          * measured service times per owner (pc_coll_stats) */
+                          * slot pc_coll_timed_words(P) more words: each rank's row of
+                          * measured service times per owner (pc_coll_stats), then each
+                          * rank's count of decisions received (pc_coll_switch) */
     int rebalance_every; /* K > 0: every K rounds the agreed times form an epoch's snapshot;
-                          * round n >= 2K waits for decision n / K - 2 (pc_coll_switch) */
+                          * decisions may lag them by 3 epochs before a round waits */
     int dtype, redop;
     int64_t count;
     const void *identity;    /* one element: the op's identity */
@@ -192,6 +193,7 @@ int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int
 int pc_sched_abandon(pc_sched *s, int *deferred);
 
 int pc_coll_mask_words(int size);   /* the MASK slot: active bits, closing bits, posts per rank */
+int pc_coll_timed_words(int size);  /* ... and timed: PC_TIME_FIELDS P words per rank, then P */
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
 /* the schedule of round kind `kind` (0: the mode's, 1: full) for rounds n with
  * n mod spec.variants == variant */
@@ -221,9 +223,13 @@ int pc_sched_set_timers(pc_sched *s, int n, const int *triples);
  * first results' latencies (ns), blocks, samples: epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
  * collective finished first); epoch < 0: the latest snapshot, or the sums so far */
 int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got);
-/* Decision `epoch` (in order, on every rank): the schedules of rounds from (epoch + 2) K on
- * (NULL, NULL: keep the current ones). The collective owns s0, s1 from here on. */
+/* Decision `epoch` (in order, on every rank): the schedules of the rounds (NULL, NULL: keep
+ * the current ones), run from the first round n = m K >= (epoch + 2) K whose previous round
+ * found the decision received on every rank (the same n everywhere). The collective owns
+ * s0, s1 from here on. */
 int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1);
+/* the round from which the k-th switch with schedules runs (k from 0), or -1: not yet */
+int pc_coll_switched(pc_coll *c, int64_t k, int64_t *round);
 int pc_coll_free(pc_coll *c);          /* after close: frees its schedules too */
 /* dropped without close: stop; freed now, or once nothing is in flight (*deferred = 1) */
 int pc_coll_abandon(pc_coll *c, int *deferred);

@@ -228,6 +228,11 @@ int sched_silent_peers(const pc_sched *s, int *ranks, int max);
 void sched_add_traffic(const pc_sched *s, int64_t *sent, int n);
 
 /* ------------------------------------------------------------------ collectives (coll.c) */
+/* Load-aware owners: epochs' snapshots kept (a decision may lag the rounds by up to
+ * PC_SNAPS - 1 epochs before a round waits for it), and a decision received, not applied. */
+enum { PC_SNAPS = 4 };
+typedef struct { int64_t epoch; pc_sched *s[2]; } coll_switch;
+
 struct pc_coll {
     pc_owner owner;          /* first member: unit (its lock guards everything below) */
     pc_collspec spec;
@@ -257,12 +262,18 @@ struct pc_coll {
     /* load-aware owners (spec.timed, spec.rebalance_every; coll.c "Owners"), all (unit) but epochs */
     int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
     int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */
-    int64_t *snap[2];        /* epoch e's agreed sums in snap[e % 2] */
+    int64_t *snap[PC_SNAPS]; /* epoch e's agreed sums in snap[e % PC_SNAPS] */
     int64_t epochs;          /* (atomic) snapshots out */
-    int64_t decided;         /* decisions received (pc_coll_switch) */
-    int64_t parked;          /* a round waiting for its decision, or -1 */
-    pc_sched *next[2];       /* a decided switch, applied when round next_from is armed */
-    int64_t next_from;
+    int64_t decided;         /* decisions received here (pc_coll_switch) */
+    int64_t ready;           /* decisions received on every rank (the least decided of the
+                              * last round's masks: the same on every rank) */
+    int64_t parked;          /* a round waiting for a decision (the lag bound), or -1 */
+    coll_switch pend[PC_SNAPS + 2];  /* decisions with schedules received, not applied yet, oldest
+                              * first (at most PC_SNAPS + 1: the lag bound) */
+    int npend;
+    int64_t *switched;       /* the round from which each applied switch that carried
+                              * schedules runs, in order (pc_coll_switched) */
+    int64_t nswitched, capswitched;
     pc_sched **retired;      /* replaced schedules, freed once no pass can hold them */
     int nretired, capretired;
     int64_t *retired_sent;   /* P: the traffic of freed retired schedules */

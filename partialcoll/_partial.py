@@ -399,8 +399,8 @@ class PartialAllreduce(_propagate.Reporting):
         _engine.ensure_started()
         self._mask_words = max(1, math.ceil(self.size / 64))     # W: words of active (closing) bits
         self._mask_len = lib.pc_coll_mask_words(self.size)       # the MASK slot: 2 W, then posts per rank
-        timed = self.algorithm == "ps"                            # then a row of owner times per rank
-        self._slot_mask_len = self._mask_len + (lib.PC_TIME_FIELDS * self.size * self.size if timed else 0)
+        timed = self.algorithm == "ps"                            # then a row of owner times per rank,
+        self._slot_mask_len = self._mask_len + (lib.pc_coll_timed_words(self.size) if timed else 0)   # decisions
         self._res_len = 7 + self._mask_len                       # pc_coll_wait1's res
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_used = 7 + 2 * self._mask_words                # ... of which a result reads these
@@ -466,8 +466,9 @@ class PartialAllreduce(_propagate.Reporting):
         return built.get(0, _engine.ffi.NULL), built[1]
 
     def assignment(self, round: Optional[int] = None) -> np.ndarray:
-        """Algorithm "ps": the owner of each block (int array), as decided for `round`
-        (default: the latest decision; rounds switch to it a few rounds later)."""
+        """Algorithm "ps": the owner of each block (int array) that round `round` ran with
+        (a round not run yet: the assignment the rounds run with now); default: the latest
+        decision (rounds switch to it a few rounds later)."""
         if self.block_bytes is None:
             raise ArgumentError(f"assignment() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
         b = self._balancer

@@ -6,10 +6,13 @@ result from it, per block: coll.c "Owners") and sums the times over ranks inside
 rounds themselves, so every rank holds the same numbers. Every `rebalance_every` rounds
 (an epoch) a thread of each rank turns epoch e's times into a new assignment with the
 pure functions below -- every rank alike, from the same numbers, the collective's seed
-and e -- builds the round schedules for it and hands them to the engine, which runs
-them from round (e + 2) * rebalance_every on, on every rank: no round mixes two
-assignments, and a switch moves no data (owners only aggregate), so nothing posted is
-lost across one.
+and e -- builds the round schedules for it and hands them to the engine. Each round's
+masks also say how many decisions every rank has handed in, so every rank sees the
+same first epoch boundary, at round (e + 2) * rebalance_every or later, by which every
+rank had decision e: the rounds switch there, on every rank. No round mixes two
+assignments, a rank whose decision comes late (a throttled CPU, a busy GIL) delays the
+switch, not the rounds (until decisions lag three epochs behind), and a switch moves no
+data (owners only aggregate), so nothing posted is lost across one.
 
 balance=
   "static"        round-robin over the servers, never changed
@@ -474,9 +477,11 @@ class Balancer:
     and without the collective's lock), builds schedules in Python and hands them to
     the engine (pc_coll_switch, under the collective's lock). It holds the collective
     weakly, so a collective dropped without close() is still abandoned; close() and
-    abandonment stop it (stop, then join) before the engine frees anything it uses.
-    history and the current assignment are written by it and read by the application
-    thread (a list append and a reference swap, atomic under the GIL)."""
+    abandonment stop it (stop, then join) and settle the history before the engine
+    frees anything it uses. history and the current assignment are written by it and
+    read by the application thread (a list append and a reference swap, atomic under
+    the GIL); an entry's first round is filled in by whichever thread asks the engine
+    first (pc_coll_switched: the same answer for both, never revised)."""
 
     SLICE = 0.05
 
@@ -487,7 +492,11 @@ class Balancer:
         self._native = native
         self.balance, self.servers, self.seed, self.epsilon, self.every = balance, list(servers), seed, epsilon, every
         self.current = list(assignment)
-        self.history: list = [(0, list(assignment))]    # (first round, assignment)
+        # [first round, assignment]: the initial one, then each decision that changed it,
+        # in order; first round None until the engine applied it (pc_coll_switched(k): the
+        # k-th of those decisions), for good if it never will (trim)
+        self.history: list = [[0, list(assignment)]]
+        self._settled = False
         self.predictor = Predictor(coll.size)
         self.error: Optional[BaseException] = None
         self._stop = False
@@ -523,7 +532,7 @@ class Balancer:
                         return
                     # published before the engine may run it: a round's wait can return
                     # before this thread is back from the switch
-                    self.history.append(((epoch + 2) * self.every, new))
+                    self.history.append([None, new])
                     self.current = new
                 check(lib.pc_coll_switch(self._native, epoch, s0, s1))
                 epoch += 1
@@ -536,22 +545,43 @@ class Balancer:
                 coll._balancer_failed(exc)
 
     def stop(self) -> None:
-        """Stop the thread and wait for it (not from the thread itself)."""
+        """Stop the thread and wait for it (not from the thread itself), then learn the
+        first round of every decision the engine applied: the last time it is asked."""
         self._stop = True
         if threading.current_thread() is not self.thread:
             self.thread.join()
+        self._resolve()
+        self._settled = True
+
+    def _resolve(self) -> None:
+        """Fill in the first rounds the engine has applied since the last call."""
+        from ._status import check
+        if self._settled:
+            return
+        out = self._ffi.new("int64_t *")
+        history = list(self.history)
+        for k in range(1, len(history)):
+            if history[k][0] is None:
+                check(self._lib.pc_coll_switched(self._native, k - 1, out))
+                if out[0] < 0:
+                    return
+                history[k][0] = int(out[0])
 
     def trim(self, last_round: int) -> None:
-        """Forget decisions for rounds after last_round (made after the final round: never run)."""
-        self.history = [h for h in self.history if h[0] <= last_round]
+        """After stop(): forget decisions that no round up to last_round ran (made after
+        the final round, or applied by none)."""
+        self.history = [h for h in self.history if h[0] is not None and h[0] <= last_round]
         self.current = self.history[-1][1]
 
     def assignment_of(self, round: int) -> List[int]:
-        """The assignment round `round` runs with (once decided)."""
+        """The assignment round `round` ran with (a round not run yet: the one the
+        rounds run with now)."""
+        self._resolve()
         current = self.history[0][1]
         for first, a in list(self.history):
-            if first <= round:
-                current = a
+            if first is None or first > round:
+                break
+            current = a
         return current
 
 

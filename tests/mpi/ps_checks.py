@@ -133,19 +133,31 @@ def test_owner_times_and_assignment(comm):
         coll.close()
 
 
-def test_assignment_of_a_round_that_ran(comm):
-    """assignment(round=n) read as soon as round n's wait returned is the assignment it
-    ran with, never revised later: the balancer thread publishes a decision before the
-    engine may run a round with it (here it is slow to come back from the switch, and
-    every decision rotates the owners, so a stale answer differs)."""
+def _pattern(e, nblocks, p):
+    """Decision e's assignment in the switch tests: distinct for every e < nblocks - 1
+    (block b to (b // (e + 2)) % p), and from the round-robin start."""
+    return [(b // (e + 2)) % p for b in range(nblocks)]
+
+
+def _run_switches(comm, rounds, every, decide_wait=None, switch_sleep=0.0):
+    """Rounds of a "ps" allreduce whose decisions are _pattern(e) (decide_wait(e, done),
+    first: a late decider, done[0] the rounds whose wait returned here; switch_sleep: a
+    balancer slow to come back from the switch). Returns the decision each round ran
+    (-1: none), after checking every result against MPI_Allreduce, that
+    assignment(round=n) read right after round n's wait is never revised, and that every
+    rank agrees."""
     from partialcoll import _engine, balance
-    p, rounds = comm.size, 8
-    if p == 1:
-        return
+    p = comm.size
+    count, block = 4 * p * 8, 64
+    nblocks = 4 * p
     real_decide, real_lib = balance.decide, _engine.lib
 
-    def rotate(kind, measured, predictor, servers, current, *rest):
-        return [(o + 1) % p for o in current]
+    done = [0]                           # rounds whose wait returned here
+
+    def fake(kind, measured, predictor, servers, current, seed, epoch, epsilon):
+        if decide_wait is not None:
+            decide_wait(epoch, done)
+        return _pattern(epoch, nblocks, p)
 
     class SlowSwitch:
         def __getattr__(self, name):
@@ -153,27 +165,76 @@ def test_assignment_of_a_round_that_ran(comm):
 
         def pc_coll_switch(self, *args):
             rc = real_lib.pc_coll_switch(*args)
-            time.sleep(0.2)
+            time.sleep(switch_sleep)
             return rc
 
-    balance.decide, _engine.lib = rotate, SlowSwitch()
+    balance.decide = fake
+    if switch_sleep:
+        _engine.lib = SlowSwitch()
     try:
-        count = 4 * p * 8
-        coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64,
-                                 balance="proportional", rebalance_every=1)
+        coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=block,
+                                 balance="proportional", rebalance_every=every)
         seen = []
         for n in range(rounds):
             x = np.arange(count, dtype=np.float64) * (comm.rank + 1) + n
             assert np.array_equal(coll.post(x).wait(timeout=60).data, comm.allreduce(x)), n
             seen.append(coll.assignment(round=n).tolist())
+            done[0] = n + 1
         coll.close()
     finally:
         balance.decide, _engine.lib = real_decide, real_lib
     later = [coll.assignment(round=n).tolist() for n in range(rounds)]
     assert seen == later, (seen, later)
-    first = later[0]
-    for n in range(2, rounds):         # decision e runs from round e + 2 (rebalance_every=1)
-        assert later[n] == [(o + n - 1) % p for o in first], (n, later)
+    everyone = comm.allgather(later)
+    assert all(e == later for e in everyone), "ranks ran different assignments"
+    which = {tuple(_pattern(e, nblocks, p)): e for e in range(nblocks - 1)}
+    start = later[0]
+    assert tuple(start) not in which, start
+    return [-1 if a == start else which[tuple(a)] for a in later]
+
+
+def test_assignment_of_a_round_that_ran(comm):
+    """assignment(round=n) read as soon as round n's wait returned is the assignment it
+    ran with, never revised later: the balancer thread publishes a decision before the
+    engine may run a round with it (here it is slow to come back from the switch, and
+    every decision is an assignment of its own, so a stale answer differs). Decision e
+    runs from round e + 2 at the earliest (rebalance_every=1), decisions in order, and
+    at most 3 epochs behind (then a round waits for it)."""
+    p, rounds = comm.size, 8
+    if p == 1:
+        return
+    ran = _run_switches(comm, rounds, 1, switch_sleep=0.2)
+    assert ran[:2] == [-1, -1], ran
+    for n in range(2, rounds):
+        assert ran[n - 1] <= ran[n] <= n - 2, (n, ran)
+        assert ran[n] >= n - 5, (n, ran)
+
+
+def test_late_decider_delays_the_switch_not_the_rounds(comm):
+    """The last rank's decisions come late: decision e waits, on that rank, until round
+    (e + 3) K - 1 completed there, past the round (e + 2) K it may run from. Rounds go on
+    without it (had they waited for it, this would deadlock: the decision waits for a
+    round that waits for the decision), and every rank switches at the same later round.
+    The decision is made after round (e + 3) K - 1's TAKE, so the first masks to show it
+    are round (e + 3) K's: it runs from (e + 4) K at the earliest; and a round n is armed
+    only with decisions n // K - 3 in, so every rank has had decision n // K - 4 since
+    round n - 1 and it runs by the boundary of n."""
+    p, every, rounds = comm.size, 2, 16
+    if p == 1:
+        return
+    late = comm.rank == p - 1
+
+    def wait(e, done):
+        t0 = time.monotonic()
+        while late and done[0] < min((e + 3) * every, rounds):      # (the last rounds: no wait)
+            assert time.monotonic() - t0 < 20, f"round {(e + 3) * every - 1} never completed for decision {e}"
+            time.sleep(0.001)
+
+    ran = _run_switches(comm, rounds, every, decide_wait=wait)
+    for n in range(rounds):
+        assert ran[n] <= max(n // every - 4, -1), (n, ran)
+        assert ran[n] >= n // every - 5, (n, ran)
+    assert ran[-1] >= 0, ran
 
 
 def test_balancer_sleeps_while_rounds_run(comm):
