@@ -128,6 +128,47 @@ def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, 
             "epsilon": epsilon, "rebalance_every": rebalance_every}
 
 
+NAN = float("nan")
+
+
+def _max0(x: float) -> float:
+    """max(x, 0), NaN kept (np.maximum(x, 0.0))."""
+    return x if x != x or x > 0.0 else 0.0
+
+
+def _maxn(a: float, b: float) -> float:
+    """max(a, b), NaN if either is (np.maximum)."""
+    return a if a != a else b if b != b else (a if a >= b else b)
+
+
+def _nanmin(xs: List[float]) -> float:
+    known = [x for x in xs if x == x]
+    return min(known) if known else NAN
+
+
+def _nanmean(xs: List[float]) -> float:
+    known = [x for x in xs if x == x]
+    return sum(known) / len(known) if known else NAN
+
+
+def _median(xs: List[float]) -> float:
+    """np.median of a non-empty list."""
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2
+
+
+def _div(a: float, b: float) -> float:
+    """a / b as NumPy divides floats: +-inf for x / 0, NaN for 0 / 0 and NaN."""
+    if b != 0.0 or a != a or b != b:
+        return a / b if b != 0.0 else NAN
+    return NAN if a == 0.0 else math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _floats(x) -> List[float]:
+    return np.asarray(x, np.float64).tolist()
+
+
 class OwnerTimes:
     """An epoch's times per owner, from the engine's sums over ranks and rounds (spans,
     first results' latencies, blocks, samples: pc_coll_stats). NaN where an owner served
@@ -144,27 +185,29 @@ class OwnerTimes:
     """
 
     def __init__(self, sums: Sequence[int]) -> None:
-        s = np.asarray(sums, np.float64).reshape(4, -1) / np.array([[1e9], [1e9], [1], [1]])
-        span, first, blocks, samples = s
-        with np.errstate(invalid="ignore", divide="ignore"):
-            self.per_block = np.where(blocks > 0, span / blocks, np.nan)
-            extra = blocks - samples
-            several = extra > 0
-            marginal = np.where(several, (span - first) / np.where(several, extra, 1), np.nan)
-            latency = np.where(samples > 0, first / np.where(samples > 0, samples, 1), np.nan)
-            # one block at a time: its marginal cost is unmeasured; take what its block
-            # took beyond the least fixed delay the others show (what every owner's first
-            # result waits for), at least the others' mean marginal cost: an owner 8x slow
-            # that holds one block is not predicted to take more at the others' pace
-            one = (samples > 0) & ~several
-            if several.any():
-                shared = np.nanmin(np.maximum(latency - marginal, 0.0)[several])
-                marginal[one] = np.maximum(np.nanmean(marginal[several]), latency[one] - shared)
-            else:
-                marginal[one] = latency[one]
-            self.marginal = marginal
-            self.direct = several                   # the marginal cost measured (not the others')
-            self.fixed = np.maximum(latency - marginal, 0.0)
+        v = [float(x) for x in sums]
+        p = len(v) // 4
+        span, first = [x / 1e9 for x in v[:p]], [x / 1e9 for x in v[p:2 * p]]
+        blocks, samples = v[2 * p:3 * p], v[3 * p:]
+        per_block = [t / n if n > 0 else NAN for t, n in zip(span, blocks)]
+        several = [n - k > 0 for n, k in zip(blocks, samples)]
+        marginal = [(t - f) / (n - k) if sv else NAN for t, f, n, k, sv in zip(span, first, blocks, samples, several)]
+        latency = [f / k if k > 0 else NAN for f, k in zip(first, samples)]
+        # one block at a time: its marginal cost is unmeasured; take what its block
+        # took beyond the least fixed delay the others show (what every owner's first
+        # result waits for), at least the others' mean marginal cost: an owner 8x slow
+        # that holds one block is not predicted to take more at the others' pace
+        one = [k > 0 and not sv for k, sv in zip(samples, several)]
+        if any(several):
+            shared = _nanmin([_max0(x - m) for x, m, sv in zip(latency, marginal, several) if sv])
+            mean = _nanmean([m for m, sv in zip(marginal, several) if sv])
+            marginal = [_maxn(mean, x - shared) if o else m for x, m, o in zip(latency, marginal, one)]
+        else:
+            marginal = [x if o else m for x, m, o in zip(latency, marginal, one)]
+        self.per_block = np.array(per_block)
+        self.marginal = np.array(marginal)
+        self.direct = np.array(several, bool)       # the marginal cost measured (not the others')
+        self.fixed = np.array([_max0(x - m) for x, m in zip(latency, marginal)])
 
 
 def _fill(t, servers: Sequence[int]) -> List[float]:
@@ -194,7 +237,7 @@ def _place(counts: Sequence[int], servers: Sequence[int], current: Sequence[int]
     return out
 
 
-def proportional(times: np.ndarray, servers: Sequence[int], current: Sequence[int]) -> List[int]:
+def proportional(times: Sequence[float], servers: Sequence[int], current: Sequence[int]) -> List[int]:
     """PSLD's strawman: blocks in proportion to speed (1 / per-block time), largest
     remainders rounded up."""
     n = len(current)
@@ -363,65 +406,73 @@ class Predictor:
     block). Every rank feeds it the same epochs, so every rank predicts the same."""
 
     def __init__(self, size: int) -> None:
-        self.est = np.full(size, np.nan)         # marginal seconds per block
-        self.fixed = np.full(size, np.nan)
-        self.dev = np.full(size, np.nan)         # mean deviations of the measurements from
-        self.fixed_dev = np.full(size, np.nan)   # est and fixed (NaN: no series yet)
-        self.devs = np.zeros(size, int)          # ... and how many deviations each averages
-        self.fixed_devs = np.zeros(size, int)
-        self.direct = np.ones(size, bool)        # its latest measurement had its marginal cost
-        self.merit = np.ones(size, bool)         # the latest exploitation gave it blocks (else
+        # plain lists, one entry per rank (a decision holds the GIL: see _fill)
+        self.est = [NAN] * size                  # marginal seconds per block
+        self.fixed = [NAN] * size
+        self.dev = [NAN] * size                  # mean deviations of the measurements from
+        self.fixed_dev = [NAN] * size            # est and fixed (NaN: no series yet)
+        self.devs = [0] * size                   # ... and how many deviations each averages
+        self.fixed_devs = [0] * size
+        self.direct = [True] * size              # its latest measurement had its marginal cost
+        self.merit = [True] * size               # the latest exploitation gave it blocks (else
                                                  # blocks it holds came from exploration)
-        self.fresh = np.zeros(size, bool)        # measured in the latest epoch
-        self.probed = np.zeros(size, bool)       # ... after an epoch without blocks (explored)
-        self.tries = np.zeros(size, int)         # explorations that found it slow, since it last
+        self.fresh = [False] * size              # measured in the latest epoch
+        self.probed = [False] * size             # ... after an epoch without blocks (explored)
+        self.tries = [0] * size                  # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
 
-    def _average(self, est: np.ndarray, dev: np.ndarray, count: np.ndarray, measured: np.ndarray,
-                 same: np.ndarray, base=0.0, jump: Optional[float] = None, jumpy=True) -> None:
+    def _average(self, est: List[float], dev: List[float], count: List[int], measured: List[float],
+                 same: List[bool], base: Sequence[float], jump: Optional[float] = None,
+                 jumpy: Optional[Sequence[bool]] = None) -> None:
         """est <- measured, averaged into a continuing series (measured last epoch, and of
         the same kind: same) unless, with jump given, (measured + base) is off (est + base)
         by that factor or more, relative to what the epoch did to every owner (its median
-        ratio: a whole epoch faster is no owner's change), where jumpy (base: what the
-        quantity adds to in a prediction, so that a fixed delay near 0 is not jumpy).
-        dev: the series' mean deviation from est (TCP's RTT variation): the mean of the
-        NOISE prior and the deviations while they are fewer than 1 / ALPHA, then averaged
-        as est is; count: how many deviations it holds (a new series: none, dev NaN)."""
-        new = ~np.isnan(measured)
-        keep = new & self.fresh & ~np.isnan(est) & same
+        ratio: a whole epoch faster is no owner's change), where jumpy (None: everywhere;
+        base: what the quantity adds to in a prediction, so that a fixed delay near 0 is
+        not jumpy). dev: the series' mean deviation from est (TCP's RTT variation): the
+        mean of the NOISE prior and the deviations while they are fewer than 1 / ALPHA,
+        then averaged as est is; count: how many deviations it holds (a new series: none,
+        dev NaN). Updated in place."""
+        p = len(est)
+        new = [m == m for m in measured]
+        keep = [new[i] and self.fresh[i] and est[i] == est[i] and same[i] for i in range(p)]
         if jump is not None:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = (measured + base) / (est + base)
-                steady = keep & np.isfinite(ratio)
-                ratio = ratio / (float(np.median(ratio[steady])) if steady.sum() > 2 else 1.0)
-                keep &= ((ratio < jump) & (ratio > 1 / jump)) | ~np.asarray(jumpy)
-        off = np.abs(measured[keep] - est[keep])
-        prior = NOISE * (est[keep] + np.broadcast_to(base, est.shape)[keep])
-        count[keep] += 1
-        weight = np.maximum(ALPHA, 1.0 / (count[keep] + 1))
-        dev[keep] = weight * off + (1 - weight) * np.where(np.isnan(dev[keep]), prior, dev[keep])
-        est[keep] = ALPHA * measured[keep] + (1 - ALPHA) * est[keep]
-        est[new & ~keep] = measured[new & ~keep]
-        dev[new & ~keep] = np.nan
-        count[new & ~keep] = 0
+            ratio = [_div(measured[i] + base[i], est[i] + base[i]) for i in range(p)]
+            steady = [r for r, k in zip(ratio, keep) if k and math.isfinite(r)]
+            middle = _median(steady) if len(steady) > 2 else 1.0
+            for i in range(p):
+                r = ratio[i] / middle
+                if keep[i] and not (r < jump and r > 1 / jump) and (jumpy is None or jumpy[i]):
+                    keep[i] = False
+        for i in range(p):
+            if keep[i]:
+                prior = NOISE * (est[i] + base[i])
+                count[i] += 1
+                weight = max(ALPHA, 1.0 / (count[i] + 1))
+                dev[i] = weight * abs(measured[i] - est[i]) + (1 - weight) * (prior if dev[i] != dev[i] else dev[i])
+                est[i] = ALPHA * measured[i] + (1 - ALPHA) * est[i]
+            elif new[i]:
+                est[i], dev[i], count[i] = measured[i], NAN, 0
 
     def update(self, measured: "OwnerTimes"):
-        """(marginal, fixed) predictions after this epoch's measurements."""
-        marginal = np.nan_to_num(self.est)               # what a fixed delay adds to
-        known = ~np.isnan(self.est)
+        """(marginal, fixed) predictions after this epoch's measurements (lists)."""
+        p = len(self.est)
+        marginal = [0.0 if x != x else x for x in self.est]       # what a fixed delay adds to
+        known = [x == x for x in self.est]
         # a measurement of another kind than the series' (one block at a time, its
         # marginal cost inferred, against several, measured) starts a new series
-        direct = np.asarray(measured.direct, bool)
-        same = direct == self.direct
+        direct = [bool(d) for d in np.asarray(measured.direct, bool).tolist()]
+        same = [d == o for d, o in zip(direct, self.direct)]
+        m, f = _floats(measured.marginal), _floats(measured.fixed)
         # one block at a time, the marginal cost is a latency, as steady as the fixed
         # delay: a JUMP times off is a change too
-        self._average(self.est, self.dev, self.devs, measured.marginal, same, 0.0, JUMP, ~direct)
-        self._average(self.fixed, self.fixed_dev, self.fixed_devs, measured.fixed, same, marginal, JUMP)
-        fresh = ~np.isnan(measured.marginal)
-        self.direct = np.where(fresh, direct, self.direct)
-        self.probed = fresh & ~self.fresh & known
+        self._average(self.est, self.dev, self.devs, m, same, [0.0] * p, JUMP, [not d for d in direct])
+        self._average(self.fixed, self.fixed_dev, self.fixed_devs, f, same, marginal, JUMP)
+        fresh = [x == x for x in m]
+        self.direct = [d if fr else o for d, fr, o in zip(direct, fresh, self.direct)]
+        self.probed = [fr and not was and k for fr, was, k in zip(fresh, self.fresh, known)]
         self.fresh = fresh
-        return self.est.copy(), self.fixed.copy()
+        return list(self.est), list(self.fixed)
 
     def spread(self):
         """(marginal, fixed) mean deviations to expect of each owner's measurements: its
@@ -429,13 +480,13 @@ class Predictor:
         their predictions (NOISE before any owner has one): a server measured again after
         a time without blocks is taken to vary as much as its peers do."""
         out = []
-        for dev, est in ((self.dev, self.est), (self.fixed_dev, self.fixed + np.nan_to_num(self.est))):
-            with np.errstate(invalid="ignore", divide="ignore"):
-                rel = dev / est
-            known = ~np.isnan(rel) & np.isfinite(rel)
-            typical = float(np.median(rel[known])) if known.any() else NOISE
-            out.append(np.where(np.isnan(dev), typical * est, dev))
-        return tuple(out) + (~self.direct,)
+        fixed_est = [f + (0.0 if e != e else e) for f, e in zip(self.fixed, self.est)]
+        for dev, est in ((self.dev, self.est), (self.fixed_dev, fixed_est)):
+            rel = [_div(d, e) for d, e in zip(dev, est)]
+            known = [r for r in rel if math.isfinite(r)]
+            typical = _median(known) if known else NOISE
+            out.append([typical * e if d != d else d for d, e in zip(dev, est)])
+        return tuple(out) + ([not d for d in self.direct],)
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
@@ -458,8 +509,9 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
     if balance == "static":
         return list(current)
     if balance == "proportional":
-        t = measured.per_block
-        predictor.est[~np.isnan(t)] = t[~np.isnan(t)]          # the last measurement of each owner
+        for i, t in enumerate(_floats(measured.per_block)):
+            if t == t:
+                predictor.est[i] = t                             # the last measurement of each owner
         return proportional(predictor.est, servers, current)
     if epoch < WARMUP:
         return list(current)
@@ -488,6 +540,8 @@ class Balancer:
     def __init__(self, coll, native, balance: str, servers: Sequence[int], assignment: Sequence[int],
                  seed: int, epsilon: float, every: int) -> None:
         from . import _engine
+        from ._status import check
+        self._check = check                  # kept: stop() may run at interpreter shutdown
         self._coll = weakref.ref(coll)
         self._native = native
         self.balance, self.servers, self.seed, self.epsilon, self.every = balance, list(servers), seed, epsilon, every
@@ -555,14 +609,13 @@ class Balancer:
 
     def _resolve(self) -> None:
         """Fill in the first rounds the engine has applied since the last call."""
-        from ._status import check
         if self._settled:
             return
         out = self._ffi.new("int64_t *")
         history = list(self.history)
         for k in range(1, len(history)):
             if history[k][0] is None:
-                check(self._lib.pc_coll_switched(self._native, k - 1, out))
+                self._check(self._lib.pc_coll_switched(self._native, k - 1, out))
                 if out[0] < 0:
                     return
                 history[k][0] = int(out[0])
