@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <mpi.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,11 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
 static inline int W_of(const pc_coll *c) { return (c->size + 63) / 64; }
 
 int pc_coll_mask_words(int size) { return size < 1 ? 0 : 2 * ((size + 63) / 64) + size; }
-int pc_coll_timed_words(int size) { return size < 1 ? 0 : PC_TIME_FIELDS * size * size + size; }
+int pc_coll_timed_words(int size)       /* -1: more than an int can count */
+{
+    int64_t w = size < 1 ? 0 : (int64_t)PC_TIME_FIELDS * size * size + size;
+    return w + pc_coll_mask_words(size) > INT_MAX ? -1 : (int)w;
+}
 
 static void fill_identity(pc_coll *c, void *dst)
 {
@@ -157,27 +162,26 @@ static void coll_peer_failed(pc_coll *c);
 static int coll_apply_ready(pc_coll *c, int64_t n)
 {
     int64_t K = c->spec.rebalance_every;
-    int done = 0;
+    int done = 0, rc = PC_OK;
     while (done < c->npend && c->pend[done].epoch < c->ready && (c->pend[done].epoch + 2) * K <= n) {
-        coll_switch *w = &c->pend[done++];
         if (c->nswitched == c->capswitched) {
             int64_t cap = 2 * c->capswitched + 8;
             int64_t *p = realloc(c->switched, sizeof(int64_t) * (size_t)cap);
-            if (!p) return fail(PC_ERR_NOMEM, "out of memory for the owners' switches");
+            if (!p) { rc = fail(PC_ERR_NOMEM, "out of memory for the owners' switches"); break; }
             c->switched = p;
             c->capswitched = cap;
         }
+        coll_switch *w = &c->pend[done++];
         c->switched[c->nswitched++] = n;
         for (int k = 0; k < 2; k++) {
             if (!w->s[k]) continue;
             coll_retire(c, c->sched[k][0]);
             c->sched[k][0] = w->s[k];
-            w->s[k] = NULL;
         }
     }
     c->npend -= done;
     memmove(c->pend, c->pend + done, sizeof(coll_switch) * (size_t)c->npend);
-    return PC_OK;
+    return rc;
 }
 
 static int coll_arm(pc_coll *c, int64_t n)
@@ -534,6 +538,8 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
                     spec->variants);
     int rank, size;
     if (mpi_comm_info(*(MPI_Comm *)comm_handle, &rank, &size)) return PC_ERR_MPI;
+    if (spec->timed && pc_coll_timed_words(size) < 0)
+        return fail(PC_ERR_ARG, "timed owners keep PC_TIME_FIELDS P^2 words per round: too many at P = %d", size);
     int want = pc_coll_mask_words(size) + (spec->timed ? pc_coll_timed_words(size) : 0);
     if (spec->mask_words != want)
         return fail(PC_ERR_ARG, "mask_words is %d, but P = %d needs %d (pc_coll_mask_words%s)", spec->mask_words,

@@ -193,7 +193,7 @@ int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int
 int pc_sched_abandon(pc_sched *s, int *deferred);
 
 int pc_coll_mask_words(int size);   /* the MASK slot: active bits, closing bits, posts per rank */
-int pc_coll_timed_words(int size);  /* ... and timed: PC_TIME_FIELDS P words per rank, then P */
+int pc_coll_timed_words(int size);  /* ... and timed: PC_TIME_FIELDS P words per rank, then P (-1: too many) */
 int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out);
 /* the schedule of round kind `kind` (0: the mode's, 1: full) for rounds n with
  * n mod spec.variants == variant */
