@@ -223,6 +223,36 @@ def test_c_api_checks_its_caller():
     assert p.returncode == 0 and "checked" in p.stdout, p.stdout + p.stderr
 
 
+def test_timed_mask_words():
+    """A timed collective's MASK slot: pc_coll_timed_words(P) more words (each rank's
+    row of owner times, then each rank's count of decisions), checked at creation; a P
+    whose words an int cannot count is -1, never an overflow."""
+    p = run_py("""
+        from mpi4py import MPI
+        import numpy as np
+        from partialcoll import _engine
+        ffi, lib = _engine.ffi, _engine.lib
+        _engine.ensure_started()
+        assert lib.pc_coll_timed_words(1) == lib.PC_TIME_FIELDS + 1
+        assert lib.pc_coll_timed_words(3) == lib.PC_TIME_FIELDS * 9 + 3
+        assert lib.pc_coll_timed_words(30000) == -1
+        ident = np.zeros(1, np.float32)
+        spec = ffi.new("pc_collspec *", {"mode": lib.PC_MODE_FULL, "late": lib.PC_LATE_LATEST,
+            "mask_words": lib.pc_coll_mask_words(1) + lib.PC_TIME_FIELDS, "timed": 1, "rebalance_every": 2,
+            "dtype": lib.PC_DT_FLOAT32, "redop": lib.PC_OP_SUM, "count": 4,
+            "identity": ffi.cast("void *", ident.ctypes.data)})
+        out = ffi.new("pc_coll **")
+        comm = _engine.comm_handle(MPI.COMM_SELF)
+        assert lib.pc_coll_create(spec, comm, out) == lib.PC_ERR_ARG
+        assert "pc_coll_timed_words" in ffi.string(lib.pc_last_error()).decode()
+        spec.mask_words = lib.pc_coll_mask_words(1) + lib.pc_coll_timed_words(1)
+        assert lib.pc_coll_create(spec, comm, out) == 0
+        assert lib.pc_coll_free(out[0]) == 0
+        print("checked")
+    """)
+    assert p.returncode == 0 and "checked" in p.stdout, p.stdout + p.stderr
+
+
 def test_stall_warning_and_default_timeout():
     """pc.rc.timeout has a finite default (600 s) and pc.rc.stall_warning (60 s) a stall
     inspector: a wait still running after it logs, once, the peers not heard from
