@@ -441,7 +441,7 @@ class Predictor:
             steady = [r for r, k in zip(ratio, keep) if k and math.isfinite(r)]
             middle = _median(steady) if len(steady) > 2 else 1.0
             for i in range(p):
-                r = ratio[i] / middle
+                r = _div(ratio[i], middle)
                 if keep[i] and not (r < jump and r > 1 / jump) and (jumpy is None or jumpy[i]):
                     keep[i] = False
         for i in range(p):

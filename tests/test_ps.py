@@ -309,6 +309,20 @@ def test_predictor_replaces_a_stale_prediction():
     assert np.allclose(fixed, [0.0, 0.5]) and np.isclose(est[1], a * 40 + (1 - a) * 1.0), (est, fixed)
 
 
+def test_predictor_takes_zero_times():
+    """Owners measured at 0 (a clock too coarse for a tiny block) after measured ones: the
+    epoch's median ratio is then 0; decisions go on (no division error), the marginal
+    cost averaged toward 0 as a continuing series, the fixed delay 0."""
+    p, cur = 4, ps.round_robin(16, range(4))
+    pred = balance.Predictor(p)
+    for e, t in enumerate(([1.0] * 4, [1.0] * 4, [0.0] * 4, [0.0] * 4, [1.0] * 4)):
+        cur = balance.decide("psld", observe(t, np.bincount(cur, minlength=p)), pred, list(range(p)), cur, 0, e, 0.0)
+        assert sorted(counts(cur, p)) == [4, 4, 4, 4], (e, cur)
+        if e in (2, 3):
+            a = 1 - balance.ALPHA
+            assert np.allclose(pred.est, a ** (e - 1)) and np.allclose(pred.fixed, 0.0), (pred.est, pred.fixed)
+
+
 def noisy_rounds(sigma, common, latency, slow=1.0, seeds=8, epochs=100, p=4, nblocks=16):
     """psld against a model of noisy measurements: owner o takes t_o per block (the last
     owner slow x the others) after a latency every owner shares; each epoch measures

@@ -312,12 +312,15 @@ def test_transient_owner_wins_its_blocks_back(comm):
     machine's noise. It loses its blocks; exploration gives it one again, the new
     measurement replaces its stale prediction, and it holds its share over the last
     third of the rounds; every round equals MPI_Allreduce's and every rank switched
-    alike."""
-    from partialcoll import balance
+    alike. Each rank posts round i once it has handed in decision i - 1, so every
+    decision is in before the next round's masks and runs two rounds after its epoch,
+    the earliest the engine allows (a decision that comes later runs later)."""
+    from partialcoll import _engine, balance
     p, slow, rounds = comm.size, comm.size - 1, 36
     if p == 1:
         return
-    real = balance.decide
+    real, real_lib = balance.decide, _engine.lib
+    handed = [-1]
 
     def decide(kind, measured, *args):
         epoch, held = args[-2], ~np.isnan(measured.marginal)
@@ -325,17 +328,30 @@ def test_transient_owner_wins_its_blocks_back(comm):
         measured.fixed = np.where(held, 1e-3 + 0.05 * ((np.arange(p) == slow) & (epoch < 3)), np.nan)
         return real(kind, measured, *args)
 
-    balance.decide = decide
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real_lib, name)
+
+        def pc_coll_switch(self, c, epoch, s0, s1):
+            rc = real_lib.pc_coll_switch(c, epoch, s0, s1)
+            handed[0] = epoch
+            return rc
+
+    balance.decide, _engine.lib = decide, Counting()
     try:
         count = 4 * p * 64                   # 4 blocks per rank
         coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64 * 8,
                                  balance="psld", epsilon=0.2, rebalance_every=1, seed=4)
         for i in range(rounds):
+            t0 = time.monotonic()
+            while handed[0] < i - 1:
+                assert time.monotonic() - t0 < 30, f"decision {i - 1} never came"
+                time.sleep(0.0005)
             x = np.arange(count, dtype=np.float64) * (comm.rank + 1) + i
             assert np.array_equal(coll.post(x).wait(timeout=60).data, comm.allreduce(x)), i
         coll.close()
     finally:
-        balance.decide = real
+        balance.decide, _engine.lib = real, real_lib
     share = [float(np.mean(coll.assignment(round=n) == slow)) for n in range(rounds)]
     assert min(share[3:6]) == 0, share                  # dropped by decision 0 (round 2 on)
     assert np.mean(share[2 * rounds // 3:]) >= 1 / (2 * p), share
