@@ -139,6 +139,20 @@ def _pattern(e, nblocks, p):
     return [(b // (e + 2)) % p for b in range(nblocks)]
 
 
+def _switch_proxy(real_lib, after):
+    """The engine's lib, but pc_coll_switch calls after(epoch) once the real one returned
+    (install it as _engine.lib before the collective is made: its balancer keeps it)."""
+    class Proxy:
+        def __getattr__(self, name):
+            return getattr(real_lib, name)
+
+        def pc_coll_switch(self, c, epoch, s0, s1):
+            rc = real_lib.pc_coll_switch(c, epoch, s0, s1)
+            after(epoch)
+            return rc
+    return Proxy()
+
+
 def _run_switches(comm, rounds, every, decide_wait=None, switch_sleep=0.0):
     """Rounds of a "ps" allreduce whose decisions are _pattern(e) (decide_wait(e, done),
     first: a late decider, done[0] the rounds whose wait returned here; switch_sleep: a
@@ -159,18 +173,9 @@ def _run_switches(comm, rounds, every, decide_wait=None, switch_sleep=0.0):
             decide_wait(epoch, done)
         return _pattern(epoch, nblocks, p)
 
-    class SlowSwitch:
-        def __getattr__(self, name):
-            return getattr(real_lib, name)
-
-        def pc_coll_switch(self, *args):
-            rc = real_lib.pc_coll_switch(*args)
-            time.sleep(switch_sleep)
-            return rc
-
     balance.decide = fake
     if switch_sleep:
-        _engine.lib = SlowSwitch()
+        _engine.lib = _switch_proxy(real_lib, lambda epoch: time.sleep(switch_sleep))
     try:
         coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=block,
                                  balance="proportional", rebalance_every=every)
@@ -328,16 +333,7 @@ def test_transient_owner_wins_its_blocks_back(comm):
         measured.fixed = np.where(held, 1e-3 + 0.05 * ((np.arange(p) == slow) & (epoch < 3)), np.nan)
         return real(kind, measured, *args)
 
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real_lib, name)
-
-        def pc_coll_switch(self, c, epoch, s0, s1):
-            rc = real_lib.pc_coll_switch(c, epoch, s0, s1)
-            handed[0] = epoch
-            return rc
-
-    balance.decide, _engine.lib = decide, Counting()
+    balance.decide, _engine.lib = decide, _switch_proxy(real_lib, lambda epoch: handed.__setitem__(0, epoch))
     try:
         count = 4 * p * 64                   # 4 blocks per rank
         coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64 * 8,
