@@ -213,8 +213,8 @@ def test_psld_drops_an_owner_that_starts_late():
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):
     """Run the decisions against a model: owner o takes t_o(epoch) per block; only owners
     with blocks are measured (as the engine does). delay: epochs from a decision to the
-    rounds that run it (the engine's is 2 or more: decision e runs from epoch e + 2 at the earliest). Returns
-    the assignment that ran in each epoch."""
+    rounds that run it (the engine's is 2 or more: decision e runs from epoch e + 2 at
+    the earliest). Returns the assignment that ran in each epoch."""
     pred = balance.Predictor(p)
     cur = ps.round_robin(nblocks, list(range(p)))
     ran, decided = [], [cur] * delay
