@@ -242,6 +242,52 @@ def test_late_decider_delays_the_switch_not_the_rounds(comm):
     assert ran[-1] >= 0, ran
 
 
+def test_a_rank_that_fails_with_switches_pending(comm):
+    """The last rank raises inside its ``with`` block while decisions wait for their
+    switch (its decisions come an epoch late, so every rank holds decided schedules not
+    yet run): every other rank's wait raises PeerError naming it, well within the wait's
+    timeout; the pending schedules go with the abandoned collectives (nothing hangs or
+    crashes), and every result before it equals MPI_Allreduce's."""
+    from partialcoll import balance
+    p, bad, every = comm.size, comm.size - 1, 2
+    if p == 1:
+        return
+    real = balance.decide
+    done = [0]
+
+    def late(kind, measured, *args):
+        epoch = args[-2]
+        t0 = time.monotonic()
+        while comm.rank == bad and done[0] < (epoch + 3) * every and time.monotonic() - t0 < 5:
+            time.sleep(0.001)
+        return _pattern(epoch, 4 * p, p)
+
+    balance.decide = late
+    got, t0 = None, time.perf_counter()
+    try:
+        coll = pc.allreduce_init(4 * p * 8, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64,
+                                 balance="proportional", rebalance_every=every)
+        with coll:
+            for i in range(40):
+                if comm.rank == bad and i == 13:
+                    done[0] = 1 << 30            # its balancer's late decisions: no more waiting
+                    raise RuntimeError("this rank fails on purpose")
+                x = np.arange(4 * p * 8, dtype=np.float64) * (comm.rank + 1) + i
+                res = coll.post(x).wait(timeout=30)
+                if i < 13:
+                    assert np.array_equal(res.data, comm.allreduce(x)), i
+                done[0] = i + 1
+    except (RuntimeError, pc.PartialcollError) as exc:
+        got = exc
+    finally:
+        balance.decide = real
+    assert time.perf_counter() - t0 < 25, time.perf_counter() - t0
+    if comm.rank == bad:
+        assert isinstance(got, RuntimeError) and "on purpose" in str(got), repr(got)
+    else:
+        assert isinstance(got, pc.PeerError) and got.rank == bad, repr(got)
+
+
 def test_balancer_sleeps_while_rounds_run(comm):
     """The balancer thread waits for an epoch's times without driving progress: it wakes
     when the engine notifies (a few times a round) or its slice ends, not every
