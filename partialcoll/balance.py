@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 import threading
 import weakref
 from collections import Counter
@@ -151,13 +152,6 @@ def _nanmean(xs: List[float]) -> float:
     return sum(known) / len(known) if known else NAN
 
 
-def _median(xs: List[float]) -> float:
-    """np.median of a non-empty list."""
-    xs = sorted(xs)
-    k = len(xs) // 2
-    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2
-
-
 def _div(a: float, b: float) -> float:
     """a / b as NumPy divides floats: +-inf for x / 0, NaN for 0 / 0 and NaN."""
     if b != 0.0 or a != a or b != b:
@@ -216,8 +210,8 @@ def _fill(t, servers: Sequence[int]) -> List[float]:
     the rank's application thread needs to return from its wait, so the functions here
     keep to a few microseconds (NumPy costs that per call on arrays this small)."""
     ts = [float(t[s]) for s in servers]
-    known = [v for v in ts if v == v]
-    mean = sum(known) / len(known) if known else 1.0
+    mean = _nanmean(ts)
+    mean = 1.0 if mean != mean else mean
     return [max(v if v == v else mean, 1e-12) for v in ts]
 
 
@@ -439,7 +433,7 @@ class Predictor:
         if jump is not None:
             ratio = [_div(measured[i] + base[i], est[i] + base[i]) for i in range(p)]
             steady = [r for r, k in zip(ratio, keep) if k and math.isfinite(r)]
-            middle = _median(steady) if len(steady) > 2 else 1.0
+            middle = statistics.median(steady) if len(steady) > 2 else 1.0
             for i in range(p):
                 r = _div(ratio[i], middle)
                 if keep[i] and not (r < jump and r > 1 / jump) and (jumpy is None or jumpy[i]):
@@ -484,7 +478,7 @@ class Predictor:
         for dev, est in ((self.dev, self.est), (self.fixed_dev, fixed_est)):
             rel = [_div(d, e) for d, e in zip(dev, est)]
             known = [r for r in rel if math.isfinite(r)]
-            typical = _median(known) if known else NOISE
+            typical = statistics.median(known) if known else NOISE
             out.append([typical * e if d != d else d for d, e in zip(dev, est)])
         return tuple(out) + ([not d for d in self.direct],)
 

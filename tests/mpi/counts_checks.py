@@ -5,10 +5,10 @@ Rank r posts e_r, the r-th unit vector (int64, SUM), so a result's data says who
 it holds: its element r is the number of rank r's posts inside; and, in one more element,
 1000**r where P <= 6 (where it fits int64), whose base-1000 digit r must say the same.
 Ranks sleep a random 0-6 ms before each post and now and then post twice before waiting,
-so rounds take leftovers of late posts. Every result must report exactly what its data holds: posts (the sum of
-the digits), active (the ranks with a digit) and, for one round, nap == len(active);
-a fold of several rounds reports at least len(active) and at most posts. With
-late="fold", the results plus close() hold every post exactly once.
+so rounds take leftovers of late posts. Every result must report exactly what its data
+holds: posts (the sum of the counts), active (the ranks with a count) and, for one round,
+nap == len(active); a fold of several rounds reports at least len(active) and at most
+posts. With late="fold", the results plus close() hold every post exactly once.
 """
 from __future__ import annotations
 
