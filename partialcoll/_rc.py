@@ -20,8 +20,9 @@ class RC:
         sleep_max_us: ... up to this cap (default 200); a local post wakes the engine at once.
         deep_after_us: after this long without any event (default 20000), the sleep cap grows
             to a tenth of the idle time, so a wake-up adds at most ~10 % to it ...
-        deep_sleep_us: ... up to this (default 10000): an idle rank costs well under 1 % of a
-            core, and a rank idle for a second answers a peer within 10 ms.
+        deep_sleep_us: ... up to this (default 20000): an idle or waiting rank costs under 1 %
+            of a core, a rank idle for up to 200 ms answers a peer within a tenth of that,
+            and one idle for longer within 20 ms.
         busy_bytes: while a message at least this large moves (its round has read this rank's
             input, or a plain schedule has started), keep polling (default 65536) ...
         busy_cap_us: ... until this long after the last event (default 10000): a peer that is
@@ -56,7 +57,7 @@ class RC:
 
     _defaults = {"progress": "thread", "spin_us": 20.0, "yield_us": 200.0, "sleep_min_us": 10.0,
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
-                 "deep_sleep_us": 10000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
+                 "deep_sleep_us": 20000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
                  "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
                  "poll_max_us": 20000.0}
 
