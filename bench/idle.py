@@ -16,6 +16,11 @@ work     the peer of `waiting`, measured in the same run: the CPU of one round i
          `work` over the window is what waiting itself costs (`overhead`): at 25 MiB the
          round's own work is about 1 % of a 2 s window.
 
+With --answer MS,...: how soon a waiting rank answers a late peer that needs it, what
+the sleep tiers trade for those wake-ups. Rank 0 posts to a full round and waits, rank 1
+posts MS ms later and times its own post+wait (5 times each, median and worst): at 8 B
+(P = 2) rank 0's message is already there; at 1 MiB rank 1 waits for rank 0 to send.
+
 Rank 0 prints one row per case and, with --json, writes them all.
 """
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
+from partialcoll.bench import _apply_rc
 
 SIZES = {"8B": 2, "1MiB": 1 << 18, "25MiB": 25 << 18}     # float32 elements
 
@@ -67,6 +73,25 @@ def measure(comm, count, mode, seconds):
     return armed, waiting, comm.gather(sorted(work)[1] * 1e3, root=0)
 
 
+def answer(comm, count, late_ms, repeat=5):
+    """Rank 1's post+wait (ms) when it posts late_ms after rank 0 began waiting."""
+    x = np.ones(count, np.float32)
+    coll = pc.PartialAllreduce(count, np.float32, comm=comm, mode="full")
+    coll.post(x).wait()
+    times = []
+    for _ in range(repeat):
+        comm.Barrier()
+        if comm.rank == 1:
+            time.sleep(late_ms / 1e3)
+            t0 = time.perf_counter()
+            coll.post(x).wait()
+            times.append((time.perf_counter() - t0) * 1e3)
+        else:
+            coll.post(x).wait()
+    coll.close()
+    return comm.bcast(times, root=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=2.0)
@@ -74,8 +99,11 @@ def main():
     ap.add_argument("--modes", default="solo,full")
     ap.add_argument("--progress", default="thread,inline")
     ap.add_argument("--idle", default=None, help="partialcoll.rc.idle: auto, spin or sleep (default: rc's)")
+    ap.add_argument("--rc", default="", help="partialcoll.rc options KEY=VALUE,... (e.g. deep_sleep_us=10000)")
+    ap.add_argument("--answer", default="", help="late peers, ms,... (e.g. 50,150,300,1000): see above")
     ap.add_argument("--json")
     args = ap.parse_args()
+    _apply_rc(args.rc)
     if args.idle:
         pc.rc.idle = args.idle
     comm = MPI.COMM_WORLD
@@ -100,6 +128,19 @@ def main():
                     rows.append(row)
                     print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f} "
                           f"{row['work_ms']:8.1f} {overhead:8.1f}  {row['idle']}", flush=True)
+    lates = [float(v) for v in filter(None, args.answer.split(","))]
+    if lates and comm.size >= 2:
+        pc.finalize()
+        pc.rc.progress = args.progress.split(",")[0]
+        if comm.rank == 0:
+            print(f"# a peer posting late: its post+wait, ms (median / worst of 5), deep_sleep_us="
+                  f"{pc.rc.deep_sleep_us:g}")
+        for name in args.sizes.split(","):
+            for late in lates:
+                times = answer(comm, SIZES[name], late)
+                if comm.rank == 0:
+                    rows.append({"answer_size": name, "late_ms": late, "post_wait_ms": times})
+                    print(f"  {name:>6} late {late:6g} ms: {np.median(times):7.2f} / {max(times):7.2f}", flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
