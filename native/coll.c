@@ -334,7 +334,7 @@ static void coll_epoch_end(pc_coll *c, int64_t n)
     memcpy(c->snap[e % PC_SNAPS], c->agreed, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
     memset(c->agreed, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
     STORE(c->epochs, e + 1);
-    notify_done();                     /* pc_coll_stats waits for it */
+    notify_books();                    /* pc_coll_stats waits for it */
 }
 
 /* Free the retired schedules if no pass pins the collective (E.lock: pins). */
@@ -418,13 +418,17 @@ static void coll_round_done(pc_owner *o, pc_sched *s)
     if (c->armed && c->armed->ntimers) coll_measure(c, c->armed);
     if (c->spec.timed) coll_epoch_end(c, c->armed_round);
     c->armed = NULL;
-    if (LOAD(c->finished) || c->err || c->abandoned) return;
+    if (LOAD(c->finished) || c->err || c->abandoned) {
+        if (c->spec.timed) notify_books();   /* the balancer stops */
+        return;
+    }
     int rc = coll_arm(c, LOAD(c->completed));
     if (rc && !c->err) {
         c->errpeer = pc_last_error_peer();
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
         STORE(c->err, rc);
         coll_deaf(c);
+        if (c->spec.timed) notify_books();
     }
 }
 
@@ -443,6 +447,7 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     STORE(c->err, code);
     coll_deaf(c);     /* no round runs any more: nothing to be told */
+    if (c->spec.timed) notify_books();
 }
 
 /* A peer's report takes effect (unit lock held): the collective fails here with
@@ -456,6 +461,7 @@ static void coll_peer_failed(pc_coll *c)
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
     note_event();
     notify_done();
+    if (c->spec.timed) notify_books();
 }
 
 /* How long a round the reporter completed may take here before the report fails it
@@ -896,6 +902,7 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
         c->owner.unit.withdraw = 1;
         *deferred = !coll_idle(c);
         unit_doom(&c->owner.unit);
+        if (c->spec.timed) notify_books();
     }
     unit_unlock(&c->owner.unit);
     reap_units();
@@ -916,6 +923,7 @@ static int coll_report(pc_coll *c, const char *type, const char *message)
         STORE(c->err, PC_ERR_STATE);
     }
     notify_done();
+    if (c->spec.timed) notify_books();
     return 1;
 }
 

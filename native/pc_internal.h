@@ -23,7 +23,7 @@
  *   E.lock     the running list and the unit bookkeeping (pins, doomed): short sections,
  *              no MPI call, no pass over data.
  *   E.wmtx     the progress thread's sleep (kicked, sleeping, nap_until_us)
- *   E.dmtx     completions: waiters sleep on E.done
+ *   E.dmtx     completions: waiters sleep on E.done; the balancer on E.books
  * Lock order: unit lock -> E.lock -> E.wmtx / E.dmtx. Fields marked (atomic) are
  * written under their owner's lock and read anywhere with __atomic loads.
  */
@@ -295,6 +295,7 @@ typedef struct {
     pthread_mutex_t lock, wmtx, dmtx;
     pthread_cond_t work;     /* (wmtx) the progress thread's sleep */
     pthread_cond_t done;     /* (dmtx) completions */
+    pthread_cond_t books;    /* (dmtx) a timed collective's epoch ended, or it stopped */
     pthread_t thread;
     int started;             /* (E.lock; atomic) */
     int threaded, stop;      /* (E.lock; stop atomic) */
@@ -335,6 +336,7 @@ void wake(void);
 void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
 void kick_eager(void);
 void notify_done(void);                  /* a wait's predicate may have changed */
+void notify_books(void);                 /* wait_passive's predicate may have changed */
 void running_add(pc_sched *s);           /* unit lock held; takes E.lock */
 void running_remove(pc_sched *s);
 int engine_pass(void);                   /* no lock held: one progress pass over every unit */

@@ -333,6 +333,13 @@ void notify_done(void)
     pthread_mutex_unlock(&E.dmtx);
 }
 
+void notify_books(void)
+{
+    pthread_mutex_lock(&E.dmtx);
+    pthread_cond_broadcast(&E.books);
+    pthread_mutex_unlock(&E.dmtx);
+}
+
 /* ------------------------------------------------------------------ the idle policy
  * Shared by the progress thread and inline waits, counted from the last event: poll
  * (the policy "spin", or auto's spin while the node is not contended) up to the
@@ -448,6 +455,7 @@ int pc_engine_start(int use_thread, const pc_idle_policy *policy)
         pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
         pthread_cond_init(&E.work, &attr);
         pthread_cond_init(&E.done, &attr);
+        pthread_cond_init(&E.books, &attr);
         pthread_condattr_destroy(&attr);
         E.conds_ready = 1;
     }
@@ -530,17 +538,20 @@ int pc_engine_stop(void)
     STORE(E.started, 0);
     pthread_mutex_unlock(&E.lock);
     notify_done();
+    notify_books();
     return PC_OK;
 }
 
 int pc_engine_threaded(void) { return LOAD(E.started) && E.threaded; }
 
 /* Wait for pred without driving progress: for a thread that waits on the engine's
- * bookkeeping, not on a round (the balancer's pc_coll_stats). It sleeps on E.done until
+ * bookkeeping, not on a round (the balancer's pc_coll_stats). It sleeps on E.books until
  * pred holds or timeout_s passes, and never polls MPI or watches for a stuck pass as
  * wait_until does (a second waiter of that kind woke every sleep_max_us while the
  * progress thread reduced a large round, and took that CPU from it where ranks share
- * cores). Whoever changes what pred reads calls notify_done(). */
+ * cores). E.books, not E.done: E.done wakes at every completion, two or three times a
+ * round, where the balancer needs one wake-up per epoch. Whoever changes what pred reads
+ * calls notify_books(). */
 int wait_passive(int (*pred)(void *), void *arg, double timeout_s)
 {
     double deadline = now_us() + timeout_s * 1e6;
@@ -552,7 +563,7 @@ int wait_passive(int (*pred)(void *), void *arg, double timeout_s)
         if (now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
         struct timespec ts;
         abs_deadline(&ts, deadline - now);
-        pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+        pthread_cond_timedwait(&E.books, &E.dmtx, &ts);
     }
     pthread_mutex_unlock(&E.dmtx);
     return rc;
