@@ -168,6 +168,27 @@ def limit_link(host: int, rate) -> None:
 QUIET = 0.005
 
 
+def thread_cpu() -> dict:
+    """CPU ns of this process's threads so far, by name: the progress thread (pc-progress),
+    Python's threads by their names (the balancer: partialcoll-balance), the rest as 'other'."""
+    import glob
+    import threading
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict = {}
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            with open(task + "/comm") as f:
+                comm = f.read().strip()
+            with open(task + "/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:                      # a thread that ended meanwhile
+            continue
+        name = "pc-progress" if comm == "pc-progress" else names.get(int(task.rsplit("/", 1)[1]), "other")
+        name = name if name in ("pc-progress", "partialcoll-balance", "MainThread") else "other"
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
 def worker(args) -> None:
     import numpy as np
     from mpi4py import MPI
@@ -228,6 +249,7 @@ def worker(args) -> None:
             dog.start()
         quiet_barrier(comm, QUIET)
         ends = []
+        cpu0 = thread_cpu()
         t0 = time.perf_counter()
         for i in range(rounds):
             if args.scenario == "transient" and i == rounds // 3:
@@ -242,6 +264,9 @@ def worker(args) -> None:
             else:
                 coll.post(x).wait(timeout=120)
             ends.append(time.perf_counter() - t0)
+        quiet_barrier(comm, QUIET)               # the servers: the workers' rounds are over
+        cpu1 = thread_cpu()
+        cpu = {k: round((v - cpu0.get(k, 0)) / 1e6 / rounds, 3) for k, v in cpu1.items()}   # ms per round
         interfere(False)
         shares, counts = [], []
         if coll is not None:
@@ -251,11 +276,13 @@ def worker(args) -> None:
                 shares.append(max(float(np.count_nonzero(a == s)) / len(a) for s in slow))   # the busiest slow rank
                 counts.append(np.bincount(a, minlength=p)[serving].tolist())               # blocks per server
         every = comm.gather(ends if posting else None)
+        cpus = comm.gather(cpu)
         if rank:
             return {}
         t = np.max(np.array([e for e in every if e is not None]), axis=0)
         per = np.diff(np.concatenate([[0.0], t]))
-        out = {"mean_ms": float(per[rounds // 2:].mean() * 1e3), "per_round_ms": [round(v * 1e3, 2) for v in per]}
+        out = {"mean_ms": float(per[rounds // 2:].mean() * 1e3), "per_round_ms": [round(v * 1e3, 2) for v in per],
+               "cpu_ms_per_round": {r: cpus[r] for r in range(p)}}      # per rank and thread, over all rounds
         if shares:
             out["slow_share"] = shares[-1]
             below = [i for i, s in enumerate(shares) if s < 1 / (2 * p)]

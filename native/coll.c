@@ -231,7 +231,7 @@ static int coll_take(pc_owner *o)
     } else if (c->acc_full) {
         swap_ptr(&c->acc, &c->work);
         c->work_slot = c->work;
-    } else {
+    } else if (!c->spec.never_posts) {  /* a dedicated server's schedules read nothing of it */
         fill_identity(c, c->work);
     }
     c->acc_full = 0;

@@ -139,6 +139,9 @@ typedef struct pc_collspec {
     int64_t count;
     const void *identity;    /* one element: the op's identity */
     int accumulate;          /* PC_ACC_* */
+    int never_posts;         /* 1: this rank never posts (a dedicated server) and its round
+                              * schedules write its round buffer before they read it: TAKE
+                              * leaves the buffer as it is instead of filling the identity */
     uint64_t ident;          /* the collective's identity, the same on every rank and (with
                               * high probability) no other collective's: a peer-error report
                               * carries it, and a report for another collective (a stale one,

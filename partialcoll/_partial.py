@@ -418,7 +418,7 @@ class PartialAllreduce(_propagate.Reporting):
             "timed": int(timed), "rebalance_every": self._every,
             "dtype": dtype_code(self.dtype), "redop": op_code(self.op), "count": self.count,
             "identity": ffi.cast("void *", ident.ctypes.data), "accumulate": _ACCUMULATE[self.accumulate],
-            "ident": self._ident})
+            "never_posts": int(self._serves_only), "ident": self._ident})
         dup = comm.Dup()
         dup.Set_errhandler(MPI.ERRORS_RETURN)
         self._comm: Optional[MPI.Comm] = dup

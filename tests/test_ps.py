@@ -73,14 +73,15 @@ def test_simulated_ps_any_assignment(p):
 @pytest.mark.parametrize("p", SIZES[1:])
 def test_simulated_ps_dedicated_servers(p):
     """workers=: only the workers' blocks are reduced and only they get the result; a
-    dedicated server (not a worker, its buf the identity) moves nothing but the blocks it
-    owns, and one without blocks nothing at all; the divisor once; a lone worker too."""
+    dedicated server moves nothing but the blocks it owns, and one without blocks nothing
+    at all; its own buf is never read (NaN here: the engine leaves it unfilled); the
+    divisor once; a lone worker too."""
     from partialcoll._engine import lib
     rng = np.random.default_rng(p)
     count, block = 37, 40
     nblocks = ps.block_count(count, 8, block)
     for workers in ([r for r in range(p) if r % 2], [p - 1], list(range(1, p))):
-        data = [rng.standard_normal(count) if r in workers else np.zeros(count) for r in range(p)]
+        data = [rng.standard_normal(count) if r in workers else np.full(count, np.nan) for r in range(p)]
         want = np.sum([data[w] for w in workers], axis=0) / 2.0
         idle = [r for r in range(p) if r not in workers][-1:]        # a server that ends without blocks
         for assignment in (rng.choice([r for r in range(p) if r not in idle], nblocks).tolist(),

@@ -11,9 +11,9 @@ blocks it owns), so its scratch is at most 2 (p - 1) blocks whatever it owns.
 Messages: a non-owner sends and receives each block once; an owner of k blocks receives
 and sends k (p - 1) blocks. With workers= (PSLD's layout: workers and servers apart),
 only the workers' blocks travel: a dedicated server (not a worker) receives the
-workers' blocks it owns, reduces them starting from its own buf (the identity: it never
-posts) and sends the results to the workers, and nothing else; a server left without
-blocks is off the data path altogether. The owners set the speed: a slow or overloaded owner makes
+workers' blocks it owns, reduces them starting from the first worker's (a copy: its own
+buf, which it never posts to, is never read) and sends the results to the workers, and
+nothing else; a server left without blocks is off the data path altogether. The owners set the speed: a slow or overloaded owner makes
 its blocks late, which is what balancing (partialcoll/balance.py) moves blocks away from.
 
 Worked example, p = 3, count = 5 elements, blocks of 2 elements, owners [0, 1, 0]:
@@ -56,7 +56,8 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     assignment: the owner of each block (default: round-robin over servers, default all
     ranks). workers: the ranks whose buf is reduced and who get the result (default all);
     any other rank is a dedicated server: it sends and receives nothing but the blocks it
-    owns, whose reduction starts from its own buf (the caller's identity). divisor: the
+    owns, whose reduction starts from a copy of the first worker's block (its own buf is
+    written before it is read: the engine need not fill it). divisor: the
     owner divides in its last reduction. timers: if given, gets (send op index, receive
     op index, owner) of every block this rank sends away."""
     p, rank = s.size, s.rank
@@ -96,9 +97,12 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
             t = tmp[j][k % nbuf].segment(0, blk.count)
             got = s.recv(t, j, after=reduced[j][k - 2] if k >= 2 else None,
                          label=f"block {b}: recv from {j}")
-            last = s.compute(op, t, blk, out=blk, after=[got, last] if last is not None else [got],
-                             label=f"block {b}: blk = tmp (op) blk",
-                             divisor=divisor if i == len(peers) - 1 else 1.0)
+            deps = [got, last] if last is not None else [got]
+            d = divisor if i == len(peers) - 1 else 1.0
+            if i == 0 and rank not in working:      # a dedicated server: its blk holds nothing
+                last = s.copy(t, blk, after=deps, label=f"block {b}: blk = tmp", divisor=d)
+            else:
+                last = s.compute(op, t, blk, out=blk, after=deps, label=f"block {b}: blk = tmp (op) blk", divisor=d)
             reduced[j].append(last)
         ends += [s.send(blk, j, after=last, label=f"block {b}: result to {j}") for j in peers]
     return s.nop(after=ends, label="allreduce complete")
