@@ -538,7 +538,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
         return fail(PC_ERR_NOMEM, "a partial allreduce of %lld elements is too large", (long long)spec->count);
     if (spec->mode < PC_MODE_SOLO || spec->mode > PC_MODE_FULL || spec->late < PC_LATE_LATEST
         || spec->late > PC_LATE_FOLD || spec->variants < 0 || spec->max_staleness < 0 || !spec->identity
-        || spec->accumulate < PC_ACC_SUM || spec->accumulate > PC_ACC_RNA
+        || spec->accumulate < PC_ACC_SUM || spec->accumulate > PC_ACC_RNA || (spec->never_posts & ~1)
         || (spec->accumulate != PC_ACC_SUM && !(spec->redop == PC_OP_SUM && pc_div_valid(PC_OP_SUM, spec->dtype))))
         return fail(PC_ERR_ARG, "bad collective spec (mode %d, late %d, variants %d)", spec->mode, spec->late,
                     spec->variants);
