@@ -264,10 +264,8 @@ def worker(args) -> None:
             else:
                 coll.post(x).wait(timeout=120)
             ends.append(time.perf_counter() - t0)
-        quiet_barrier(comm, QUIET)               # the servers: the workers' rounds are over
-        cpu1 = thread_cpu()
-        cpu = {k: round((v - cpu0.get(k, 0)) / 1e6 / rounds, 3) for k, v in cpu1.items()}   # ms per round
-        interfere(False)
+        interfere(False)                         # its barriers: the servers measure once the rounds are over
+        cpu = {k: round((v - cpu0.get(k, 0)) / 1e6 / rounds, 3) for k, v in thread_cpu().items()}   # ms per round
         shares, counts = [], []
         if coll is not None:
             coll.close()

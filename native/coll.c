@@ -322,6 +322,13 @@ static void coll_agree_times(pc_coll *c, const uint64_t *rows)
     if (least > c->ready) c->ready = least;
 }
 
+/* The collective stopped (finished, failed, reported, abandoned): a balancer waiting in
+ * pc_coll_stats for its next epoch wakes and ends (E.books; other waiters see E.done). */
+static void coll_books_stop(pc_coll *c)
+{
+    if (c->spec.timed) notify_books();
+}
+
 /* Round n has completed here: if it ends an epoch, publish the epoch's snapshot. Only
  * now, not at DELIVER, so that the decision made from it comes after the next round was
  * armed (applying the previous decision's switch): one switch pending at a time. */
@@ -419,7 +426,7 @@ static void coll_round_done(pc_owner *o, pc_sched *s)
     if (c->spec.timed) coll_epoch_end(c, c->armed_round);
     c->armed = NULL;
     if (LOAD(c->finished) || c->err || c->abandoned) {
-        if (c->spec.timed) notify_books();   /* the balancer stops */
+        coll_books_stop(c);
         return;
     }
     int rc = coll_arm(c, LOAD(c->completed));
@@ -428,7 +435,7 @@ static void coll_round_done(pc_owner *o, pc_sched *s)
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
         STORE(c->err, rc);
         coll_deaf(c);
-        if (c->spec.timed) notify_books();
+        coll_books_stop(c);
     }
 }
 
@@ -447,7 +454,7 @@ static void coll_failed(pc_owner *o, int code, int peer, const char *msg)
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
     STORE(c->err, code);
     coll_deaf(c);     /* no round runs any more: nothing to be told */
-    if (c->spec.timed) notify_books();
+    coll_books_stop(c);
 }
 
 /* A peer's report takes effect (unit lock held): the collective fails here with
@@ -461,7 +468,7 @@ static void coll_peer_failed(pc_coll *c)
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
     note_event();
     notify_done();
-    if (c->spec.timed) notify_books();
+    coll_books_stop(c);
 }
 
 /* How long a round the reporter completed may take here before the report fails it
@@ -902,7 +909,7 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
         c->owner.unit.withdraw = 1;
         *deferred = !coll_idle(c);
         unit_doom(&c->owner.unit);
-        if (c->spec.timed) notify_books();
+        coll_books_stop(c);
     }
     unit_unlock(&c->owner.unit);
     reap_units();
@@ -923,7 +930,7 @@ static int coll_report(pc_coll *c, const char *type, const char *message)
         STORE(c->err, PC_ERR_STATE);
     }
     notify_done();
-    if (c->spec.timed) notify_books();
+    coll_books_stop(c);
     return 1;
 }
 
