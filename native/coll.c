@@ -947,9 +947,9 @@ int pc_coll_abort(pc_coll *c, const char *type, const char *message, double time
     unit_lock(&c->owner.unit);
     if (coll_report(c, type, message)) {
         if (timeout_s < 0) {             /* no MPI call here: the next progress pass sends it */
-            c->rep.pending = 1;
+            report_defer(&c->rep);
             unit_unlock(&c->owner.unit);
-            kick();
+            kick_report();
             return PC_OK;
         }
         coll_send_report(c);

@@ -816,11 +816,11 @@ int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeou
                      "used any more: %s", h->rank, h->rep.mine.type, h->rep.mine.message);
             hop_error(h, PC_ERR_STATE, -1, msg);
         }
-        if (timeout_s < 0) h->rep.pending = 1;
+        if (timeout_s < 0) report_defer(&h->rep);
         else report_send(&h->rep, h->done_iter + 1, 0);
     }
     unit_unlock(&h->owner.unit);
-    if (send && timeout_s < 0) kick();
+    if (send && timeout_s < 0) kick_report();
     else if (send) report_flush(&h->owner.unit, &h->rep, timeout_s);
     return PC_OK;
 }

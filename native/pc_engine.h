@@ -243,7 +243,7 @@ int pc_coll_abandon(pc_coll *c, int *deferred);
  * and pc_coll_peer_error() says who failed and how. Nothing is sent after a peer's own
  * report (the first report is the one every rank hears) or after the final round.
  * timeout_s < 0: no MPI call here (a garbage collector's thread): the next progress pass
- * sends it. */
+ * sends it (with progress inline, a short-lived reporter thread's). */
 int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s);
 int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen);
 /* traffic: add the bytes of the sends each schedule posted to peer i since creation

@@ -113,7 +113,8 @@ void mpi_alarm_free(pc_alarm *a);            /* no MPI call; leaks what MPI may 
 typedef struct pc_report {
     pc_alarm alarm;
     int made;                /* this rank made its report (report_make) ... */
-    int pending;             /* ... which the next pass sends (made where no MPI call may be) */
+    int pending;             /* ... which the next pass sends (report_defer: made where no
+                              * MPI call may be; counted in E.deferred) */
     pc_alarm_msg mine;       /* that report */
     pc_alarm_msg peer;       /* the report heard (report_heard) */
 } pc_report;
@@ -122,6 +123,7 @@ int report_listen(pc_report *r, MPI_Comm comm, uint64_t ident);
 int report_make(pc_report *r, int rank, const char *type, const char *message);  /* 0: made before */
 void report_deaf(pc_report *r, int cancel);  /* stop listening (cancel: the comm may be freed) */
 void report_send(pc_report *r, int64_t upto, int cancel);  /* deaf, then the report to every peer */
+void report_defer(pc_report *r);             /* no MPI call: the next pass sends it (kick_report) */
 int report_heard(pc_report *r);              /* [pass] 1: a peer's report is in r->peer */
 void report_describe(const pc_report *r, int rank, char *buf, size_t len);  /* its error message */
 void report_free(pc_report *r);              /* no MPI call */
@@ -309,6 +311,9 @@ typedef struct {
     pc_idle_policy policy;   /* written at start; poll_armed atomic */
     int64_t last_event_us;   /* (atomic) see note_event() */
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
+    int deferred;            /* reports made where no MPI call could be (report_defer), not
+                              * sent yet (atomic) */
+    int reporter_on;         /* inline progress: the reporter thread runs (atomic; kick_report) */
     pc_unit *doomed;         /* (E.lock) */
     pc_sched *running;       /* (E.lock) */
 } pc_engine_state;
@@ -332,6 +337,7 @@ void abs_deadline(struct timespec *ts, double us);
 /* progress.c */
 void note_event(void);
 void kick(void);                         /* new work: note the event, wake the poller */
+void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);
 void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
 void kick_eager(void);

@@ -233,6 +233,47 @@ void kick(void)
     wake();
 }
 
+/* A report deferred (report_defer: made where no MPI call may be, as in a collective the
+ * garbage collector dropped). The progress thread sends it at its next pass. Inline there
+ * is none, and the application may never wait or test again (it blocks in MPI, computes,
+ * or exits), while its peers wait for the report: a short-lived reporter thread runs
+ * passes until no deferred report is left (at most a second), then ends. */
+static void *reporter_main(void *arg)
+{
+    (void)arg;
+    double until = now_us() + 1e6;
+    for (;;) {
+        while (LOAD(E.deferred) > 0 && !LOAD(E.stop) && now_us() < until) {
+            if (!engine_pass()) {
+                struct timespec ts = {0, 200000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        STORE(E.reporter_on, 0);
+        /* a report deferred as this thread decided to end saw it running: take it too */
+        int off = 0;
+        if (LOAD(E.deferred) == 0 || LOAD(E.stop) || now_us() >= until
+            || !__atomic_compare_exchange_n(&E.reporter_on, &off, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            return NULL;
+    }
+}
+
+void kick_report(void)
+{
+    kick();
+    int off = 0;
+    if (E.threaded || LOAD(E.stop)
+        || !__atomic_compare_exchange_n(&E.reporter_on, &off, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+        return;                          /* the progress thread, or a reporter, sends it */
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, reporter_main, NULL) != 0)
+        STORE(E.reporter_on, 0);         /* the next wait() or test() sends it */
+    pthread_attr_destroy(&attr);
+}
+
 /* Wake the poller (the progress thread, or an inline waiter) without new work. */
 void wake(void)
 {
@@ -505,6 +546,10 @@ int pc_engine_stop(void)
     pthread_mutex_unlock(&E.lock);
     kick();
     if (E.threaded) pthread_join(E.thread, NULL);
+    while (LOAD(E.reporter_on)) {       /* it sees E.stop at its next pass */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
     /* Withdraw what is still running: receives are cancelled, sends get up to a second
      * to complete (cancelling sends is no-op in Open MPI; freeing them while they read
      * a buffer would be wrong). What is still in flight then is forgotten, and the

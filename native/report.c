@@ -33,9 +33,27 @@ void report_deaf(pc_report *r, int cancel)
     else mpi_alarm_deaf(&r->alarm);
 }
 
+/* Made where no MPI call may be (a collective dropped on the garbage collector's thread):
+ * the next pass sends it; E.deferred counts such reports for the reporter (kick_report). */
+void report_defer(pc_report *r)
+{
+    if (!r->pending) {
+        r->pending = 1;
+        __atomic_add_fetch(&E.deferred, 1, __ATOMIC_SEQ_CST);
+    }
+}
+
+static void report_undefer(pc_report *r)
+{
+    if (r->pending) {
+        r->pending = 0;
+        __atomic_sub_fetch(&E.deferred, 1, __ATOMIC_SEQ_CST);
+    }
+}
+
 void report_send(pc_report *r, int64_t upto, int cancel)
 {
-    r->pending = 0;
+    report_undefer(r);
     report_deaf(r, cancel);             /* this rank is done with the collective */
     r->mine.upto = upto;
     mpi_alarm_send(&r->alarm, &r->mine);
@@ -89,5 +107,6 @@ int report_peer_error(pc_unit *u, const pc_report *r, const int *err, int *rank,
 
 void report_free(pc_report *r)
 {
+    report_undefer(r);
     mpi_alarm_free(&r->alarm);
 }

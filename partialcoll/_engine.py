@@ -9,7 +9,7 @@ from typing import Dict, Optional, Union
 from mpi4py import MPI  # must come first: loads the libmpi the native module links against
 
 from ._lib import ffi, lib
-from ._errors import EngineError
+from ._errors import ArgumentError, EngineError
 from ._status import check
 from ._rc import rc
 
@@ -192,6 +192,19 @@ def progress_mode() -> str:
     if not _started:
         return ""
     return "thread" if lib.pc_engine_threaded() else "inline"
+
+
+def require_thread(role: str) -> None:
+    """Raise ArgumentError where this process progresses inline (the running engine's
+    mode, else rc.progress, the mode it will start with): `role` names a rank that serves
+    its peers while its own application makes no call of the engine (a dedicated server,
+    an averager's server). Inline, nothing would serve them: its peers' rounds would wait
+    until they time out."""
+    if (progress_mode() or rc.progress) == "inline":
+        raise ArgumentError(f"{role} serves its peers on the engine's progress thread, but this process "
+                            f"progresses inline (partialcoll.rc.progress or PARTIALCOLL_PROGRESS = 'inline'): "
+                            f"it would serve only inside its own calls of the engine, and its peers would wait "
+                            f"for it; use progress 'thread' on this rank")
 
 
 def comm_handle(comm: MPI.Comm):

@@ -108,8 +108,9 @@ class AsyncAverager:
     which wait() copies out once the request completed. A push waits for this rank's
     previous push first (one round trip in flight per rank). On the server the progress
     thread owns the received pushes, the table of latest vectors and the replies (under
-    the averager's lock); with inline progress (no progress thread), the server serves
-    only while it is inside a call of the engine (a wait).
+    the averager's lock). The server needs that thread: where its process progresses
+    inline and it has clients, creation raises ArgumentError on every rank (it would serve only inside its
+    own calls of the engine, and its own pushes fold locally: every client would wait).
     """
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, comm: MPI.Comm = MPI.COMM_WORLD,
@@ -127,6 +128,8 @@ class AsyncAverager:
             if server >= size:
                 raise ValueError(f"server {server} is outside the communicator (size {size}; this is rank {rank})")
             params = {"count": count, "dtype": dtype_name(dt), "server": server}
+            if rank == server and size > 1:      # alone, nobody waits for it
+                _engine.require_thread(f"AsyncAverager: the server (rank {server})")
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem = as_problem(exc, "AsyncAverager")
         agree(comm, "AsyncAverager", problem, params, what="the same count, dtype and server")

@@ -172,6 +172,20 @@ def test_failure_in_process(mpirun, nprocs):
         assert raised == "PeerError" and who != "0" and exc_type == "Timeout", (mode, raised, who, exc_type)
 
 
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_failure_in_process_inline(mpirun, nprocs):
+    """The same failures with progress inline (no progress thread), but `never`, whose
+    rounds go on without rank 0 only where a progress thread serves it. In `drop` rank 0
+    then waits in an MPI barrier, outside the engine: a reporter thread sends the reports
+    its garbage collector made (before, no pass came to send them and every survivor
+    timed out instead of raising PeerError)."""
+    out = mpirun("peer_fails.py", nprocs, "inproc", "with,thread,drop,close", timeout=120,
+                 env={"PARTIALCOLL_TIMEOUT": "2", "PARTIALCOLL_STALL_WARNING": "0.5",
+                      "PARTIALCOLL_PROGRESS": "inline"})
+    for case in ("with", "thread", "drop", "close"):
+        check_peer_error(out, case, nprocs)
+
+
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
 def test_stale_report_is_ignored(mpirun, nprocs):
     """Reports sent on communicators freed since (a dropped collective's peers send them)

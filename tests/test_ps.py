@@ -445,10 +445,12 @@ def test_psld_switches_only_beyond_the_noise():
 
 
 @pytest.mark.mpiexec
-def test_failing_balancer_inline_progress(mpirun):
-    """A decision that raises, with progress inline: the peers still hear of it (the
-    balancer thread sends the report: no progress pass may come to send it)."""
-    mpirun("ps_checks.py", 3, "-k", "failing_balancer", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=120)
+def test_failing_balancer_and_servers_inline_progress(mpirun):
+    """With progress inline: a decision that raises still reaches the peers (the balancer
+    thread sends the report: no progress pass may come to send it); a server that never
+    posts serves the others' rounds inside its close()."""
+    mpirun("ps_checks.py", 3, "-k", "failing_balancer or never_posts", env={"PARTIALCOLL_PROGRESS": "inline"},
+           timeout=120)
 
 
 @pytest.mark.mpiexec

@@ -1,6 +1,7 @@
 """Shared by the modules under tests/mpi (each runs on every rank under mpiexec)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 
@@ -11,6 +12,23 @@ from _launch import checks_args, is_check_module
 # the check module's arguments (MODE, ROUNDS...): pytest's --check-args (conftest.py), or
 # the command line of ``python X_checks.py ARGS``
 ARGS: list = sys.argv[1:] if is_check_module(sys.argv[0]) else []
+
+
+@contextlib.contextmanager
+def progress(mode: str, here: bool = True):
+    """On this rank where `here`: restart the engine with rc.progress = mode for the block,
+    then restart it as it was (the engine's mode is per process; open nothing across)."""
+    import partialcoll as pc
+    old = pc.rc.progress
+    if here:
+        pc.finalize()
+        pc.rc.progress = mode
+    try:
+        yield
+    finally:
+        if here:
+            pc.finalize()
+            pc.rc.progress = old
 
 
 def run_module(path: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import partialcoll as pc
 from partialcoll._types import BFLOAT16
-from _util import expect_raises, run_module
+from _util import expect_raises, progress, run_module
 
 DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
           np.float16, np.float32, np.float64, np.complex64, np.complex128, BFLOAT16]
@@ -183,6 +183,31 @@ def test_errors_everywhere(comm):
     expect_raises(pc.ArgumentError, avg.push, np.zeros(4, np.float32), key=1.5, match="key")
     avg.close()
     expect_raises(pc.StateError, avg.push, np.zeros(4, np.float32), match="closed")
+
+
+def test_server_needs_the_progress_thread(comm):
+    """The server serves on its progress thread. Where its process progresses inline it
+    would serve only inside its own calls of the engine (its own pushes fold locally: it
+    may make none), and every client's push would wait until its timeout: creation raises
+    on every rank instead. A client may progress inline: its waits drive its engine."""
+    p, r = comm.size, comm.rank
+    server = p - 1
+    if p == 1:                           # nobody waits for a server alone: it works inline
+        with progress("inline"):
+            avg = pc.AsyncAverager(4, np.float32, comm=comm)
+            assert np.array_equal(avg.push(np.ones(4, np.float32)).wait(timeout=30), np.ones(4, np.float32))
+            avg.close()
+        return
+    with progress("inline", here=r == server):
+        expect_raises(pc.ArgumentError, pc.AsyncAverager, 4, np.float32, comm=comm, server=server,
+                      match=f"rank {server}")
+    with progress("inline", here=r == 0):
+        avg = pc.AsyncAverager(4, np.float32, comm=comm, server=server)
+        avg.push(np.full(4, r, np.float32)).wait(timeout=30)
+        quiet_barrier(comm)              # every key has pushed: the next replies cover all of them
+        req = avg.push(np.full(4, r, np.float32))
+        assert np.array_equal(req.wait(timeout=30), np.full(4, (p - 1) / 2, np.float32)) and req.keys == p
+        avg.close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 
 from partialcoll import ArgumentError
 from partialcoll.integrations.torch import DistributedOptimizer, GradientSynchronizer, partial_ddp
-from _util import expect_raises, run_module
+from _util import expect_raises, progress, run_module
 from torch_checks import batch, loss_of, model
 from torch_checks import pcg as pcg   # the process group fixture, for pytest
 
@@ -147,6 +147,19 @@ def test_bad_options_everywhere(comm):
     if p > 1:
         expect_raises(ArgumentError, GradientSynchronizer, m.parameters(), comm=comm, hierarchy="auto",
                       average_every=2 + r, match="average_every")
+
+
+def test_hierarchy_needs_the_servers_progress_thread(comm):
+    """hierarchy="auto" averages the groups' models through an AsyncAverager, whose server
+    serves on its progress thread: with the server's process progressing inline the
+    optimizer raises on every rank when it is made (it used to hang at its first
+    averaging, where the server waited in an MPI call while the others waited for it)."""
+    if comm.size == 1:
+        pytest.skip("alone, the server has nobody to serve: inline works")
+    m = model()
+    with progress("inline", here=comm.rank == 0):
+        expect_raises(ArgumentError, DistributedOptimizer, torch.optim.SGD(m.parameters(), lr=0.1), mode="probe",
+                      comm=comm, hierarchy="auto", average_every=2, match="inline")
 
 
 if __name__ == "__main__":
