@@ -197,9 +197,8 @@ def progress_mode() -> str:
 def require_thread(role: str) -> None:
     """Raise ArgumentError where this process progresses inline (the running engine's
     mode, else rc.progress, the mode it will start with): `role` names a rank that serves
-    its peers while its own application makes no call of the engine (a dedicated server,
-    an averager's server). Inline, nothing would serve them: its peers' rounds would wait
-    until they time out."""
+    its peers while its own application may make no call of the engine (an averager's
+    server). Inline, nothing would serve them: its peers would wait until they time out."""
     if (progress_mode() or rc.progress) == "inline":
         raise ArgumentError(f"{role} serves its peers on the engine's progress thread, but this process "
                             f"progresses inline (partialcoll.rc.progress or PARTIALCOLL_PROGRESS = 'inline'): "
