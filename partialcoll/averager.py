@@ -109,8 +109,9 @@ class AsyncAverager:
     previous push first (one round trip in flight per rank). On the server the progress
     thread owns the received pushes, the table of latest vectors and the replies (under
     the averager's lock). The server needs that thread: where its process progresses
-    inline and it has clients, creation raises ArgumentError on every rank (it would serve only inside its
-    own calls of the engine, and its own pushes fold locally: every client would wait).
+    inline and it has clients, creation raises ArgumentError on every rank (it would
+    serve only inside its own calls of the engine, and its own pushes fold locally:
+    every client would wait).
     """
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, comm: MPI.Comm = MPI.COMM_WORLD,

@@ -13,8 +13,9 @@ and sends k (p - 1) blocks. With workers= (PSLD's layout: workers and servers ap
 only the workers' blocks travel: a dedicated server (not a worker) receives the
 workers' blocks it owns, reduces them starting from the first worker's (a copy: its own
 buf, which it never posts to, is never read) and sends the results to the workers, and
-nothing else; a server left without blocks is off the data path altogether. The owners set the speed: a slow or overloaded owner makes
-its blocks late, which is what balancing (partialcoll/balance.py) moves blocks away from.
+nothing else; a server left without blocks is off the data path altogether. The owners
+set the speed: a slow or overloaded owner makes its blocks late, which is what
+balancing (partialcoll/balance.py) moves blocks away from.
 
 Worked example, p = 3, count = 5 elements, blocks of 2 elements, owners [0, 1, 0]:
 
@@ -57,8 +58,8 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     ranks). workers: the ranks whose buf is reduced and who get the result (default all);
     any other rank is a dedicated server: it sends and receives nothing but the blocks it
     owns, whose reduction starts from a copy of the first worker's block (its own buf is
-    written before it is read: the engine need not fill it). divisor: the
-    owner divides in its last reduction. timers: if given, gets (send op index, receive
+    written before it is read: the engine need not fill it). divisor: the owner divides
+    in its last reduction. timers: if given, gets (send op index, receive
     op index, owner) of every block this rank sends away."""
     p, rank = s.size, s.rank
     if p == 1 or buf.count == 0:
