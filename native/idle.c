@@ -18,8 +18,8 @@
  * Interference makes the node sleep for a hold time (1 s, doubling up to 16 s while the
  * interference comes back each time auto tries polling again; back to 1 s after 30 s of
  * polling without it). Polling itself is bounded: at most idle_spin_bound_us() after the
- * last event (a few times the recent idle period, within [spin_us, poll_max_us]; spin_us
- * where idle periods are as long as polling may last); then the sleep policy takes over,
+ * last event (a few times the recent short idle periods, within [spin_us, poll_max_us];
+ * spin_us where most idle periods are long); then the sleep policy takes over,
  * which blocks on the engine's condition variables.
  */
 #define _GNU_SOURCE
@@ -45,7 +45,8 @@ static struct {
     double steal_t;
     int64_t steal_ticks;
     double next_us, hold_until_us, hold_us, clean_since_us;
-    double gap_ewma_us;          /* (atomic-ish: a double, racy reads are harmless) */
+    double gap_ewma_us;          /* short idle periods, and the share of long ones: */
+    double long_share;           /* (atomic-ish: doubles, racy reads are harmless) */
     double run_delay, steal;
     int64_t throttled;
     char reason[160];
@@ -336,23 +337,31 @@ int idle_poll(void)
 
 /* An event came us after the previous one. Only idle periods count: gaps shorter than
  * spin_us are the events of one burst (a post and the round it arms, a round's
- * messages), which say nothing about how long the engine will wait for the next one. */
+ * messages), which say nothing about how long the engine will wait for the next one.
+ * A short idle period (under poll_max_us / 2: one polling can catch) sets the scale of
+ * polling; a long one (a late peer, a step that computes for tens of ms) only counts
+ * towards the share of long ones. Averaging the long ones in, capped, made a few bursts
+ * and one long pause average to 5 - 10 ms: polling then lasted poll_max_us after every
+ * pause, a spin that ran out each time (2 % of a core for a rank that waits 2 s). */
 void idle_note_gap(double us)
 {
-    double cap = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
+    double hi = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
     if (us < E.policy.spin_us) return;
-    if (us > cap) us = cap;
-    I.gap_ewma_us = 0.875 * I.gap_ewma_us + 0.125 * us;
+    if (us < hi / 2) {
+        I.gap_ewma_us = 0.875 * I.gap_ewma_us + 0.125 * us;
+        I.long_share = 0.875 * I.long_share;
+    } else {
+        I.long_share = 0.875 * I.long_share + 0.125;
+    }
 }
 
-/* How long polling may go on after the last event: four times the typical idle period,
- * within [spin_us, poll_max_us]; spin_us alone where idle periods are typically half of
- * poll_max_us or longer (a late peer, a step that computes for tens of ms): polling
- * would mostly run out before the next event, and each time it burnt poll_max_us. */
+/* How long polling may go on after the last event: four times the typical short idle
+ * period, within [spin_us, poll_max_us]; spin_us alone where idle periods are typically
+ * long (half of them or more): polling would mostly run out before the next event. */
 double idle_spin_bound_us(void)
 {
     double b = 4 * I.gap_ewma_us, lo = E.policy.spin_us, hi = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
-    if (I.gap_ewma_us >= hi / 2) return lo;
+    if (I.long_share >= 0.5) return lo;
     return b < lo ? lo : b > hi ? hi : b;
 }
 

@@ -49,7 +49,13 @@ def bound(pause):
         c.post(x).wait()
         time.sleep(pause)
     return pc.info()["spin_bound_us"]
-print(bound(0.001), bound(0.03), bound(0.001), pc.rc.spin_us, pc.rc.poll_max_us)
+def steps():                  # a step: four posts 1 ms apart, then a 50 ms pause
+    for _ in range(12):
+        for pause in (0.001, 0.001, 0.001, 0.001, 0.05):
+            c.post(x).wait()
+            time.sleep(pause)
+    return pc.info()["spin_bound_us"]
+print(bound(0.001), bound(0.03), bound(0.001), steps(), pc.rc.spin_us, pc.rc.poll_max_us)
 c.close()
 """
 
@@ -59,13 +65,16 @@ def test_spin_bound_follows_idle_periods():
     pauses between posts, more than spin_us and at most poll_max_us; after 30 ms pauses
     (longer than polling may last: it would run out before every next event), spin_us
     alone; then back. The events of one post (the post, the round it arms) are no idle
-    period."""
+    period. Steps of four posts 1 ms apart and a 50 ms pause: polling follows the 1 ms
+    gaps, and the pauses (a fifth of the gaps) do not stretch it towards poll_max_us
+    (averaged in, they made it 16 - 20 ms: a spin that ran out at every pause)."""
     out = subprocess.run([*PYTHON, "-c", _BOUND], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    short, long_, again, spin_us, poll_max = map(float, out.stdout.split())
+    short, long_, again, steps, spin_us, poll_max = map(float, out.stdout.split())
     assert spin_us < short <= poll_max, out.stdout
     assert long_ == spin_us, out.stdout
     assert spin_us < again <= poll_max, out.stdout
+    assert spin_us < steps <= poll_max / 2, out.stdout
 
 
 @pytest.mark.parametrize("limits, expect", [
