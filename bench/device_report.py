@@ -309,14 +309,18 @@ def step_fig9(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
     done = _at_sizes(r, tmp, "fig9", (2,) if dry else (8, 16),
                      lambda n, path: [PY, "-m", "partialcoll.bench", "skew", "--skew", "linear:1ms", "--sync",
                                       "iteration", "--rc", "idle=auto", *extra, "--json", path], limit)
-    tables, targets = {}, []
+    tables, policy, targets = {}, {}, []
     for n, _, data in done:
         if data:
             tables[str(n)] = [{k: row[k] for k in ("mode", "latency_us", "mpi_over", "nap", "ideal_us",
                                                   "late_fraction", "initiator_us")} for row in data["rows"]]
+            # what auto chose by the end of the run (rank 0's node), and the signals it read
+            info = data.get("info", {})
+            policy[str(n)] = {k: info.get(k) for k in ("idle", "idle_reason", "spin_bound_us", "run_delay", "steal",
+                                                       "throttled_samples")}
             targets += fig9_targets(data["rows"], n)
     runs = [run for _, run, _ in done]
-    return {"status": _status(runs), "runs": runs, "numbers": {"tables": tables}, "targets": targets,
+    return {"status": _status(runs), "runs": runs, "numbers": {"tables": tables, "idle": policy}, "targets": targets,
             **({"reason": "dry run: P = 2, 8 iterations (the targets are for P = 8 and 16 with cores to spare)"}
                if dry else {})}
 

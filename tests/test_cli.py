@@ -193,6 +193,10 @@ def test_skew_default_is_paper_method_unchecked(tmp_path):
     assert "#wrong" not in p.stdout and "P50" not in p.stdout
     order = re.findall(r"8 B, repetition (\d)/2: (\w+) done", p.stderr)
     assert order == [("1", "mpi"), ("1", "solo"), ("2", "solo"), ("2", "mpi")], p.stderr
+    # the policy auto chose by the end (the header shows it before the engine decided)
+    end = re.search(r"^# idle at the end \(rank 0's node\): (\w+) \((.+)\)$", p.stdout, re.M)
+    assert end and end.group(1) == data["info"]["idle"] and end.group(2) == data["info"]["idle_reason"], p.stdout
+    assert end.group(2) != "not started yet", p.stdout
 
 
 # one element of one result on rank 1 is off by one, in the benchmark's own copy of it

@@ -26,6 +26,14 @@ def header(title: str, comm) -> str:
             f"progress: {info['progress']}{idle}")
 
 
+def idle_at_end() -> str:
+    """The idle policy as the run ends: auto decides once the engine has run a while (the
+    header shows it before), and the numbers of a node with cores to spare depend on it."""
+    import partialcoll as pc
+    info = pc.info()
+    return f"# idle at the end (rank 0's node): {info['idle']} ({info['idle_reason']})"
+
+
 def progress(message: str) -> None:
     if MPI.COMM_WORLD.rank == 0:
         sys.stderr.write(f"# {message}\n")
@@ -68,7 +76,8 @@ class Table:
     def tail(self, rows: Sequence[dict]) -> str:
         """nccl-tests' closing lines: the average bus bandwidth, and -c's verdict."""
         busbw = [r["busbw_gbs"] for r in rows if r.get("busbw_gbs") == r.get("busbw_gbs")]
-        lines = [f"# Avg bus bandwidth: {sum(busbw) / len(busbw) if busbw else 0:.3f} GB/s (over every row)"]
+        lines = [f"# Avg bus bandwidth: {sum(busbw) / len(busbw) if busbw else 0:.3f} GB/s (over every row)",
+                 idle_at_end()]
         if self.validate:
             wrong = sum(r.get("wrong") or 0 for r in rows)
             unchecked = sum(r.get("wrong") is None for r in rows)
