@@ -412,8 +412,7 @@ def step_psld(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
                            "--json", path], share))
         res = _load(path)
         if res:
-            numbers[scenario] = {name: {k: v for k, v in conf.items() if k not in ("shares", "blocks_per_server")}
-                                 for name, conf in res["configs"].items()}
+            numbers[scenario] = res["configs"]      # blocks per server per round too: what a decision did
             targets += psld_targets(scenario, res)
     return {"status": _status(runs), "runs": runs, "numbers": numbers, "targets": targets,
             **({"reason": "dry run: P = 5, 3 dedicated servers, 4 MiB, 8 rounds, one run (the targets are for "
