@@ -30,8 +30,10 @@ balance=
                   without blocks (none: nothing to explore), so a server that recovered
                   is measured again and wins its blocks back. Each exploration that
                   found a server still slow halves the chance of exploring it (down to
-                  2 ** -MAX_TRIES of epsilon's), so a server that stays slow costs a few
-                  explored epochs, not epsilon's share of all of them. Noise is weighed
+                  2 ** -MAX_TRIES of epsilon's; an exploration that measured it fast on
+                  its one block does not reset that, a later measurement does), so a
+                  server that stays slow costs a few explored epochs, not epsilon's
+                  share of all of them. Noise is weighed
                   as the measurements show it (their deviations from the predictions):
                   servers predicted within it of each other count as equally fast, and
                   a switch must gain more than it; the first epoch is not used.
@@ -484,12 +486,16 @@ class Predictor:
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
-        server is not slow (tries 0); one just measured again after a time without blocks
-        that they still leave out was explored in vain (tries + 1, at most MAX_TRIES)."""
+        server is not slow (tries 0) once a measurement of a continuing series says so (a
+        server measured again after a time without blocks, on the one block exploration
+        gave it, keeps its tries until it is measured again: a light load can look fast
+        where its share does not); one just measured again that they still leave out was
+        explored in vain (tries + 1, at most MAX_TRIES)."""
         for s, n in zip(servers, exploit):
             self.merit[s] = n > 0
             if n > 0:
-                self.tries[s] = 0
+                if self.fresh[s] and not self.probed[s]:
+                    self.tries[s] = 0
             elif self.probed[s]:
                 self.tries[s] = min(self.tries[s] + 1, MAX_TRIES)
         return [int(self.tries[s]) for s in servers]
