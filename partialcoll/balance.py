@@ -33,10 +33,10 @@ balance=
                   2 ** -MAX_TRIES of epsilon's; an exploration that measured it fast on
                   its one block does not reset that, a later measurement does), so a
                   server that stays slow costs a few explored epochs, not epsilon's
-                  share of all of them. Noise is weighed
-                  as the measurements show it (their deviations from the predictions):
-                  servers predicted within it of each other count as equally fast, and
-                  a switch must gain more than it; the first epoch is not used.
+                  share of all of them. Noise is weighed as the measurements show it
+                  (their deviations from the predictions): servers predicted within it
+                  of each other count as equally fast, and a switch must gain more than
+                  it; the first epoch is not used.
 """
 from __future__ import annotations
 
