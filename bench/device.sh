@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One command for a GPU node (one rank per GPU, cores to spare): set up, then measure.
 #
-#   bash bench/device.sh                                   # every step (about 30 min)
-#   bash bench/device.sh --steps info,engine,psld          # the engine's threads, PSLD (< 10 min)
-#   bash bench/device.sh --steps info,gpu-tests,cuda-torch,buffers,fold   # the GPU paths (< 10 min)
-#   bash bench/device.sh --steps fig9,torch                # Fig. 9, the torch table (< 10 min)
+#   bash bench/device.sh                                   # every step (about 8 min on an H100 node)
+#   bash bench/device.sh --steps info,engine,psld          # the engine's threads, PSLD (~2 min)
+#   bash bench/device.sh --steps info,gpu-tests,cuda-torch,buffers,fold   # the GPU paths (~4 min)
+#   bash bench/device.sh --steps fig9,torch                # Fig. 9, the torch table (~2.5 min)
 #   bash bench/device.sh --dry                             # CPU parts at P = 2, GPU steps skipped
 #   python bench/device_report.py --merge a.json b.json --out DIR    # one report of both parts
 #
