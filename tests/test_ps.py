@@ -212,8 +212,8 @@ def test_psld_drops_an_owner_that_starts_late():
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):
-    """Run the decisions against a model: owner o takes t_o(epoch) per block; only owners
-    with blocks are measured (as the engine does). delay: epochs from a decision to the
+    """Run the decisions against a model: owner o takes slow_at(o, epoch, the blocks it
+    holds) per block; only owners with blocks are measured (as the engine does). delay: epochs from a decision to the
     rounds that run it (the engine's is 2 or more: decision e runs from epoch e + 2 at
     the earliest). Returns the assignment that ran in each epoch."""
     pred = balance.Predictor(p)
@@ -222,9 +222,10 @@ def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, la
     for e in range(epochs):
         running = decided[e] if delay else cur
         ran.append(running)
-        t = np.array([slow_at(o, e) for o in range(p)])
+        n = np.bincount(running, minlength=p)
+        t = np.array([slow_at(o, e, n[o]) for o in range(p)])
         lat = latency(e) if callable(latency) else latency
-        measured = observe(t, np.bincount(running, minlength=p), latency=lat)
+        measured = observe(t, n, latency=lat)
         cur = balance.decide(kind, measured, pred, list(range(p)), cur, seed, e, epsilon)
         decided.append(cur)
     return ran + ([cur] if not delay else [])
@@ -232,7 +233,7 @@ def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, la
 
 def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
     p = 4
-    slow = lambda o, e: 8.0 if o == 3 and e < 10 else 1.0          # noqa: E731  (recovers at epoch 10)
+    slow = lambda o, e, n: 8.0 if o == 3 and e < 10 else 1.0          # noqa: E731  (recovers at epoch 10)
     psld = model_epochs("psld", slow, 80)
     # the first decision after the warm-up epoch takes the slow owner below 1 / (2P) of the blocks
     assert counts(psld[1], p) == [4, 4, 4, 4] and counts(psld[2], p)[3] / 16 < 1 / (2 * p)
@@ -249,7 +250,7 @@ def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
     assert cost(prop[1]) == 8 and cost(psld[2]) == 6
     # nothing slow: every server holds blocks, so every one is measured in every epoch
     # and there is nothing to explore: the balanced assignment is never disturbed
-    flat = model_epochs("psld", lambda o, e: 1.0, 400, epsilon=0.5, delay=2)
+    flat = model_epochs("psld", lambda o, e, n: 1.0, 400, epsilon=0.5, delay=2)
     assert all(counts(a, p) == [4, 4, 4, 4] for a in flat)
 
 
@@ -262,7 +263,7 @@ def test_transient_straggler_wins_its_blocks_back_at_the_first_exploration():
     p, back = 4, 8
     slow_lat = lambda e: np.array([0.5, 0.5, 0.5, 8.0 if e < back else 0.5])     # noqa: E731
     for seed in range(20):
-        ran = model_epochs("psld", lambda o, e: 1.0, 60, epsilon=0.2, seed=seed, latency=slow_lat, delay=2)
+        ran = model_epochs("psld", lambda o, e, n: 1.0, 60, epsilon=0.2, seed=seed, latency=slow_lat, delay=2)
         share = [counts(a, p)[3] for a in ran]
         assert all(share[e] <= 1 for e in range(4, back)), share   # dropped by decision 2 (explored: one block)
         explored = [e for e in range(back, 60) if share[e] > 0]
@@ -278,7 +279,7 @@ def test_exploring_a_server_found_slow_backs_off():
     explored with probability epsilon, as before: the transient straggler above still
     wins its blocks back at the first exploration after it recovered."""
     p, epochs = 4, 400
-    slow = lambda o, e: 8.0 if o == 3 else 1.0                    # noqa: E731
+    slow = lambda o, e, n: 8.0 if o == 3 else 1.0                    # noqa: E731
     for seed in range(4):
         ran = model_epochs("psld", slow, epochs, epsilon=0.2, seed=seed, delay=2)
         explored = sum(counts(a, p)[3] > 0 for a in ran[10:]) / (epochs - 10)
@@ -301,18 +302,13 @@ def test_exploration_measuring_a_loaded_server_fast_keeps_the_back_off():
     would), so such rounds become rare: it holds its share in 3 % of the later epochs (at
     most 4 % for a seed) and rounds cost 1.18x those without it, against 7 - 11 % and
     1.35x when each exploration reset the back-off."""
-    p, nblocks, delay, costs = 4, 16, 2, []
+    p, costs = 4, []
+    loaded = lambda o, e, n: 8.0 if o == 3 and n > 1 else 1.0    # noqa: E731
     for seed in range(8):
-        pred, cur = balance.Predictor(p), ps.round_robin(nblocks, list(range(p)))
-        decided, cost, held = [cur] * delay, [], []
-        for e in range(400):
-            n = np.bincount(decided[e], minlength=p)
-            t = np.array([1.0, 1.0, 1.0, 1.0 if n[3] <= 1 else 8.0])
-            cost.append((n * t).max())
-            held.append(n[3])
-            cur = balance.decide("psld", observe(t, n), pred, list(range(p)), cur, seed, e, 0.1)
-            decided.append(cur)
-        assert np.mean(np.array(held[100:]) >= 2) < 0.05, (seed, held)
+        ran = [counts(a, p) for a in model_epochs("psld", loaded, 400, seed=seed, delay=2)]
+        held = np.array([c[3] for c in ran])
+        cost = [max(k * loaded(o, e, k) for o, k in enumerate(c)) for e, c in enumerate(ran)]
+        assert np.mean(held[100:] >= 2) < 0.05, (seed, held)
         costs.append(np.mean(cost[10:]) / 6)        # 6: its blocks on the three others
     assert np.mean(costs) < 1.25, costs
 
