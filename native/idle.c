@@ -335,6 +335,9 @@ int idle_poll(void)
     return p == 2 ? LOAD(I.spin) : p;
 }
 
+/* How long polling may last at most (poll_max_us; 10 ms where it is not set). */
+static double poll_max(void) { return E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4; }
+
 /* An event came us after the previous one. Only idle periods count: gaps shorter than
  * spin_us are the events of one burst (a post and the round it arms, a round's
  * messages), which say nothing about how long the engine will wait for the next one.
@@ -345,9 +348,8 @@ int idle_poll(void)
  * pause, a spin that ran out each time (2 % of a core for a rank that waits 2 s). */
 void idle_note_gap(double us)
 {
-    double hi = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
     if (us < E.policy.spin_us) return;
-    if (us < hi / 2) {
+    if (us < poll_max() / 2) {
         I.gap_ewma_us = 0.875 * I.gap_ewma_us + 0.125 * us;
         I.long_share = 0.875 * I.long_share;
     } else {
@@ -360,7 +362,7 @@ void idle_note_gap(double us)
  * long (half of them or more): polling would mostly run out before the next event. */
 double idle_spin_bound_us(void)
 {
-    double b = 4 * I.gap_ewma_us, lo = E.policy.spin_us, hi = E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4;
+    double b = 4 * I.gap_ewma_us, lo = E.policy.spin_us, hi = poll_max();
     if (I.long_share >= 0.5) return lo;
     return b < lo ? lo : b > hi ? hi : b;
 }
