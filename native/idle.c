@@ -47,6 +47,8 @@ static struct {
     double next_us, hold_until_us, hold_us, clean_since_us;
     double gap_ewma_us;          /* short idle periods, and the share of long ones: */
     double long_share;           /* (atomic-ish: doubles, racy reads are harmless) */
+    double busy_gap_us;          /* idle periods while a large message was in flight ... */
+    int busy_seen;               /* ... and whether any was seen */
     double run_delay, steal;
     int64_t throttled;
     char reason[160];
@@ -367,6 +369,29 @@ double idle_spin_bound_us(void)
     return b < lo ? lo : b > hi ? hi : b;
 }
 
+/* An event came us after the previous one while a message of busy_bytes or more was in
+ * flight: the time one such transfer took to show progress (or a peer to start it). Only
+ * periods under busy_cap_us / 2 count: a longer one is a wait for a late peer (nothing
+ * moved: yielding through it only burns the core) or a transfer too long for yielding
+ * to bridge anyway. */
+void idle_note_busy_gap(double us)
+{
+    if (us < E.policy.spin_us || us >= E.policy.busy_cap_us / 2) return;
+    I.busy_gap_us = I.busy_seen ? 0.875 * I.busy_gap_us + 0.125 * us : us;
+    I.busy_seen = 1;
+}
+
+/* How long the engine may go on yielding for a large message after the last event: four
+ * times the typical period between the events of moving large transfers, at most
+ * busy_cap_us (busy_cap_us itself until one was seen). A 1 MiB round's messages show
+ * progress every few hundred us: a rank whose peer is late stops yielding after about a
+ * millisecond instead of busy_cap_us (10 ms of a core for every late peer). */
+double idle_busy_bound_us(void)
+{
+    double b = 4 * I.busy_gap_us, hi = E.policy.busy_cap_us;
+    return !I.busy_seen || b > hi ? hi : b;
+}
+
 int pc_idle_state(pc_idle_info *out)
 {
     pc_cpu_budget();
@@ -380,6 +405,7 @@ int pc_idle_state(pc_idle_info *out)
     out->node_known = I.node_known;
     out->hold_s = I.hold_until_us > now_us() ? (I.hold_until_us - now_us()) / 1e6 : 0;
     out->spin_bound_us = idle_spin_bound_us();
+    out->busy_bound_us = idle_busy_bound_us();
     out->run_delay = I.run_delay;
     out->throttled = I.throttled;
     out->steal = I.steal;

@@ -109,6 +109,7 @@ typedef struct pc_idle_info {    /* what the idle policy chose and why (pc_idle_
     int node_ranks, node_cpus, node_known;
     double hold_s;       /* auto: sleeping at least this much longer after interference */
     double spin_bound_us;/* how long polling goes on after the last event */
+    double busy_bound_us;/* how long yielding for a large message goes on after it */
     double run_delay;    /* last sample: the share of runnable time spent waiting for a CPU */
     int64_t throttled;   /* samples that saw the cgroup throttled */
     double steal;        /* last sample: steal time per CPU */

@@ -335,7 +335,7 @@ double now_us(void);                     /* CLOCK_MONOTONIC, microseconds */
 void abs_deadline(struct timespec *ts, double us);
 
 /* progress.c */
-void note_event(void);
+double note_event(void);
 void kick(void);                         /* new work: note the event, wake the poller */
 void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);
@@ -365,6 +365,8 @@ int idle_core_each(void);                /* a CPU per rank of the node (its appl
 int idle_spare(void);                    /* idle_poll() and a CPU per thread of the node (2 per rank) */
 double idle_spin_bound_us(void);         /* how long polling may go on after the last event */
 void idle_note_gap(double us);           /* an event came us after the previous one */
+void idle_note_busy_gap(double us);      /* ... while a large message was in flight */
+double idle_busy_bound_us(void);         /* how long yielding for a large message may go on */
 void idle_sample(void);                  /* [progress] interference, every ~10 ms */
 
 #endif

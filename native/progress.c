@@ -36,11 +36,13 @@ pc_engine_state E = {.lock = SHORT_MUTEX, .wmtx = SHORT_MUTEX,
 
 
 /* The time of the last event (a message completed, a post, a round armed), in us:
- * the idle policy counts from it. */
-void note_event(void)
+ * the idle policy counts from it. Returns the period since the previous event (0: none). */
+double note_event(void)
 {
     int64_t now = (int64_t)now_us(), last = __atomic_exchange_n(&E.last_event_us, now, __ATOMIC_RELAXED);
-    if (last > 0 && now > last) idle_note_gap((double)(now - last));
+    double gap = last > 0 && now > last ? (double)(now - last) : 0;
+    if (gap > 0) idle_note_gap(gap);
+    return gap;
 }
 
 /* ------------------------------------------------------------------ units */
@@ -386,7 +388,8 @@ void notify_books(void)
  * (the policy "spin", or auto's spin while the node is not contended) up to the
  * adaptive bound idle_spin_bound_us(); otherwise spin spin_us, yield yield_us, then
  * sleep with a doubling, capped backoff. While a large message moves (SF_BUSY) it keeps
- * yielding instead of sleeping, up to busy_cap_us after the last event. Past
+ * yielding instead of sleeping, up to idle_busy_bound_us() after the last event (a few
+ * times the period at which large transfers showed progress, at most busy_cap_us). Past
  * deep_after_us the sleep cap grows to a tenth of the idle time (at most deep_sleep_us).
  * A kick (a local post) ends a sleep at once. Called without any lock. */
 typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
@@ -416,7 +419,7 @@ static void idle_step(idle_state *st, int busy)
         sched_yield();
         return;
     }
-    if (busy && idle < E.policy.busy_cap_us) {
+    if (busy && idle < idle_busy_bound_us()) {
         sched_yield();
         return;
     }

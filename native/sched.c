@@ -165,14 +165,15 @@ int sched_progress(pc_sched *s)
 {
     if (!s->running) return 0;
     if (s->draining) return sched_drain(s);
-    int ndone = 0, failed = -1;
+    int ndone = 0, failed = -1, big = s->live && s->msgs.big > 0;
     int rc = mpi_test(&s->msgs, s->op_bytes, s->is_recv, &ndone, &failed, E.policy.busy_bytes);
     if (rc) {
         sched_fail(s, failed, rc, pc_last_error());
         return 1;
     }
     if (ndone == 0) return 0;
-    note_event();
+    double gap = note_event();
+    if (big) idle_note_busy_gap(gap);      /* how long a large message took to show progress */
     /* copy first: completing ops may post (and test) new requests */
     int done[ndone];
     memcpy(done, s->msgs.done, sizeof(int) * (size_t)ndone);

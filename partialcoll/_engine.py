@@ -123,7 +123,7 @@ def idle_state() -> Dict[str, object]:
             "idle_reason": ffi.string(st.reason).decode(errors="replace") if _started else "not started yet",
             "cpu_budget": int(st.cpu_budget), "ranks_on_node": st.node_ranks or _launcher_ranks(),
             "node_cpus": st.node_cpus or None, "node_from": "communicator" if st.node_known else "launcher",
-            "spin_bound_us": st.spin_bound_us, "run_delay": st.run_delay,
+            "spin_bound_us": st.spin_bound_us, "busy_bound_us": st.busy_bound_us, "run_delay": st.run_delay,
             "throttled_samples": int(st.throttled), "steal": st.steal}
 
 

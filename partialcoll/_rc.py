@@ -25,7 +25,9 @@ class RC:
             and one idle for longer within 20 ms.
         busy_bytes: while a message at least this large moves (its round has read this rank's
             input, or a plain schedule has started), keep polling (default 65536) ...
-        busy_cap_us: ... until this long after the last event (default 10000): a peer that is
+        busy_cap_us: ... until at most this long after the last event (default 10000): four
+            times the period at which large transfers showed progress before (pc.info()'s
+            busy_bound_us; a 1 MiB round's messages: a few hundred us), so that a peer
             later than that is waited for asleep.
         timeout: default timeout in seconds of wait() (default 600, like PyTorch's NCCL
             process groups; None: wait forever), so a rank that never posts to a full

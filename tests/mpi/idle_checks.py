@@ -1,5 +1,5 @@
-"""A rank whose round is armed must not take a core from a rank that computes (issue 14,
-found across emulated hosts): python idle_checks.py
+"""A rank whose round is armed must not take a core from a rank that computes (found
+across emulated hosts), nor spend one on a late peer: python idle_checks.py
 
 Under `pytest --hosts` each emulated host runs one rank, so MPI sees a node with a core
 for the rank and one for its progress thread, and the idle policy "auto" picked "spin".
@@ -54,6 +54,52 @@ def test_armed_ranks_leave_the_cores_to_a_computing_rank(comm):
     assert mean >= 0.75 * alone, \
         f"rank 0 computed on {armed} of a core with the others armed, {alone:.2f} without; " \
         f"idle policy, ranks seen on the node and why, per rank: {policy}"
+
+
+LATE_S = 0.15
+
+
+def waiting_cpu_ms(comm, count: int, reps: int = 3) -> float:
+    """Rank 0's CPU (all threads, ms; the median of reps) over a full round of count
+    float32 that it posts and waits in while the other ranks post LATE_S later; before,
+    eight rounds in which every rank posts at once (what the engine learns the moving
+    transfers from)."""
+    x = np.ones(count, np.float32)
+    coll = pc.PartialAllreduce(count, np.float32, MPI.SUM, comm, mode="full")
+    for _ in range(8):
+        comm.Barrier()
+        coll.post(x).wait(timeout=60)
+    spent = []
+    for _ in range(reps):
+        comm.Barrier()
+        if comm.rank == 0:
+            c0 = time.process_time()
+            res = coll.post(x).wait(timeout=60)
+            spent.append((time.process_time() - c0) * 1e3)
+        else:
+            time.sleep(LATE_S)
+            res = coll.post(x).wait(timeout=60)
+        assert np.all(res.data == comm.size), "the round is wrong"
+    coll.close(timeout=60)
+    return comm.bcast(sorted(spent)[len(spent) // 2] if spent else 0.0, root=0)
+
+
+def test_a_late_peer_is_not_waited_for_yielding(comm):
+    """A message of busy_bytes or more keeps the engine yielding instead of sleeping, since
+    a large transfer needs polling while it moves: but only a few times as long as the
+    balanced rounds' large messages took to show progress, not busy_cap_us (10 ms) after
+    every post. A rank whose 1 MiB round waits LATE_S for its peers spends no more than
+    half of busy_cap_us more CPU than one whose 8 B round waits as long (it was the whole
+    busy_cap_us: a core yielded through for nothing at every late peer); that CPU holds
+    the round's own work too (a 1 MiB copy and reduction: about 1 ms)."""
+    if comm.size == 1:
+        return
+    small, large = waiting_cpu_ms(comm, 2), waiting_cpu_ms(comm, 1 << 18)
+    extra, limit = large - small, 0.5 * pc.rc.busy_cap_us / 1e3
+    assert extra < limit, \
+        f"waiting {LATE_S * 1e3:.0f} ms with a 1 MiB round took {large:.1f} ms of CPU, with 8 B {small:.1f} ms: " \
+        f"{extra:.1f} ms more (at most {limit:.1f}); idle {pc.info()['idle']}, busy bound " \
+        f"{pc.info()['busy_bound_us']:.0f} us"
 
 
 if __name__ == "__main__":
