@@ -48,7 +48,8 @@ static struct {
     double gap_ewma_us;          /* short idle periods, and the share of long ones: */
     double long_share;           /* (atomic-ish: doubles, racy reads are harmless) */
     double busy_gap_us;          /* idle periods while a large message was in flight ... */
-    int busy_seen;               /* ... and whether any was seen */
+    int busy_seen;               /* ... and whether any was seen (written by whichever thread
+                                  * completes messages, without mtx: racy like the two above) */
     double run_delay, steal;
     int64_t throttled;
     char reason[160];
