@@ -112,7 +112,7 @@ def main():
         print(f"# idle CPU, % of one core, busiest of {comm.size} ranks ({args.seconds:g} s each), "
               f"idle={pc.rc.idle}")
         print(f"# {'progress':<8} {'mode':<6} {'size':>6} {'armed':>8} {'waiting':>8} {'work ms':>8} "
-              f"{'overhead':>8}  active policy")
+              f"{'overhead':>8}  active policy (rank 0's polling and large-message yield bounds, ms)")
     for progress in args.progress.split(","):
         pc.finalize()
         pc.rc.progress = progress
@@ -122,12 +122,15 @@ def main():
                 if comm.rank == 0:
                     busiest = max(range(comm.size), key=lambda r: waiting[r])
                     overhead = waiting[busiest] - work[busiest] / 10 / args.seconds     # ms -> % of the window
-                    row = {"progress": progress, "mode": mode, "size": name, "idle": pc.info()["idle"],
+                    info = pc.info()
+                    row = {"progress": progress, "mode": mode, "size": name, "idle": info["idle"],
+                           "spin_bound_us": info["spin_bound_us"], "busy_bound_us": info["busy_bound_us"],
                            "armed": max(armed), "waiting": max(waiting), "waiting_rank0": waiting[0],
                            "work_ms": work[busiest], "overhead": overhead, "waiting_all": waiting, "work_all": work}
                     rows.append(row)
                     print(f"  {progress:<8} {mode:<6} {name:>6} {row['armed']:8.1f} {row['waiting']:8.1f} "
-                          f"{row['work_ms']:8.1f} {overhead:8.1f}  {row['idle']}", flush=True)
+                          f"{row['work_ms']:8.1f} {overhead:8.1f}  {row['idle']} ({info['spin_bound_us'] / 1e3:.1f}, "
+                          f"{info['busy_bound_us'] / 1e3:.1f})", flush=True)
     lates = [float(v) for v in filter(None, args.answer.split(","))]
     if lates and comm.size >= 2:
         pc.finalize()
