@@ -30,6 +30,10 @@ void sched_fail(pc_sched *s, int op, int code, const char *what)
     notify_done();
 }
 
+/* A message of busy_bytes or more is in flight in a live execution: it may be moving,
+ * and a large transfer needs polling (SF_BUSY). */
+static int sched_busy(const pc_sched *s) { return s->live && s->msgs.big > 0; }
+
 void sched_publish(pc_sched *s)
 {
     int f = 0;
@@ -39,7 +43,7 @@ void sched_publish(pc_sched *s)
         if (s->draining || !s->needs_trigger || !s->owner
             || (s->trigger_op >= 0 && s->ops[s->trigger_op].state == ST_DONE))
             f |= SF_POLLABLE;
-        if (s->live && s->msgs.big > 0) f |= SF_BUSY;
+        if (sched_busy(s)) f |= SF_BUSY;
     }
     STORE(s->flags, f);
 }
@@ -165,7 +169,7 @@ int sched_progress(pc_sched *s)
 {
     if (!s->running) return 0;
     if (s->draining) return sched_drain(s);
-    int ndone = 0, failed = -1, big = s->live && s->msgs.big > 0;
+    int ndone = 0, failed = -1, big = sched_busy(s);
     int rc = mpi_test(&s->msgs, s->op_bytes, s->is_recv, &ndone, &failed, E.policy.busy_bytes);
     if (rc) {
         sched_fail(s, failed, rc, pc_last_error());
