@@ -127,8 +127,12 @@ def wait_in_slices(call, timeout, *args, peers: Optional[Peers] = None, what: st
                 check(rc)
             except Timeout as exc:
                 if peers is not None:
-                    peers.raise_peer_error(what)    # a report that came as the deadline passed
-                    raise peers.timeout(str(exc), shown) from None
+                    # the silent peers first, then a report that came as the deadline
+                    # passed: a report heard in between withdraws the armed round (no peer
+                    # is then missing in it) and is what the wait raises
+                    timeout_error = peers.timeout(str(exc), shown)
+                    peers.raise_peer_error(what)
+                    raise timeout_error from None
                 raise Timeout(f"{exc} (timeout={shown} s)") from None
         stall.check()
         rc = call(*args, min(_SLICE, left))

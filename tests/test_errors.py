@@ -190,6 +190,44 @@ def test_timeout_names_silent_peers():
     assert p.returncode == 0 and "named" in p.stdout, p.stdout + p.stderr
 
 
+def test_report_heard_as_a_wait_times_out_is_a_peer_error():
+    """A wait whose deadline passes just as a peer's report is heard raises the PeerError,
+    never a Timeout that names nobody: the report withdraws the armed round, after which
+    the engine finds no peer missing in it. Here the report lands between the last slice
+    and the question which peers were silent (as on a loaded node, where a survivor of a
+    rank that never posts timed out while another survivor reported its own Timeout)."""
+    p = run_py("""
+        from partialcoll import _status
+        import partialcoll as pc
+
+        heard = []                  # the engine's state: has the report been heard?
+        def look():                 # what the engine says; the report lands right after
+            was = bool(heard)       # the first look (on a loaded node: any moment)
+            heard.append(1)
+            return was
+        def silent():               # the armed round: withdrawn once the report was heard
+            return "round 7", () if look() else (0,)
+        def peer_error():
+            if not look():
+                raise pc.StateError("no peer reported an error")
+            return 2, "Timeout", "round 7 did not complete"
+        class Quiet(_status.Peers):
+            def failed(self):
+                return ()
+        for lands_before in (False, True):
+            heard[:] = [1] if lands_before else []
+            peers = Quiet(None, 1, silent, peer_error)
+            try:
+                _status.wait_in_slices(lambda s: _status.TIMEOUT_CODE, 0.0, peers=peers, what="round 7")
+            except pc.PeerError as exc:
+                assert exc.rank == 2 and exc.exc_type == "Timeout", (exc.rank, exc.exc_type)
+            else:
+                raise AssertionError("no exception")
+        print("peer error")
+    """)
+    assert p.returncode == 0 and "peer error" in p.stdout, p.stdout + p.stderr
+
+
 def test_c_api_checks_its_caller():
     """The engine's C API checks what the caller passes: a collective's mask size, and
     every op's slot offset and length against the slot's size."""
