@@ -27,7 +27,7 @@ from ._engine import finalize, progress_mode
 from ._errors import (ArgumentError, EngineError, InvalidBufferError, MPIError, OpError, OutOfMemory,
                       PartialcollError, PeerError, StateError, Timeout)
 from ._info import info
-from ._partial import (PartialAllreduce, PartialRequest, Result, allreduce_init, majority_allreduce,
+from ._partial import (PartialAllreduce, PartialRequest, Result, allreduce_init, close_all, majority_allreduce,
                        probe_allreduce, quorum_allreduce, solo_allreduce)
 from ._rc import rc
 from ._version import __version__
@@ -38,7 +38,7 @@ from .averager import AsyncAverager, AverageRequest
 from .hierarchical import HierarchicalAllreduce, HierarchicalRequest
 
 __all__ = [
-    "PartialAllreduce", "PartialRequest", "Result",
+    "PartialAllreduce", "PartialRequest", "Result", "close_all",
     "solo_allreduce", "majority_allreduce", "probe_allreduce", "quorum_allreduce", "allreduce_init",
     "Schedule", "ScheduleOp", "Request", "candidates", "speed_groups", "AsyncAverager", "AverageRequest",
     "HierarchicalAllreduce", "HierarchicalRequest",

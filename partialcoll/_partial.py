@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -735,30 +735,24 @@ class PartialAllreduce(_propagate.Reporting):
         wait() returned, so nothing posted is ever dropped. timeout: None is
         ``pc.rc.close_timeout`` (300 s unless set). If it expires, or a peer failed, this
         rank drops the collective (as if abandoned) and raises Timeout or MPIError.
+        Several collectives that ranks posted to unevenly: close them together with
+        partialcoll.close_all (one at a time, a rank waiting in the first one's close()
+        is not yet shadowing the second one's rounds, which may need it).
         """
-        c = self._native_coll()
-        lib = _engine.lib
         timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
-        self._closing = True             # no wait() starts from now on (class docstring) ...
-        if self._waiting:                # ... and none may be under way
-            self._closing = False
-            raise StateError("close() while another thread waits for a request of this PartialAllreduce: "
-                             "close it once that wait is over (the thread that waits owns the requests "
-                             "until then)")
+        if not self._closing:
+            self._begin_close()
         try:
-            check_round(lib.pc_coll_close(c), self._peers, "close()")     # an error met since the last wait
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
         except PartialcollError as exc:
-            if isinstance(exc, Timeout):     # the peers may be alive, in rounds: tell them
-                self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
-            self._abandon()              # the final round cannot complete here
+            self._close_failed(exc)
             raise
         self._stop_balancer()            # the final round is over: no decision is needed any more
         if self._balancer is not None:
             self._balancer.trim(result.round)
         self._traffic = self.traffic()
         try:
-            check(lib.pc_coll_free(self._coll))
+            check(_engine.lib.pc_coll_free(self._coll))
         except PartialcollError:
             self._abandon()              # the engine keeps it until nothing runs
             raise
@@ -771,6 +765,30 @@ class PartialAllreduce(_propagate.Reporting):
         self._outs = {}
         self._fb = _NO_FB
         return result
+
+    def _begin_close(self) -> None:
+        """close()'s first half, this rank only and without waiting: from here on this
+        rank shadows the collective's rounds (it triggers every round it is armed for and
+        sets its closing bit); close() then waits for the final round."""
+        c = self._native_coll()
+        self._closing = True             # no wait() starts from now on (class docstring) ...
+        if self._waiting:                # ... and none may be under way
+            self._closing = False
+            raise StateError("close() while another thread waits for a request of this PartialAllreduce: "
+                             "close it once that wait is over (the thread that waits owns the requests "
+                             "until then)")
+        try:
+            check_round(_engine.lib.pc_coll_close(c), self._peers, "close()")   # an error met since the last wait
+        except PartialcollError as exc:
+            self._close_failed(exc)
+            raise
+
+    def _close_failed(self, exc: PartialcollError) -> None:
+        """close() cannot complete here: drop the collective (a Timeout is reported to the
+        peers, which may be alive, in rounds)."""
+        if isinstance(exc, Timeout):
+            self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
+        self._abandon()
 
     def traffic(self) -> np.ndarray:
         """Bytes this rank has sent to each peer since creation (int64, one per rank),
@@ -808,6 +826,45 @@ class PartialAllreduce(_propagate.Reporting):
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "
                 f"late={self.late!r}, algorithm={self.algorithm!r}, size={self.size})")
+
+
+def close_all(collectives: Sequence[PartialAllreduce], timeout: Optional[float] = None) -> List[Result]:
+    """Collective: close several PartialAllreduces together; their final results, in order.
+
+    Every rank first begins closing each of them (from then on it shadows their rounds:
+    it triggers every round it is armed for, whatever the mode), then waits for each final
+    round. Closing them one by one can hang where ranks posted unevenly: a rank waiting in
+    the first one's close() would not yet take part as a closing rank in the second one's
+    rounds, and a majority or full round there may need it. (The torch integrations close
+    their buckets' collectives this way.) timeout: each close()'s. If one fails (Timeout,
+    PeerError, MPIError, StateError), the others not closed yet are dropped on this rank
+    with a report to their peers, as a ``with`` block left by that exception does, and the
+    exception propagates.
+    """
+    colls = list(collectives)
+    for coll in colls:
+        if not isinstance(coll, PartialAllreduce):
+            raise ArgumentError(f"close_all() closes PartialAllreduce objects, not {type(coll).__name__}")
+        if coll._closed:
+            raise StateError("close_all(): a PartialAllreduce of the list is closed already")
+    if len({id(coll) for coll in colls}) < len(colls):
+        raise ArgumentError("close_all(): a PartialAllreduce appears twice in the list")
+    done: List[Result] = []
+    try:
+        for coll in colls:
+            if not coll._closing:
+                coll._begin_close()
+        for coll in colls:
+            done.append(coll.close(timeout))
+    except PartialcollError as exc:
+        for coll in colls[len(done):]:
+            if not coll._closed:
+                try:
+                    coll._report(type(exc).__name__, _propagate.describe(exc), _propagate.REPORT_SECONDS)
+                finally:
+                    coll._abandon()
+        raise
+    return done
 
 
 def _shorthand(mode: str):

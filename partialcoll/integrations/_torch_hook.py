@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .._partial import PartialAllreduce, Result
+from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping
 from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, fused_divisor, np_dtype,
@@ -132,8 +132,8 @@ class PartialHookState:
     def _flush(self) -> None:
         """Close every collective (collective); keep what they held for their parameters."""
         self._completer.stop()           # DDP waited for every round already; be sure
-        for entry in list(self.colls.values()):
-            res = entry.coll.close()
+        entries = list(self.colls.values())
+        for entry, res in zip(entries, close_all([e.coll for e in entries])):
             self.flushed.append(res)
             like = entry.params[0] if entry.params else None
             data = tensor_of(res.data, like.dtype if like is not None else None)
@@ -192,7 +192,7 @@ class PartialHookState:
         """Collective: flush every bucket's collective; returns the final results by bucket
         position (0 = the first bucket DDP reduced)."""
         self._completer.stop()
-        out = {i: e.coll.close() for i, e in enumerate(self.colls.values())}
+        out = dict(enumerate(close_all([e.coll for e in self.colls.values()])))
         self.colls.clear()
         if self.grouping is not None:
             self.grouping.free()

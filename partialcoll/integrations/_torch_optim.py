@@ -41,7 +41,7 @@ from mpi4py import MPI
 
 from .._agree import agree, as_problem
 from .._errors import ArgumentError, StateError
-from .._partial import PartialAllreduce, PartialRequest, Result
+from .._partial import PartialAllreduce, PartialRequest, Result, close_all
 from .._types import integer
 from ..hierarchical import SpeedGrouping
 from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
@@ -266,8 +266,7 @@ class GradientSynchronizer:
         """Collective over comm: close the buckets (their flush becomes the next step's
         carry), adopt the new grouping, build the buckets on the new group."""
         carry = []
-        for b in self.buckets:
-            res = b.coll.close()
+        for b, res in zip(self.buckets, close_all([b.coll for b in self.buckets])):
             data = tensor_of(np.array(res.data, copy=True), b.params[0].dtype).to(b.params[0].dtype)
             d = divisor(res, self.average, self.size, b.coll.divisor) if res.rounds else 1
             carry.append(data / d if d != 1 else data)
@@ -293,7 +292,7 @@ class GradientSynchronizer:
             if b.request is not None:
                 b.request.wait()
                 b.request = None
-        out = [b.coll.close() for b in self.buckets]
+        out = close_all([b.coll for b in self.buckets])
         self.buckets = []
         if self.grouping is not None:
             self.grouping.free()

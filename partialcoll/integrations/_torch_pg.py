@@ -46,7 +46,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .._errors import ArgumentError, StateError, Timeout
-from .._partial import PartialAllreduce
+from .._partial import PartialAllreduce, close_all
 from . import _torch_comm
 from ._torch_common import Completer, buffer_of, future, host_copy, host_view, np_dtype
 
@@ -429,9 +429,9 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         if self._unusable in ("it was shut down", "it was aborted"):
             return
         self._completer.stop()
-        while self._colls:
-            _, coll = self._colls.popitem(last=False)
-            coll.close()
+        colls = list(self._colls.values())
+        self._colls.clear()
+        close_all(colls)
         self._unusable = "it was shut down"
         if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
             self.comm.Free()

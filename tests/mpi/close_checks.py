@@ -1,4 +1,4 @@
-"""close() with uneven post counts (issue 11, finding 2): python close_checks.py MODES LATES COUNTS
+"""close() with uneven post counts: python close_checks.py MODES LATES COUNTS
 (comma-separated lists, e.g. solo,full fold,latest 1,131072: every combination is a check)
 
 Ranks post different numbers of times (3 + 2*rank, then the reverse pattern), some
@@ -6,7 +6,8 @@ waiting on every request and some never waiting, then all close(). close() must 
 on every rank, and nothing posted may be lost: with late="fold" and SUM, at every rank,
 the sum of every result it received plus close()'s result equals the sum of every value
 posted by every rank (integers, so exactly). With late="latest" every rank still
-returns from close(), and results of the same round agree across ranks.
+returns from close(), and results of the same round agree across ranks. The same for two
+collectives posted to in turn and closed together (partialcoll.close_all).
 """
 from __future__ import annotations
 
@@ -37,34 +38,76 @@ def value(rank, i, count):
     return np.full(count, 1000 * (rank + 1) + i, dtype=np.int64)
 
 
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("late", LATES)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("count", COUNTS)
-def test_uneven_posts(comm, count, mode, late, pattern):
+def post_in_pattern(comm, colls, count, pattern):
+    """Rank r posts posts(r, p) times to each of colls, in turn, waiting where the pattern
+    says; returns the sum of the results it received from each, and the round values seen."""
     posts, waits = PATTERNS[pattern]
+    received = [np.zeros(count, np.int64) for _ in colls]
+    seen = [{} for _ in colls]
+    for i in range(posts(comm.rank, comm.size)):
+        for k, coll in enumerate(colls):
+            req = coll.post(value(comm.rank, i, count) * (k + 1))
+            if waits(comm.rank):
+                res = req.wait(timeout=60)
+                received[k] += res.data
+                if res.rounds == 1:
+                    seen[k][res.round] = int(res.data[0])
+    return received, seen
+
+
+def check_flushed(comm, pattern, late, received, seen, scale=1):
+    """fold: every result received + close()'s == everything posted; the same round's
+    results agree across ranks."""
+    posts, _ = PATTERNS[pattern]
     p = comm.size
-    coll = pc.PartialAllreduce(count, np.int64, MPI.SUM, comm, mode=mode, late=late, **options(mode, p))
-    mine = posts(comm.rank, p)
-    received = np.zeros(count, np.int64)
-    seen = {}
-    for i in range(mine):
-        req = coll.post(value(comm.rank, i, count))
-        if waits(comm.rank):
-            res = req.wait(timeout=60)
-            received += res.data
-            if res.rounds == 1:
-                seen[res.round] = int(res.data[0])
-    final = coll.close(timeout=60)
-    received += final.data
-    total = sum(int(value(r, i, 1)[0]) for r in range(p) for i in range(posts(r, p)))
+    total = scale * sum(int(value(r, i, 1)[0]) for r in range(p) for i in range(posts(r, p)))
     if late == "fold":
-        assert np.all(received == total), (comm.rank, received[:2], total, mode)
+        assert np.all(received == total), (comm.rank, received[:2], total)
     everyone = comm.allgather(seen)
     for other in everyone:
         for n, v in other.items():
             if n in seen:
                 assert seen[n] == v, (n, seen[n], v)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("late", LATES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("count", COUNTS)
+def test_uneven_posts(comm, count, mode, late, pattern):
+    coll = pc.PartialAllreduce(count, np.int64, MPI.SUM, comm, mode=mode, late=late, **options(mode, comm.size))
+    (received,), (seen,) = post_in_pattern(comm, [coll], count, pattern)
+    received += coll.close(timeout=60).data
+    check_flushed(comm, pattern, late, received, seen)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("mode", MODES)
+def test_close_all_uneven_posts(comm, mode, pattern):
+    """Two collectives posted to in turn, unevenly, closed together (close_all): a rank
+    that is done shadows both while the others still post (one by one, a rank in the
+    first close() does not trigger the second one's rounds: majority and full hang)."""
+    colls = [pc.PartialAllreduce(1, np.int64, MPI.SUM, comm, mode=mode, late="fold", **options(mode, comm.size))
+             for _ in range(2)]
+    received, seen = post_in_pattern(comm, colls, 1, pattern)
+    for k, final in enumerate(pc.close_all(colls, timeout=60)):
+        check_flushed(comm, pattern, "fold", received[k] + final.data, seen[k], scale=k + 1)
+
+
+def test_close_all_checks_its_list(comm):
+    """A closed collective or one listed twice: an error on every rank before any closing
+    begins (the others are still usable, then closed)."""
+    a, b = (pc.PartialAllreduce(2, np.float64, MPI.SUM, comm, late="fold") for _ in range(2))
+    a.close()
+    with pytest.raises(pc.StateError, match="closed already"):
+        pc.close_all([b, a])
+    with pytest.raises(pc.ArgumentError, match="twice"):
+        pc.close_all([b, b])
+    with pytest.raises(pc.ArgumentError, match="not list"):
+        pc.close_all([b, []])
+    got = b.post(np.ones(2)).wait(timeout=60).data + pc.close_all([b])[0].data
+    assert np.array_equal(got, np.full(2, comm.size)), got
+    assert pc.close_all([]) == []
 
 
 if __name__ == "__main__":

@@ -338,6 +338,26 @@ def test_hook_every_mode(comm, pcg, mode, opts, start_iter, average):
         assert state.flushed, "DDP rebuilt its buckets, but the hook's collectives were not flushed"
 
 
+@pytest.mark.parametrize("mode,opts", MODES, ids=[m for m, _ in MODES])
+def test_hook_uneven_steps(comm, pcg, mode, opts):
+    """Ranks take different numbers of steps (rank r: 12 + 5 r, as with uneven inputs):
+    a rank that is done closes the hook state (collective), and from then on shadows the
+    rounds of the ranks still training, as PyTorch's Join does. Every mode, full
+    included, completes, and nothing is lost."""
+    if mode == "quorum" and comm.size < 2:
+        return
+    m = model()
+    ddp = DDP(m, bucket_cap_mb=CAP)
+    state = PartialHookState(mode=mode, comm=comm, late="fold", start_iter=2, **opts)   # average="world"
+    rec = Recorder(m)
+    ddp.register_comm_hook(state, rec.hook)
+    lr, p_ = 0.3, comm.size
+    w0 = [p.detach().clone() for p in m.parameters()]
+    train(ddp, comm.rank, 12 + 5 * comm.rank, lr=lr)
+    flush = {k: v * p_ for k, v in flushed_by_param(state).items()}
+    nothing_lost(comm, m, w0, lr / p_, flush, rec.sum)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_hook_half(comm, pcg, dtype):
     """float16/bfloat16 models through the hook (full) agree with gloo's DDP to half tolerance."""
@@ -404,6 +424,31 @@ def test_real_mlp(comm, pcg):
 
 
 # -- without DDP --------------------------------------------------------------------------------
+def local_gradients(m):
+    """Each parameter's sum of its local gradients, recorded by tensor hooks (they run
+    before the optimizer wrapper's)."""
+    local = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in m.parameters()}
+    def record(p):
+        def hook(g):
+            local[id(p)].add_(g.double())
+        return hook
+    for p in m.parameters():
+        p.register_hook(record(p))
+    return local
+
+
+def flushed_of(opt, scale):
+    """Collective: close the optimizer; its final results mapped to parameters, times scale."""
+    flushed = {}
+    for b, res in zip(opt._sync.buckets, opt.close()):
+        data = torch.from_numpy(host(res.data).astype(np.float64))
+        off = 0
+        for p in b.params:
+            flushed[id(p)] = data[off:off + p.numel()].reshape(p.shape) * scale
+            off += p.numel()
+    return flushed
+
+
 def test_optimizer_full_equals_ddp(comm, pcg):
     ref, ours = model(), model()
     train(DDP(ref, bucket_cap_mb=CAP), comm.rank, 20)
@@ -426,23 +471,24 @@ def test_optimizer_solo_nothing_lost(comm, pcg, average):
     p_ = comm.size if average == "world" else 1
     assert all(b.coll.divisor == p_ for b in opt._sync.buckets)
     w0 = [p.detach().clone() for p in m.parameters()]
-    local = {id(p): torch.zeros_like(p, dtype=torch.float64) for p in m.parameters()}
-    def record(p):
-        def hook(g):                       # runs before the optimizer's hook: the local gradient
-            local[id(p)].add_(g.double())
-        return hook
-    for p in m.parameters():
-        p.register_hook(record(p))
+    local = local_gradients(m)
     losses = train(m, comm.rank, 30, opt=opt, slow=lambda s: s % (comm.size + 1))
-    flushed = {}
-    for b, res in zip(opt._sync.buckets, opt.close()):
-        data = torch.from_numpy(host(res.data).astype(np.float64))
-        off = 0
-        for p in b.params:
-            flushed[id(p)] = data[off:off + p.numel()].reshape(p.shape) * p_
-            off += p.numel()
-    nothing_lost(comm, m, w0, lr / p_, flushed, local)
+    nothing_lost(comm, m, w0, lr / p_, flushed_of(opt, p_), local)
     assert np.mean(losses[-6:]) < np.mean(losses[:6]), losses
+
+
+@pytest.mark.parametrize("mode", ["solo", "full"])
+def test_optimizer_uneven_steps(comm, pcg, mode):
+    """DistributedOptimizer where rank r takes 12 + 5 r steps: the ranks that are done
+    close() (collective) while the others still step; nothing is lost."""
+    m = model()
+    lr, p_ = 0.3, comm.size
+    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr), mode=mode, comm=comm, late="fold",
+                               bucket_mb=CAP)                        # average="world"
+    w0 = [p.detach().clone() for p in m.parameters()]
+    local = local_gradients(m)
+    train(m, comm.rank, 12 + 5 * comm.rank, opt=opt)
+    nothing_lost(comm, m, w0, lr / p_, flushed_of(opt, p_), local)
 
 
 def test_synchronizer_nap_and_model_sync(comm, pcg):
