@@ -77,6 +77,8 @@ _new_bare = object.__new__           # a Result or PartialRequest without __init
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
+_CLOSE_WHILE_WAITED = ("close() while another thread waits for a request of this PartialAllreduce: close it once "
+                       "that wait is over (the thread that waits owns the requests until then)")
 
 
 def _silent_of(c):
@@ -774,9 +776,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._closing = True             # no wait() starts from now on (class docstring) ...
         if self._waiting:                # ... and none may be under way
             self._closing = False
-            raise StateError("close() while another thread waits for a request of this PartialAllreduce: "
-                             "close it once that wait is over (the thread that waits owns the requests "
-                             "until then)")
+            raise StateError(_CLOSE_WHILE_WAITED)
         try:
             check_round(_engine.lib.pc_coll_close(c), self._peers, "close()")   # an error met since the last wait
         except PartialcollError as exc:
@@ -839,7 +839,8 @@ def close_all(collectives: Sequence[PartialAllreduce], timeout: Optional[float] 
     their buckets' collectives this way.) timeout: each close()'s. If one fails (Timeout,
     PeerError, MPIError, StateError), the others not closed yet are dropped on this rank
     with a report to their peers, as a ``with`` block left by that exception does, and the
-    exception propagates.
+    exception propagates. A closed collective, one listed twice, or one whose request
+    another thread waits for raises before any closing begins.
     """
     colls = list(collectives)
     for coll in colls:
@@ -847,6 +848,8 @@ def close_all(collectives: Sequence[PartialAllreduce], timeout: Optional[float] 
             raise ArgumentError(f"close_all() closes PartialAllreduce objects, not {type(coll).__name__}")
         if coll._closed:
             raise StateError("close_all(): a PartialAllreduce of the list is closed already")
+        if coll._waiting:
+            raise StateError(_CLOSE_WHILE_WAITED)
     if len({id(coll) for coll in colls}) < len(colls):
         raise ArgumentError("close_all(): a PartialAllreduce appears twice in the list")
     done: List[Result] = []

@@ -11,6 +11,9 @@ collectives posted to in turn and closed together (partialcoll.close_all).
 """
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -108,6 +111,34 @@ def test_close_all_checks_its_list(comm):
     got = b.post(np.ones(2)).wait(timeout=60).data + pc.close_all([b])[0].data
     assert np.array_equal(got, np.full(2, comm.size)), got
     assert pc.close_all([]) == []
+
+
+def test_close_all_while_a_thread_waits(comm):
+    """Rank 0's thread waits for a full round the others have not posted to: close_all()
+    on rank 0 raises StateError before it begins closing anything; once the round is
+    done, every rank closes both collectives."""
+    if comm.size == 1:
+        pytest.skip("needs a peer that has not posted yet (P >= 2)")
+    full = pc.PartialAllreduce(2, np.float64, MPI.SUM, comm, mode="full", late="fold")
+    solo = pc.PartialAllreduce(2, np.float64, MPI.SUM, comm, late="fold")
+    got = []
+    if comm.rank == 0:
+        req = full.post(np.ones(2))
+        waiter = threading.Thread(target=lambda: got.append(req.wait(timeout=60).data))
+        waiter.start()
+        while not full._waiting and waiter.is_alive():
+            time.sleep(0.001)
+        with pytest.raises(pc.StateError, match="another thread waits"):
+            pc.close_all([solo, full])
+        assert not solo._closing and not full._closing
+    comm.Barrier()
+    if comm.rank != 0:
+        got.append(full.post(np.ones(2)).wait(timeout=60).data)
+    else:
+        waiter.join()
+    finals = pc.close_all([solo, full])
+    assert np.array_equal(got[0] + finals[1].data, np.full(2, comm.size)), (got, finals[1].data)
+    assert np.array_equal(finals[0].data, np.zeros(2))
 
 
 if __name__ == "__main__":
