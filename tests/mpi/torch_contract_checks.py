@@ -5,7 +5,8 @@
   the user sees never being the engine's memory; each against a plain loop whose
   gradients are averaged with mpi4py's Allreduce.
 - DDP's process group: the hook reduces over DDP's group (two data-parallel groups of
-  2 give the within-group average), a communicator that is not the group's is an error.
+  2 give the within-group average), a communicator that is not the group's is an error;
+  DDP's join() with uneven inputs, over the group and through the hook.
 - model_sync_every: the models are identical after a synchronisation.
 - PyTorch's test_c10d_pypg.py checks that apply to a Python process group (DDP on it
   equals training on the global batch, Work objects, init_sync=False, attributes,
@@ -345,6 +346,30 @@ def test_two_dp_groups(comm, pcg, backend):
     if comm.size > 2:
         assert not torch.allclose(flat_params(world_ref), flat_params(ours), rtol=1e-4, atol=1e-5)
     sub.Free()
+
+
+@pytest.mark.parametrize("how", ["process_group", "hook_full"])
+def test_ddp_join_uneven_inputs(comm, pcg, how):
+    """DDP's join() with uneven inputs (rank r takes 5 + 3 r steps): joined ranks shadow
+    the others' allreduces through the process group, or through the comm hook (DDP runs
+    it on zero buckets). Over the partialcoll group, or with partial_ddp(mode="full"),
+    the models equal DDP's over gloo, on every rank."""
+    ref, ours = model(), model()
+    ddp_ref = DDP(ref, bucket_cap_mb=CAP)                     # the default group: gloo
+    if how == "process_group":
+        ddp, state = DDP(ours, process_group=pcg, bucket_cap_mb=CAP), None
+    else:
+        ddp, state = pct.partial_ddp(ours, mode="full", bucket_cap_mb=CAP)
+    for m, d in ((ref, ddp_ref), (ours, ddp)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with d.join():
+            for step in range(5 + 3 * comm.rank):
+                plain_step(d, opt, *batch(comm.rank, step))
+    if state is not None:
+        assert len(state.colls) >= 2, "the hook never left its warm-up iterations"
+        state.close()
+    assert_params_close(ref, ours)
+    assert same_everywhere(comm, ours)
 
 
 def test_group_comm_mismatch_is_an_error(comm, pcg):
