@@ -46,7 +46,7 @@ from ._partial import PartialAllreduce, PartialRequest, Result
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, integer
 from .averager import AsyncAverager, _wait_request
-from .speed_groups import all_speed_groups, check_step_time, split_by_speed
+from .speed_groups import check_step_time, split_by_speed
 
 
 def _partition(groups) -> Tuple[Tuple[int, ...], ...]:
@@ -107,10 +107,13 @@ class SpeedGrouping:
                 and (self.regroup_points is None or step // every <= self.regroup_points))
 
     def decide(self) -> bool:
-        """Collective over comm: one allgather of the window medians; True when a new
-        grouping is due (seen at `hysteresis` points in a row); self.proposed is it."""
-        median = statistics.median(self.times) if self.times else 1.0
-        proposed = all_speed_groups(median, self.comm, "regrouping")
+        """Collective over comm: one allgather of the window medians (a Timeout after
+        rc.timeout where a rank does not reach it); True when a new grouping is due (seen
+        at `hysteresis` points in a row); self.proposed is it."""
+        median = statistics.median(self.times) if self.times else 1.0    # each checked by note()
+        medians = np.empty(self.size)
+        _wait_request(self.comm.Iallgather(np.array([median]), medians), "the regrouping's allgather of step times")
+        proposed = split_by_speed(medians.tolist())
         part = _partition(proposed)
         if part == _partition(self.groups):
             self._pending = None
@@ -132,7 +135,7 @@ class SpeedGrouping:
             mean = averager.push(params, key=self.group).wait(timeout)
         else:
             mean = np.empty_like(params)
-        _wait_request(gc.Ibcast(mean, root=pusher))
+        _wait_request(gc.Ibcast(mean, root=pusher), "the broadcast of the groups' average", timeout)
         return mean
 
     def free(self) -> None:

@@ -5,7 +5,8 @@ a fixed order) must match every rank's parameters exactly; under random delays w
 solo rounds, late="fold" and a regrouping, every rank's results add up to exactly what
 its groups' members posted in each grouping period (nothing lost, nothing counted
 twice); a one-point blip does not regroup (hysteresis), a sustained change does; real
-delays split off a slow rank; bad input raises on every rank."""
+delays split off a slow rank; a rank that misses a regrouping point makes the others
+raise Timeout; bad input raises on every rank."""
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
+from partialcoll.hierarchical import SpeedGrouping
 from partialcoll.speed_groups import split_by_speed
 from _util import expect_raises, run_module
 
@@ -124,6 +126,32 @@ def test_regroup_on_measured_delays(comm):
     mean = h.average(np.full(4, float(h.group), np.float32))
     assert mean.shape == (4,)
     h.close()
+
+
+def test_a_rank_missing_a_regrouping_point_is_a_timeout(comm):
+    """The regrouping decision is a collective over the communicator (an allgather of step
+    times): where a rank does not reach it (it took fewer steps), the others raise
+    Timeout after rc.timeout instead of waiting for ever. The late rank's
+    call then completes the allgather."""
+    if comm.size == 1:
+        pytest.skip("needs a rank that misses the point (P >= 2)")
+    dup = comm.Dup()
+    g = SpeedGrouping(dup, regroup_every=4)
+    g.note(0.01)
+    old, pc.rc.timeout = pc.rc.timeout, 0.3
+    try:
+        if comm.rank != 0:
+            t0 = time.monotonic()
+            expect_raises(pc.Timeout, g.decide, match="regrouping's allgather")
+            assert time.monotonic() - t0 < 5.0
+    finally:
+        pc.rc.timeout = old
+    comm.Barrier()                  # rank 0 comes after every other rank timed out
+    if comm.rank == 0:
+        assert g.decide() is False  # the same grouping: nothing is due
+    comm.Barrier()                  # (the others' MPI calls complete their allgather)
+    g.free()
+    dup.Free()
 
 
 def test_errors_everywhere(comm):
