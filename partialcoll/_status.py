@@ -1,11 +1,12 @@
 """Engine return codes as exceptions (check), and waits that return to Python in slices
-(wait_in_slices), asking the MPI about failed peers on the way (Peers). The binding's
-side of partialcoll._errors: this module imports the native module, _errors does not."""
+(wait_in_slices), asking the MPI about failed peers on the way (Peers); timed waits for
+mpi4py requests (wait_request). The binding's side of partialcoll._errors: this module
+imports the native module, _errors does not."""
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from ._errors import (ArgumentError, EngineError, MPIError, OpError, OutOfMemory,
                       PartialcollError, PeerError, StateError, Timeout, as_timeout)
@@ -33,6 +34,28 @@ def check(rc: int) -> None:
 TIMEOUT_CODE = lib.PC_ERR_TIMEOUT
 PEER_CODE = lib.PC_ERR_PEER
 _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
+_stuck: list = []  # (request, buffers) of timed-out mpi4py requests: MPI may still write them
+
+
+def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any = None, spin: int = 0,
+                 longest: float = 2e-3) -> bool:
+    """Wait for an mpi4py request without spinning a shared core (MPICH's waits spin):
+    `spin` tests, then tests between sleeps that double from 10 us to `longest` seconds.
+    True once it completed; False after `timeout` seconds (None: it waits for ever), the
+    request and `keep` (its buffers) then kept for good: MPI may still write them, and a
+    collective's request cannot be cancelled."""
+    for _ in range(spin):
+        if req.Test(status):
+            return True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 1e-5
+    while not req.Test(status):
+        if deadline is not None and time.monotonic() > deadline:
+            _stuck.append((req, keep))
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, longest)
+    return True
 
 
 def peer_error_of(query, handle) -> Callable[[], Tuple[int, str, str]]:

@@ -37,7 +37,7 @@ from . import _engine
 from ._agree import agree, as_problem
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import InvalidBufferError, OpError, StateError, Timeout
-from ._status import check
+from ._status import check, wait_request
 from ._rc import rc
 from ._typing import Buffer, DTypeLike
 from ._types import as_dtype, check_comm, dtype_code, dtype_name, integer
@@ -221,7 +221,7 @@ class AsyncAverager:
         if self._pending is not None:
             self._pending.wait(timeout)
         # every rank has its last reply: the server's schedules hold nothing but a receive
-        _wait_request(comm.Ibarrier(), "AsyncAverager.close()'s barrier", timeout)
+        _wait_collective(comm.Ibarrier(), "AsyncAverager.close()'s barrier", timeout)
         self._closed = True
         deferred = _engine.ffi.new("int *")
         if self._server is not None:
@@ -268,18 +268,11 @@ class AsyncAverager:
         return f"AsyncAverager(count={self.count}, dtype={self.dtype}, server={self.server}, size={self.size})"
 
 
-def _wait_request(req: MPI.Request, what: str, timeout: Optional[float] = None) -> None:
-    """Wait for an mpi4py request of a collective without spinning a shared core (MPICH's
-    waits spin); raises Timeout after `timeout` seconds (None: rc.timeout, which may be
-    None: forever). A collective request cannot be cancelled: after a Timeout its
-    communicator is not to be used again."""
-    import time
+def _wait_collective(req: MPI.Request, what: str, timeout: Optional[float] = None, keep=()) -> None:
+    """Wait for the request of a collective (its buffers in keep); Timeout after `timeout`
+    seconds (None: rc.timeout, which may be None: for ever). The request cannot be
+    cancelled: after a Timeout its communicator is not to be used again."""
     timeout = rc.timeout if timeout is None else timeout
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = 1e-5
-    while not req.Test():
-        if deadline is not None and time.monotonic() > deadline:
-            raise Timeout(f"{what} did not complete within {timeout} s: a member of the communicator has not "
-                          "reached it (these collectives need every member at the same step)")
-        time.sleep(pause)
-        pause = min(pause * 2, 2e-3)
+    if not wait_request(req, timeout, keep):
+        raise Timeout(f"{what} did not complete within {timeout} s: a member of the communicator has not "
+                      "reached it (these collectives need every member at the same step)")

@@ -45,7 +45,7 @@ from ._errors import ArgumentError, StateError
 from ._partial import PartialAllreduce, PartialRequest, Result
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, integer
-from .averager import AsyncAverager, _wait_request
+from .averager import AsyncAverager, _wait_collective
 from .speed_groups import check_step_time, split_by_speed
 
 
@@ -111,8 +111,9 @@ class SpeedGrouping:
         rc.timeout where a rank does not reach it); True when a new grouping is due (seen
         at `hysteresis` points in a row); self.proposed is it."""
         median = statistics.median(self.times) if self.times else 1.0    # each checked by note()
-        medians = np.empty(self.size)
-        _wait_request(self.comm.Iallgather(np.array([median]), medians), "the regrouping's allgather of step times")
+        mine, medians = np.array([median]), np.empty(self.size)
+        _wait_collective(self.comm.Iallgather(mine, medians), "the regrouping's allgather of step times",
+                         keep=(mine, medians))
         proposed = split_by_speed(medians.tolist())
         part = _partition(proposed)
         if part == _partition(self.groups):
@@ -135,7 +136,7 @@ class SpeedGrouping:
             mean = averager.push(params, key=self.group).wait(timeout)
         else:
             mean = np.empty_like(params)
-        _wait_request(gc.Ibcast(mean, root=pusher), "the broadcast of the groups' average", timeout)
+        _wait_collective(gc.Ibcast(mean, root=pusher), "the broadcast of the groups' average", timeout, (mean,))
         return mean
 
     def free(self) -> None:

@@ -35,7 +35,6 @@ the waits it is in are over.
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
@@ -47,6 +46,7 @@ from mpi4py import MPI
 
 from .._errors import ArgumentError, StateError, Timeout
 from .._partial import PartialAllreduce, close_all
+from .._status import wait_request
 from . import _torch_comm
 from ._torch_common import Completer, buffer_of, future, host_copy, host_view, np_dtype
 
@@ -61,7 +61,6 @@ _BOOL_OPS = {_R.SUM: MPI.LOR, _R.MAX: MPI.LOR, _R.BOR: MPI.LOR, _R.PRODUCT: MPI.
              _R.BAND: MPI.LAND, _R.BXOR: MPI.LXOR}
 _HALF = (torch.float16, torch.bfloat16)
 _SPIN_TESTS = 200                    # MPI_Test calls before a wait starts to sleep
-_stuck: list = []                    # (request, buffers) of timed-out MPI calls: MPI may still write them
 
 
 def _op_type(op) -> "_R":
@@ -183,20 +182,11 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     def _wait(self, req: MPI.Request, what: str, keep=(), status: Optional[MPI.Status] = None) -> None:
         """Wait for an MPI request within the group's timeout (MPI's Wait has none)."""
-        for _ in range(_SPIN_TESTS):
-            if req.Test(status):
-                return
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        pause = 1e-5
-        while not req.Test(status):
-            if deadline is not None and time.monotonic() > deadline:
-                _stuck.append((req, keep))
-                self._unusable = f"{what} timed out"
-                raise Timeout(f"{what} of the partialcoll process group did not complete within the group's "
-                              f"timeout ({self._timeout:g} s; this is rank {self._rank} of {self._size}); the "
-                              f"group refuses further collectives")
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+        if not wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3):
+            self._unusable = f"{what} timed out"
+            raise Timeout(f"{what} of the partialcoll process group did not complete within the group's "
+                          f"timeout ({self._timeout:g} s; this is rank {self._rank} of {self._size}); the "
+                          f"group refuses further collectives")
 
     def _run(self, start: Callable[[], MPI.Request], what: str, keep=()) -> None:
         self._usable()
