@@ -146,6 +146,23 @@ def settle(res: Result, land: Optional[Callable[[], None]], average: str, size: 
         land()
 
 
+def for_torch(fut: torch.futures.Future) -> torch.futures.Future:
+    """fut as torch's C++ side must be handed it (DDP's reducer, from a comm hook or from
+    a process group's Work): a future that fails there fails as an error.
+
+    A Python future's set_exception() stores the exception as the future's value and
+    raises it only where Python reads it; C++ reads the exception object as the result
+    (DDP's default hook then took a tensor from it that is not there and crashed the
+    process; a Python hook's result failed with "Unable to cast ... to Tensor"). A
+    then() callback that raises marks its future failed in C++: backward() raises a
+    RuntimeError with the exception's type and message."""
+    return fut.then(_value)
+
+
+def _value(fut: torch.futures.Future):
+    return fut.value()
+
+
 def future(devices: Optional[List[torch.device]] = None) -> torch.futures.Future:
     """A torch future for values on `devices` (CUDA tensors need theirs named: the future
     then records an event on the current stream when it completes, and its waiters

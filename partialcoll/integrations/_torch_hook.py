@@ -23,8 +23,8 @@ from mpi4py import MPI
 from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping
-from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, fused_divisor, np_dtype,
-                            settle, tensor_of)
+from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
+                            np_dtype, settle, tensor_of)
 from ._torch_optim import GradientSynchronizer, average_models, start_averaging, sync_parameters
 from ._torch_pg import init_process_group
 
@@ -233,7 +233,7 @@ def partial_allreduce_hook(state: PartialHookState,
             state._apply_carry(entry, buf)
         return buf
 
-    return state._completer.submit(finish, [buf.device])
+    return for_torch(state._completer.submit(finish, [buf.device]))
 
 
 def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.Comm] = None,

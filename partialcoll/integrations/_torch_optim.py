@@ -40,11 +40,12 @@ import torch
 from mpi4py import MPI
 
 from .._agree import agree, as_problem
-from .._errors import ArgumentError, StateError
+from .._errors import ArgumentError, StateError, as_timeout
 from .._partial import PartialAllreduce, PartialRequest, Result, close_all
 from .._types import integer
+from ..averager import _wait_collective
 from ..hierarchical import SpeedGrouping
-from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
+from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_view,
                             np_dtype, settle, tensor_of)
 
 
@@ -502,23 +503,42 @@ def average_models(grouping: SpeedGrouping, params: Sequence[torch.Tensor], dtyp
             off += p.numel()
 
 
-def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average") -> None:
-    """Make every rank's parameters identical: their average, or rank 0's (how="broadcast")."""
+def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average",
+                    timeout: Optional[float] = None) -> None:
+    """Make every rank's parameters identical: their average, or rank 0's (how="broadcast").
+
+    Collective over comm, every rank with the same parameters in the same order: one
+    nonblocking allreduce (or broadcast) per dtype, of the parameters flattened (float16
+    and bfloat16 averaged in float64), waited for without spinning a core. A rank that
+    does not reach it makes the others raise Timeout after `timeout` seconds (None:
+    partialcoll.rc.timeout), instead of blocking in MPI for ever; comm then has a
+    collective in flight, which the late rank's call completes."""
     if how not in ("average", "broadcast"):
         raise ArgumentError(f"how must be 'average' or 'broadcast', not {how!r}")
+    timeout = as_timeout(timeout, "sync_parameters' timeout") if timeout is not None else None
+    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+    for p in params:
+        by_dtype.setdefault(p.dtype, []).append(p)
+    if how == "average":
+        odd = [str(d) for d in by_dtype if not (d.is_floating_point or d.is_complex)]
+        if odd:
+            raise ArgumentError(f"how='average' needs floating-point parameters, not {', '.join(odd)} "
+                                "(how='broadcast' copies rank 0's)")
     with torch.no_grad():
-        for p in params:
-            host, land = host_copy(p.detach(), write_back=True)
-            arr = host_view(host)
+        for dtype, ps in by_dtype.items():
+            wide = torch.float64 if how == "average" and dtype in (torch.float16, torch.bfloat16) else dtype
+            flat = torch.cat([p.detach().reshape(-1).to("cpu", wide) for p in ps])
+            arr = host_view(flat)
             if how == "average":
-                if host.dtype in (torch.float16, torch.bfloat16):
-                    wide = host.double().numpy()
-                    comm.Allreduce(MPI.IN_PLACE, wide)
-                    host.copy_(torch.from_numpy(wide / comm.size))
-                else:
-                    comm.Allreduce(MPI.IN_PLACE, arr)
-                    arr /= comm.size
+                req = comm.Iallreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
             else:
-                comm.Bcast(arr.view(np.uint8), root=0)
-            if land is not None:
-                land()
+                arr = arr.view(np.uint8)
+                req = comm.Ibcast(arr, root=0)
+            _wait_collective(req, f"sync_parameters' {'allreduce' if how == 'average' else 'broadcast'}",
+                             timeout, keep=(flat, arr))
+            if how == "average":
+                flat /= comm.size
+            off = 0
+            for p in ps:
+                p.copy_(flat[off:off + p.numel()].view(p.shape))
+                off += p.numel()

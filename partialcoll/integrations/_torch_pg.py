@@ -48,7 +48,7 @@ from .._errors import ArgumentError, StateError, Timeout
 from .._partial import PartialAllreduce, close_all
 from .._status import wait_request
 from . import _torch_comm
-from ._torch_common import Completer, buffer_of, future, host_copy, host_view, np_dtype
+from ._torch_common import Completer, buffer_of, for_torch, future, host_copy, host_view, np_dtype
 
 NAME = "partialcoll"
 ENGINE_MIN_BYTES = 64 << 10          # smaller allreduces go to MPI directly (latency)
@@ -77,8 +77,9 @@ class Work(dist.Work):
 
     def __init__(self, fut: torch.futures.Future, source: "int | Callable[[], int]" = -1) -> None:
         super().__init__()
-        self._fut = fut
+        self._fut = fut                  # Python's: wait() raises what the call raised
         self._source = source
+        self._torch_fut: Optional[torch.futures.Future] = None
 
     @classmethod
     def done(cls, value, devices=None) -> "Work":
@@ -89,13 +90,18 @@ class Work(dist.Work):
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         """Block until done (the group's own timeout bounds every call); raises what the call raised."""
         self._fut.wait()
+        if self._torch_fut is not None:  # its callback runs just after: done when this returns
+            self._torch_fut.wait()
         return True
 
     def get_future(self) -> torch.futures.Future:
-        return self._fut
+        """The future torch's C++ side reads (DDP's reducer): see _torch_common.for_torch."""
+        if self._torch_fut is None:
+            self._torch_fut = for_torch(self._fut)
+        return self._torch_fut
 
     def is_completed(self) -> bool:
-        return self._fut.done()
+        return self._fut.done() and (self._torch_fut is None or self._torch_fut.done())
 
     def is_success(self) -> bool:
         if not self._fut.done():

@@ -23,11 +23,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import partialcoll as pc
 import partialcoll.integrations.torch as pct
 from partialcoll.integrations import _torch_common
 from partialcoll.integrations.torch import (DistributedOptimizer, GradientSynchronizer, PartialHookState,
                                             partial_allreduce_hook, sync_parameters)
-from _util import run_module
+from _util import expect_raises, run_module
 
 KIND = os.environ.get("PC_TEST_TORCH_DEVICE", "cpu")
 if KIND in ("emulated", "fakecupy"):
@@ -520,6 +521,63 @@ def test_synchronizer_nap_and_model_sync(comm, pcg):
     assert same_on_every_rank(comm, m), "models differ after sync"
     sync_parameters(m.parameters(), comm, how="broadcast")
 
+
+
+def _params_of_every_kind(rank):
+    """Parameters of four dtypes, values that differ per rank (one not contiguous)."""
+    g = torch.Generator().manual_seed(rank)
+    return [torch.randn(5, 7, generator=g).t(), torch.randn(300, generator=g, dtype=torch.float64),
+            torch.randn(33, generator=g).half(), torch.randn(4, 4, generator=g).bfloat16(),
+            torch.randn(1000, generator=g)]
+
+
+def test_sync_parameters_average_and_broadcast(comm, pcg):
+    """sync_parameters over parameters of four dtypes: "average" equals the mean computed
+    with mpi4py (float64, then the parameter's dtype), "broadcast" equals rank 0's, bit for
+    bit; the tensors are updated where they are (a non-contiguous one included)."""
+    ps = _params_of_every_kind(comm.rank)
+    everyone = comm.allgather([p.double().numpy() for p in ps])
+    ids = [id(p) for p in ps]
+    pct.sync_parameters(ps, comm)
+    assert [id(p) for p in ps] == ids
+    for i, p in enumerate(ps):
+        mean = np.mean([e[i] for e in everyone], axis=0)
+        want = torch.from_numpy(mean).to(p.dtype)
+        tol = {torch.float16: 1e-3, torch.bfloat16: 1e-2}.get(p.dtype, 1e-6)
+        assert torch.allclose(p.double(), want.double(), rtol=tol, atol=tol), (i, p.dtype)
+    ps = _params_of_every_kind(comm.rank)
+    root = [p.clone() for p in _params_of_every_kind(0)]
+    pct.sync_parameters(ps, comm, how="broadcast")
+    assert all(torch.equal(p, q) for p, q in zip(ps, root))
+
+
+def test_sync_parameters_errors(comm, pcg):
+    """Bad input raises on every rank, before any MPI call."""
+    expect_raises(pc.ArgumentError, pct.sync_parameters, [torch.ones(3)], comm, how="sum", match="how")
+    expect_raises(pc.ArgumentError, pct.sync_parameters, [torch.ones(3), torch.arange(4)], comm, match="floating-point")
+    ints = [torch.arange(4) * (comm.rank + 1)]
+    pct.sync_parameters(ints, comm, how="broadcast")
+    assert torch.equal(ints[0], torch.arange(4))
+
+
+def test_sync_parameters_a_missing_rank_is_a_timeout(comm, pcg):
+    """A rank that does not reach sync_parameters (it took fewer steps): the others raise
+    Timeout after `timeout` seconds, instead of waiting in MPI for ever (and spinning a
+    core there); the late rank's call then completes the allreduce they left in flight."""
+    if comm.size == 1:
+        pytest.skip("needs a rank that misses the call (P >= 2)")
+    dup = comm.Dup()
+    ps = [torch.full((100,), float(comm.rank))]
+    if comm.rank != 0:
+        t0 = time.monotonic()
+        expect_raises(pc.Timeout, pct.sync_parameters, ps, dup, timeout=0.3, match="sync_parameters' allreduce")
+        assert time.monotonic() - t0 < 5.0
+    comm.Barrier()                  # rank 0 comes after every other rank timed out
+    if comm.rank == 0:
+        pct.sync_parameters(ps, dup)
+        assert torch.equal(ps[0], torch.full((100,), sum(range(comm.size)) / comm.size))
+    comm.Barrier()
+    dup.Free()
 
 if __name__ == "__main__":
     run_module(__file__)
