@@ -43,8 +43,10 @@ def make(*args, **kwargs):
 
 
 def skewed_rounds(comm, coll, rounds, value_of, max_sleep=0.01):
-    """Post value_of(i) after a random sleep, wait; returns [(request, result, posted)]."""
+    """Post value_of(i) after a random sleep (none at P = 1: nobody to be skewed against),
+    wait; returns [(request, result, posted)]."""
     rng = np.random.default_rng(1000 + comm.rank)
+    max_sleep = max_sleep if comm.size > 1 else 0.0
     out = []
     for i in range(rounds):
         time.sleep(rng.uniform(0, max_sleep))
