@@ -37,25 +37,33 @@ _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 _stuck: list = []  # (request, buffers) of timed-out mpi4py requests: MPI may still write them
 
 
-def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any = None, spin: int = 0,
-                 longest: float = 2e-3) -> bool:
-    """Wait for an mpi4py request without spinning a shared core (MPICH's waits spin):
-    `spin` tests, then tests between sleeps that double from 10 us to `longest` seconds.
-    True once it completed; False after `timeout` seconds (None: it waits for ever), the
-    request and `keep` (its buffers) then kept for good: MPI may still write them, and a
-    collective's request cannot be cancelled."""
-    for _ in range(spin):
-        if req.Test(status):
-            return True
+def wait_until(done: Callable[[], bool], timeout: Optional[float], longest: float = 2e-3) -> bool:
+    """Poll done() between sleeps that double from 10 us to `longest` seconds, so a wait
+    spins no shared core: True once done() is, False after `timeout` seconds (None: it
+    waits for ever)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 1e-5
-    while not req.Test(status):
+    while not done():
         if deadline is not None and time.monotonic() > deadline:
-            _stuck.append((req, keep))
             return False
         time.sleep(pause)
         pause = min(2 * pause, longest)
     return True
+
+
+def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any = None, spin: int = 0,
+                 longest: float = 2e-3) -> bool:
+    """Wait for an mpi4py request without spinning a shared core (MPICH's waits spin):
+    `spin` tests, then wait_until its test. True once it completed; False after `timeout`
+    seconds (None: it waits for ever), the request and `keep` (its buffers) then kept for
+    good: MPI may still write them, and a collective's request cannot be cancelled."""
+    for _ in range(spin):
+        if req.Test(status):
+            return True
+    if wait_until(lambda: req.Test(status), timeout, longest):
+        return True
+    _stuck.append((req, keep))
+    return False
 
 
 def peer_error_of(query, handle) -> Callable[[], Tuple[int, str, str]]:

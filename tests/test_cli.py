@@ -250,12 +250,15 @@ def test_skew_wrong_reference_fails_on_every_rank():
                                   ["latency", "--dtype", "float128x"], ["latency", "-c", "--late", "latest"],
                                   ["skew", "--skew", "sideways"], ["skew", "--sync", "sometimes"],
                                   ["skew", "--quorum", "9"], ["skew", "--rc", "nosuchoption=1"],
-                                  ["frobnicate"], ["latency", "--bogus"]])
+                                  ["frobnicate"], ["latency", "--bogus"], ["latency", "--algorithm", "nope"],
+                                  ["skew", "--algorithm", "rings"]])
 def test_bad_option_is_a_usage_error_on_every_rank(args):
+    """Refused before anything is measured (no table), exit status 2 on every rank."""
     p = run(2, *args, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert exits(p) == {0: 2, 1: 2}, p.stderr
     assert "error" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert "avg us" not in p.stdout, p.stdout
 
 
 @pytest.mark.mpiexec

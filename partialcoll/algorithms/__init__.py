@@ -48,8 +48,13 @@ def choose(algorithm: str, nbytes: int, size: int, groups=None) -> str:
         if auto_may_choose_tree(algorithm, nbytes, size) and nontrivial_regions(groups):
             return "tree"
         return "ring" if nbytes > AUTO_RING_BYTES and size > 1 else "recursive_doubling"
-    if algorithm not in ALGORITHMS:
+    check_algorithm(algorithm)
+    return algorithm
+
+
+def check_algorithm(algorithm: str) -> None:
+    """ArgumentError unless algorithm is "auto" or one of ALGORITHMS."""
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
         from .._errors import ArgumentError
         raise ArgumentError(f"unknown algorithm {algorithm!r}; use 'auto', " +
                             ", ".join(repr(a) for a in ALGORITHMS))
-    return algorithm

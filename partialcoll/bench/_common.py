@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 import partialcoll as pc
 
+from ..algorithms import ALGORITHMS, check_algorithm
 from .._types import as_dtype, check_op_dtype, dtype_code, dtype_name, op_code
 
 MODES = ("mpi", "impi", "full", "solo", "majority", "probe", "quorum")
@@ -148,7 +149,7 @@ def add_common_args(p, *, sizes: str, iterations: int, warmup: int, mode_list: s
     p.add_argument("--modes", default=mode_list,
                    help=f"comma list of {','.join(MODES)} (default {mode_list}). mpi and impi run only where "
                         "the MPI can sum --dtype: else they are skipped, with a note")
-    p.add_argument("--algorithm", default="auto", help="auto, recursive_doubling, ring or tree")
+    p.add_argument("--algorithm", default="auto", help=f"auto, {', '.join(ALGORITHMS)}")
     p.add_argument("--dtype", default="float32",
                    help="element type: any the library sums, e.g. float32, float64, float16, bfloat16, int8, "
                         "uint64, complex64 (default float32)")
@@ -172,6 +173,7 @@ def check_common(args, size: int) -> Tuple[int, str]:
         raise ValueError(f"--quorum must be in 1..{size}, not {quorum}")
     if args.candidates < 1:
         raise ValueError("--candidates must be >= 1")
+    check_algorithm(args.algorithm)
     if args.validate and args.late == "latest":
         raise ValueError("-c needs late='fold' (with 'latest' a late rank skips rounds' data, so nothing "
                          "can be checked to add up); leave --late out or pass --late fold")

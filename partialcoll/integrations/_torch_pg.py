@@ -46,7 +46,7 @@ from mpi4py import MPI
 
 from .._errors import ArgumentError, StateError, Timeout
 from .._partial import PartialAllreduce, close_all
-from .._status import wait_request
+from .._status import wait_request, wait_until
 from . import _torch_comm
 from ._torch_common import Completer, buffer_of, for_torch, future, host_copy, host_view, np_dtype
 
@@ -88,7 +88,14 @@ class Work(dist.Work):
         return cls(fut)
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        """Block until done (the group's own timeout bounds every call); raises what the call raised."""
+        """Block until done; raises what the call raised. The group's own timeout bounds
+        every call; a timeout here (torch's: timedelta(0) is none) raises Timeout after it,
+        while the call goes on."""
+        if timeout and not self._fut.done():
+            seconds = timeout.total_seconds()
+            if not wait_until(self._fut.done, seconds):
+                raise Timeout(f"the Work did not complete within wait()'s timeout ({seconds:g} s); it goes on, "
+                              "bounded by the group's timeout")
         self._fut.wait()
         if self._torch_fut is not None:  # its callback runs just after: done when this returns
             self._torch_fut.wait()

@@ -533,6 +533,26 @@ def test_pypg_work_and_attributes(comm, pcg):
     spy.shutdown()
 
 
+def test_pypg_work_wait_timeout(comm, pcg):
+    """Work.wait(timeout) as torch's: Timeout after it where the call has not completed
+    (here rank 0's allreduce, whose peers come later); the call goes on, and the next
+    wait() returns its result."""
+    if comm.size < 2:
+        pytest.skip("needs a rank that comes later (P >= 2)")
+    t = torch.full((70000,), float(comm.rank + 1), device=DEV)     # the engine's allreduce
+    if comm.rank == 0:
+        work = dist.all_reduce(t, group=pcg, async_op=True)
+        t0 = time.monotonic()
+        expect_raises(pc.Timeout, work.wait, timedelta(seconds=0.2), match="within wait()'s timeout")
+        assert 0.2 <= time.monotonic() - t0 < 5.0
+        assert not work.is_completed()
+    comm.Barrier()
+    if comm.rank != 0:
+        work = dist.all_reduce(t, group=pcg, async_op=True)
+    assert work.wait(timedelta(seconds=60)) and work.is_completed()
+    assert torch.all(t == comm.size * (comm.size + 1) / 2)
+
+
 def test_pypg_gather_scatter_and_p2p(comm, pcg):
     """all_gather_single and reduce_scatter_tensor reach the group's overrides, and a ring
     of dist.batch_isend_irecv (send and recv). (torch 2.13's functional collectives look
