@@ -8,6 +8,8 @@ import logging
 import time
 from typing import Any, Callable, Optional, Tuple
 
+from mpi4py import MPI
+
 from ._errors import (ArgumentError, EngineError, MPIError, OpError, OutOfMemory,
                       PartialcollError, PeerError, StateError, Timeout, as_timeout)
 from ._lib import ffi, lib
@@ -37,33 +39,57 @@ _SLICE = 0.25     # seconds; waits return to Python this often, so Ctrl-C works
 _stuck: list = []  # (request, buffers) of timed-out mpi4py requests: MPI may still write them
 
 
-def wait_until(done: Callable[[], bool], timeout: Optional[float], longest: float = 2e-3) -> bool:
+def wait_until(done: Callable[[], bool], timeout: Optional[float], longest: float = 2e-3,
+               check: Optional[Callable[[], None]] = None) -> bool:
     """Poll done() between sleeps that double from 10 us to `longest` seconds, so a wait
     spins no shared core: True once done() is, False after `timeout` seconds (None: it
-    waits for ever)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    waits for ever). check() runs every _SLICE seconds of the wait; it raises to end it."""
+    now = time.monotonic()
+    deadline = None if timeout is None else now + timeout
+    ask_at = now + _SLICE
     pause = 1e-5
     while not done():
-        if deadline is not None and time.monotonic() > deadline:
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
             return False
+        if check is not None and now >= ask_at:
+            check()
+            ask_at = now + _SLICE
         time.sleep(pause)
         pause = min(2 * pause, longest)
     return True
 
 
 def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any = None, spin: int = 0,
-                 longest: float = 2e-3) -> bool:
+                 longest: float = 2e-3, check: Optional[Callable[[], None]] = None) -> bool:
     """Wait for an mpi4py request without spinning a shared core (MPICH's waits spin):
-    `spin` tests, then wait_until its test. True once it completed; False after `timeout`
-    seconds (None: it waits for ever), the request and `keep` (its buffers) then kept for
-    good: MPI may still write them, and a collective's request cannot be cancelled."""
-    for _ in range(spin):
-        if req.Test(status):
+    `spin` tests, then wait_until its test (check: see there). True once it completed;
+    False after `timeout` seconds (None: it waits for ever). After a timeout, or an
+    exception from check(), the request and `keep` (its buffers) are kept for good: MPI
+    may still write them, and a collective's request cannot be cancelled."""
+    try:
+        for _ in range(spin):
+            if req.Test(status):
+                return True
+        if wait_until(lambda: req.Test(status), timeout, longest, check):
             return True
-    if wait_until(lambda: req.Test(status), timeout, longest):
-        return True
+    except BaseException as exc:
+        _stuck.append((req, keep))
+        if isinstance(exc, MPI.Exception):   # the request failed (ULFM: a dead peer): as the engine's
+            if check is not None:
+                check()                       # MPIError naming the failed ranks, where the MPI knows
+            raise MPIError(f"the MPI failed the request: {exc}") from exc
+        raise
     _stuck.append((req, keep))
     return False
+
+
+def failed_peers_check(comm_handle, rank: int, where: str) -> Callable[[], None]:
+    """A check for wait_request on the communicator comm_handle (_engine.comm_handle):
+    MPIError naming its ranks that the MPI reports as failed (MPIX_Comm_get_failed), as
+    the engine's waits raise it."""
+    peers = Peers(comm_handle, rank, lambda: ("", ()))
+    return lambda: peers.check_failed(where)
 
 
 def peer_error_of(query, handle) -> Callable[[], Tuple[int, str, str]]:

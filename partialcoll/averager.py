@@ -37,7 +37,7 @@ from . import _engine
 from ._agree import agree, as_problem
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import InvalidBufferError, OpError, StateError, Timeout
-from ._status import check, wait_request
+from ._status import check, failed_peers_check, wait_request
 from ._rc import rc
 from ._typing import Buffer, DTypeLike
 from ._types import as_dtype, check_comm, dtype_code, dtype_name, integer
@@ -221,7 +221,7 @@ class AsyncAverager:
         if self._pending is not None:
             self._pending.wait(timeout)
         # every rank has its last reply: the server's schedules hold nothing but a receive
-        _wait_collective(comm.Ibarrier(), "AsyncAverager.close()'s barrier", timeout)
+        _wait_collective(comm.Ibarrier(), "AsyncAverager.close()'s barrier", timeout, comm=comm)
         self._closed = True
         deferred = _engine.ffi.new("int *")
         if self._server is not None:
@@ -268,11 +268,14 @@ class AsyncAverager:
         return f"AsyncAverager(count={self.count}, dtype={self.dtype}, server={self.server}, size={self.size})"
 
 
-def _wait_collective(req: MPI.Request, what: str, timeout: Optional[float] = None, keep=()) -> None:
-    """Wait for the request of a collective (its buffers in keep); Timeout after `timeout`
-    seconds (None: rc.timeout, which may be None: for ever). The request cannot be
-    cancelled: after a Timeout its communicator is not to be used again."""
+def _wait_collective(req: MPI.Request, what: str, timeout: Optional[float] = None, keep=(),
+                     comm: Optional[MPI.Comm] = None) -> None:
+    """Wait for the request of a collective over comm (its buffers in keep); Timeout after
+    `timeout` seconds (None: rc.timeout, which may be None: for ever); MPIError as soon as
+    the MPI reports a member of comm as failed. The request cannot be cancelled: after
+    either its communicator is not to be used again."""
     timeout = rc.timeout if timeout is None else timeout
-    if not wait_request(req, timeout, keep):
+    check = None if comm is None else failed_peers_check(_engine.comm_handle(comm), comm.Get_rank(), what)
+    if not wait_request(req, timeout, keep, check=check):
         raise Timeout(f"{what} did not complete within {timeout} s: a member of the communicator has not "
                       "reached it (these collectives need every member at the same step)")

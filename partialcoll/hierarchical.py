@@ -113,7 +113,7 @@ class SpeedGrouping:
         median = statistics.median(self.times) if self.times else 1.0    # each checked by note()
         mine, medians = np.array([median]), np.empty(self.size)
         _wait_collective(self.comm.Iallgather(mine, medians), "the regrouping's allgather of step times",
-                         keep=(mine, medians))
+                         keep=(mine, medians), comm=self.comm)
         proposed = split_by_speed(medians.tolist())
         part = _partition(proposed)
         if part == _partition(self.groups):
@@ -136,7 +136,8 @@ class SpeedGrouping:
             mean = averager.push(params, key=self.group).wait(timeout)
         else:
             mean = np.empty_like(params)
-        _wait_collective(gc.Ibcast(mean, root=pusher), "the broadcast of the groups' average", timeout, (mean,))
+        _wait_collective(gc.Ibcast(mean, root=pusher), "the broadcast of the groups' average", timeout, (mean,),
+                         comm=gc)
         return mean
 
     def free(self) -> None:

@@ -97,6 +97,24 @@ def test_failed_receive_names_its_peer(mpirun, nprocs):
         assert exc == "MPIError" and ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)
 
 
+@pytest.mark.parametrize("mode", ["hierarchy", "torch"])
+def test_dead_peer_in_mpi_collectives_is_named(mpirun, mode):
+    """Waits in MPI's own nonblocking collectives (RNA's regrouping allgather; the torch
+    process group's broadcast, sync_parameters) ask the MPI every slice, as the engine's
+    waits do: MPIError naming the dead rank at once, where they waited for their timeout
+    (the process group's: torch's 30 minutes)."""
+    if mode == "torch":
+        pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]' installs its CPU build)")
+    out = mpirun("peer_dies.py", 3, mode, "MPIError", "10", named_death(), keep_going=True,
+                 expect_passed=2, timeout=90)
+    calls = ["regrouping"] if mode == "hierarchy" else ["process_group", "sync_parameters"]
+    got = sorted((int(m.group(1)), m.group(2), m.group(3), float(m.group(4)), m.group(5)) for m in re.finditer(
+        r"FAULT rank=(\d+) mode=(\w+) raised=(\w+) at_round=\d+ after=([\d.]+)s ranks=\(([\d, ]*)\)", out))
+    assert [(r, c) for r, c, *_ in got] == [(r, c) for r in (0, 1) for c in sorted(calls)], out[-3000:]
+    for rank, call, exc, took, ranks in got:
+        assert exc == "MPIError" and ranks.strip(", ") == "2" and took < 5, (rank, call, exc, took, ranks)
+
+
 # -- a rank that fails tells its peers (tests/mpi/peer_fails.py) ---------------------------
 PEER_FAULT = re.compile(r"FAULT rank=(\d+) case=(\w+) mode=(\w+) raised=(\w+) named=([\d,-]+) exc_type=(\S+) "
                         r"at=([\d.]+) close=(\S+) close_s=([\d.]+)")

@@ -535,7 +535,7 @@ def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WO
                 arr = arr.view(np.uint8)
                 req = comm.Ibcast(arr, root=0)
             _wait_collective(req, f"sync_parameters' {'allreduce' if how == 'average' else 'broadcast'}",
-                             timeout, keep=(flat, arr))
+                             timeout, keep=(flat, arr), comm=comm)
             if how == "average":
                 flat /= comm.size
             off = 0

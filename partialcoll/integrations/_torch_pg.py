@@ -44,9 +44,10 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .._errors import ArgumentError, StateError, Timeout
+from .._errors import ArgumentError, MPIError, StateError, Timeout
 from .._partial import PartialAllreduce, close_all
-from .._status import wait_request, wait_until
+from .._engine import comm_handle
+from .._status import failed_peers_check, wait_request, wait_until
 from . import _torch_comm
 from ._torch_common import Completer, buffer_of, for_torch, future, host_copy, host_view, np_dtype
 
@@ -194,8 +195,16 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
             raise StateError(f"the partialcoll process group cannot be used: {self._unusable}")
 
     def _wait(self, req: MPI.Request, what: str, keep=(), status: Optional[MPI.Status] = None) -> None:
-        """Wait for an MPI request within the group's timeout (MPI's Wait has none)."""
-        if not wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3):
+        """Wait for an MPI request within the group's timeout (MPI's Wait has none); MPIError
+        as soon as the MPI reports a member as failed. After either the group refuses
+        further collectives."""
+        check = failed_peers_check(comm_handle(self.comm), self._rank, f"{what} of the partialcoll process group")
+        try:
+            done = wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3, check)
+        except MPIError:
+            self._unusable = f"{what} failed"
+            raise
+        if not done:
             self._unusable = f"{what} timed out"
             raise Timeout(f"{what} of the partialcoll process group did not complete within the group's "
                           f"timeout ({self._timeout:g} s; this is rank {self._rank} of {self._size}); the "

@@ -18,7 +18,11 @@ deadline (backup workers may carry on without a dead neighbour), so MPIError com
 TIMEOUT; close() is not checked there. MODE ``schedule``: no collective; after a barrier
 the victim dies while each survivor waits for one Schedule execution that receives from
 a live rank first (never sent) and from the victim second: the MPIError names the victim
-(schedule_survive). A survivor
+(schedule_survive). MODE ``hierarchy`` and ``torch``: the victim dies after a barrier
+while the survivors wait in MPI's own nonblocking collectives (RNA's regrouping
+allgather; the torch process group's broadcast from the victim, then sync_parameters):
+each wait asks the MPI every slice and raises MPIError naming the victim
+(collective_survive). A survivor
 prints ``FAULT rank=... raised=... after=...s ranks=...`` and PASSED, then leaves with
 os._exit(0): MPI_Finalize would wait for the dead rank forever (MPICH).
 """
@@ -127,6 +131,37 @@ def schedule_survive(comm, victim):
             f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}")
 
 
+def collective_setup(comm, victim):
+    """MODE hierarchy, torch: made by every rank (collectively) before the victim dies; the
+    survivors' calls, each a wait in an MPI collective that the victim never joins."""
+    if MODE == "hierarchy":
+        from partialcoll.hierarchical import SpeedGrouping
+        g = SpeedGrouping(comm.Dup(), regroup_every=4)
+        g.note(0.01)
+        return [("regrouping", g.decide)]
+    import torch
+    import torch.distributed as dist
+    import partialcoll.integrations.torch as pct
+    pct.init_process_group(comm)
+    return [("process_group", lambda: dist.broadcast(torch.ones(8), src=victim)),
+            ("sync_parameters", lambda: pct.sync_parameters([torch.ones(8)], comm))]
+
+
+def collective_survive(comm, victim, calls):
+    for what, call in calls:
+        t0 = time.monotonic()
+        try:
+            call()
+            raise AssertionError(f"{what} completed although rank {victim} died")
+        except pc.PartialcollError as exc:
+            took = time.monotonic() - t0
+            assert isinstance(exc, pc.MPIError), f"{what}: {type(exc).__name__}: {exc}"
+            assert exc.ranks == (victim,) and f"this is rank {comm.rank}" in str(exc), (exc.ranks, str(exc))
+            assert took <= TIMEOUT, f"{what} raised after {took:.1f} s"
+            say(f"FAULT rank={comm.rank} mode={what} raised={type(exc).__name__} at_round=0 "
+                f"after={took:.2f}s ranks={exc.ranks} msg={str(exc)!r}")
+
+
 def body():
     # a survivor that hangs anyway shows where (every thread's stack) and exits
     faulthandler.dump_traceback_later(3 * TIMEOUT + 20, exit=True)
@@ -139,7 +174,11 @@ def body():
         threading.Timer(3 * TIMEOUT + 10, native_stacks).start()
     comm = MPI.COMM_WORLD
     victim = comm.size - 1
-    if MODE == "schedule":
+    calls = collective_setup(comm, victim) if MODE in ("hierarchy", "torch") else None
+    if calls is not None:
+        coll = None
+        comm.Barrier()                  # the victim dies after this
+    elif MODE == "schedule":
         coll = None
     elif MODE == "neighbor":
         src, dst = topology.neighbors("ring", comm.size)[comm.rank]
@@ -161,7 +200,9 @@ def body():
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(3)                     # dies: no close, no MPI_Finalize
     try:
-        if MODE == "schedule":
+        if calls is not None:
+            collective_survive(comm, victim, calls)
+        elif MODE == "schedule":
             schedule_survive(comm, victim)
         else:
             survive(comm, coll, victim)
