@@ -45,7 +45,7 @@ from .._partial import PartialAllreduce, PartialRequest, Result, close_all
 from .._types import integer
 from ..averager import _wait_collective
 from ..hierarchical import SpeedGrouping
-from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_view,
+from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
                             np_dtype, settle, tensor_of)
 
 
@@ -508,37 +508,36 @@ def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WO
     """Make every rank's parameters identical: their average, or rank 0's (how="broadcast").
 
     Collective over comm, every rank with the same parameters in the same order: one
-    nonblocking allreduce (or broadcast) per dtype, of the parameters flattened (float16
-    and bfloat16 averaged in float64), waited for without spinning a core. A rank that
-    does not reach it makes the others raise Timeout after `timeout` seconds (None:
-    partialcoll.rc.timeout), instead of blocking in MPI for ever; comm then has a
-    collective in flight, which the late rank's call completes."""
+    nonblocking allreduce (or broadcast) per parameter, in place (float16 and bfloat16
+    averaged in float64), each polled between yields for the time its bytes take, then
+    between sleeps, so a rank that waits spins no core for long. A rank that does not
+    reach it makes the others raise Timeout after `timeout` seconds (None:
+    partialcoll.rc.timeout), instead of blocking in MPI for ever, and a rank the MPI
+    reports as failed MPIError; comm then has a collective in flight, which a late
+    rank's call completes."""
     if how not in ("average", "broadcast"):
         raise ArgumentError(f"how must be 'average' or 'broadcast', not {how!r}")
     timeout = as_timeout(timeout, "sync_parameters' timeout") if timeout is not None else None
-    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-    for p in params:
-        by_dtype.setdefault(p.dtype, []).append(p)
-    if how == "average":
-        odd = [str(d) for d in by_dtype if not (d.is_floating_point or d.is_complex)]
-        if odd:
-            raise ArgumentError(f"how='average' needs floating-point parameters, not {', '.join(odd)} "
-                                "(how='broadcast' copies rank 0's)")
+    params = list(params)
+    odd = sorted({str(p.dtype) for p in params if not (p.dtype.is_floating_point or p.dtype.is_complex)})
+    if how == "average" and odd:
+        raise ArgumentError(f"how='average' needs floating-point parameters, not {', '.join(odd)} "
+                            "(how='broadcast' copies rank 0's)")
+    what = f"sync_parameters' {'allreduce' if how == 'average' else 'broadcast'}"
     with torch.no_grad():
-        for dtype, ps in by_dtype.items():
-            wide = torch.float64 if how == "average" and dtype in (torch.float16, torch.bfloat16) else dtype
-            flat = torch.cat([p.detach().reshape(-1).to("cpu", wide) for p in ps])
-            arr = host_view(flat)
+        for p in params:
+            host, land = host_copy(p.detach(), write_back=True)
+            wide = host.double() if how == "average" and host.dtype in (torch.float16, torch.bfloat16) else host
+            arr = host_view(wide)
             if how == "average":
                 req = comm.Iallreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
             else:
                 arr = arr.view(np.uint8)
                 req = comm.Ibcast(arr, root=0)
-            _wait_collective(req, f"sync_parameters' {'allreduce' if how == 'average' else 'broadcast'}",
-                             timeout, keep=(flat, arr), comm=comm)
+            _wait_collective(req, what, timeout, keep=(wide, arr), comm=comm, nbytes=arr.nbytes)
             if how == "average":
-                flat /= comm.size
-            off = 0
-            for p in ps:
-                p.copy_(flat[off:off + p.numel()].view(p.shape))
-                off += p.numel()
+                wide /= comm.size
+                if wide is not host:
+                    host.copy_(wide)
+            if land is not None:
+                land()
