@@ -216,7 +216,8 @@ class PartialAllreduce(_propagate.Reporting):
             still counts the posts whose data is inside; with "mean" or "rna" each active
             rank contributes one average, so data / nap (not data / posts) is the mean
             over contributors.
-        block_bytes: "ps": the size of a block (default 4 MiB; the last block is shorter).
+        block_bytes: "ps": the size of a block (default 4 MiB; the last block is shorter;
+            thousands of small blocks cost more than their bytes: docs/psld.md).
         servers: "ps": the ranks that may own blocks (default all; a server need not post).
         workers: "ps": the ranks that post (default all). Any other rank is a dedicated
             server (PSLD's layout): its blocks are not sent, it moves only the workers'

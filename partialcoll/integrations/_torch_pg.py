@@ -16,11 +16,12 @@ Collectives:
   bfloat16 tensor: a persistent full allreduce of the engine per (count, dtype), posted
   in place; the returned Work completes from a thread when the round completes, so DDP's
   buckets overlap backward as with gloo.
-- everything else (small or integer allreduce, broadcast, allgather, reduce_scatter,
-  barrier, reduce, gather, scatter, alltoall, send/recv): MPI's non-blocking call on the
-  group's communicator; collectives are waited for before the call returns, send and
-  recv complete from the thread. float16/bfloat16 reductions there are done in float32
-  and rounded back.
+- everything else (small or integer allreduce, the coalesced calls, broadcast,
+  allgather, reduce_scatter, barrier, reduce, gather, scatter, alltoall, send/recv):
+  MPI's non-blocking call on the group's communicator; collectives are waited for
+  before the call returns, send and recv complete from the thread. float16/bfloat16 reductions there are done in float32
+  and rounded back. torch's functional collectives (DTensor, FSDP2) reach a Python
+  group through its ``*_coalesced`` methods, which are here too.
 
 Every wait honours the group's timeout (``init_process_group(timeout=)``, torch's 30
 minutes by default): an MPI call that has not completed by then raises Timeout, and the
@@ -49,7 +50,7 @@ from .._partial import PartialAllreduce, close_all
 from .._engine import comm_handle
 from .._status import failed_peers_check, wait_request, wait_until
 from . import _torch_comm
-from ._torch_common import Completer, buffer_of, for_torch, future, host_copy, host_view, np_dtype
+from ._torch_common import Completer, buffer_of, for_torch, future, host_copy, host_view, np_dtype, on_device
 
 NAME = "partialcoll"
 ENGINE_MIN_BYTES = 64 << 10          # smaller allreduces go to MPI directly (latency)
@@ -139,6 +140,24 @@ class Work(dist.Work):
     _source_rank = source_rank
 
 
+def _result_buffer(out: torch.Tensor, src: Optional[torch.Tensor],
+                   dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Where MPI writes a result meant for out: out itself where it is a contiguous host
+    tensor of dtype (default its own) apart from src (a host tensor or None), else a fresh host
+    tensor to copy into out (a fresh buffer costs its page faults: a 32 MiB reduce_scatter
+    took 3x MPI's time)."""
+    dtype = out.dtype if dtype is None else dtype
+    if (dtype == out.dtype and not on_device(out) and out.is_contiguous()
+            and (src is None or not np.may_share_memory(host_view(out), host_view(src)))):
+        return out
+    return torch.empty(out.shape, dtype=dtype)
+
+
+def _with_displacements(counts: List[int]):
+    """(counts, displacements) of blocks laid end to end, for MPI_Alltoallv."""
+    return counts, [sum(counts[:r]) for r in range(len(counts))]
+
+
 def _devices(tensors) -> List[torch.device]:
     return sorted({t.device for t in tensors if t.is_cuda}, key=str)
 
@@ -194,13 +213,16 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         if self._unusable is not None:
             raise StateError(f"the partialcoll process group cannot be used: {self._unusable}")
 
-    def _wait(self, req: MPI.Request, what: str, keep=(), status: Optional[MPI.Status] = None) -> None:
+    def _wait(self, req: MPI.Request, what: str, keep=(), status: Optional[MPI.Status] = None,
+              nbytes: int = 0) -> None:
         """Wait for an MPI request within the group's timeout (MPI's Wait has none); MPIError
         as soon as the MPI reports a member as failed. After either the group refuses
-        further collectives."""
+        further collectives. It polls between yields of the core for four times the time
+        nbytes take at 1 GB/s (MPI's nonblocking collectives move only while tested), then
+        between sleeps."""
         check = failed_peers_check(comm_handle(self.comm), self._rank, f"{what} of the partialcoll process group")
         try:
-            done = wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3, check)
+            done = wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3, check, 4 * nbytes / 1e9)
         except MPIError:
             self._unusable = f"{what} failed"
             raise
@@ -211,8 +233,10 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
                           f"group refuses further collectives")
 
     def _run(self, start: Callable[[], MPI.Request], what: str, keep=()) -> None:
+        """Start a collective and wait for it; keep: its buffer or a tuple of them."""
         self._usable()
-        self._wait(start(), what, keep)
+        bufs = keep if isinstance(keep, tuple) else (keep,)
+        self._wait(start(), what, keep, nbytes=sum(getattr(b, "nbytes", 0) for b in bufs))
 
     @staticmethod
     def _reduce_view(t: torch.Tensor, kind):
@@ -236,6 +260,15 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         kind = _op_type(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if len(tensors) == 1 and self._engine_worthy(tensors[0], kind):
             return self._engine_allreduce(tensors[0], kind)
+        for t in tensors:
+            self._mpi_allreduce(t, kind)
+        return Work.done(tensors, _devices(tensors))
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts=None) -> "dist.Work":
+        """dist.all_reduce_coalesced and the functional all_reduce_coalesced: each tensor
+        reduced as allreduce reduces it (MPI's call, waited for here)."""
+        self._usable()
+        kind = _op_type(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for t in tensors:
             self._mpi_allreduce(t, kind)
         return Work.done(tensors, _devices(tensors))
@@ -293,10 +326,16 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         return Work.done(tensors, _devices(tensors))
 
     def _allgather_into(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        """out (size x inp's elements, contiguous host) = every rank's inp."""
+        """out (size x inp's elements, contiguous host) = every rank's inp. inp may be a view
+        of out, as torch allows (FSDP2 gathers in place): this rank's chunk of out is
+        MPI_IN_PLACE; any other overlap is copied first (MPI forbids aliased buffers)."""
         src, _ = host_copy(inp, write_back=False)
         a, b = host_view(src).view(np.uint8), host_view(out).view(np.uint8)
-        self._run(lambda: self.comm.Iallgather(a, b), "allgather", (a, b))
+        send: Any = a
+        if np.may_share_memory(a, b):
+            own = b[self._rank * a.nbytes:(self._rank + 1) * a.nbytes]
+            send = MPI.IN_PLACE if own.ctypes.data == a.ctypes.data else a.copy()
+        self._run(lambda: self.comm.Iallgather(send, b), "allgather", (a, b, send))
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                   opts=None) -> "dist.Work":
@@ -321,6 +360,26 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                    opts=None) -> "dist.Work":
+        """all_gather_into_tensor of each pair (the functional collectives and DTensor
+        gather through this)."""
+        for out, inp in zip(outputs, inputs):
+            self.all_gather_single(out, inp, opts)
+        return Work.done(list(outputs), _devices(outputs))
+
+    # torch's older name (its stub names the arguments differently; torch passes them by position)
+    allgather_into_tensor_coalesced = all_gather_single_coalesced   # type: ignore[assignment]
+
+    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
+                            opts=None) -> "dist.Work":
+        """dist.all_gather_coalesced: output_lists[r][i] = rank r's input_list[i]."""
+        if len(output_lists) != self._size:
+            raise ArgumentError(f"all_gather_coalesced needs {self._size} output lists, not {len(output_lists)}")
+        for i, inp in enumerate(input_list):
+            self.allgather([[outs[i] for outs in output_lists]], [inp], opts)
+        return Work.done([t for outs in output_lists for t in outs], _devices(input_list))
+
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                        opts) -> "dist.Work":
         for out, ins in zip(output_tensors, input_tensors):
@@ -338,16 +397,28 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single   # type: ignore[assignment]  # the protocol's opts, as above
 
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts) -> "dist.Work":
+        """reduce_scatter_tensor of each pair (the functional collectives, FSDP2)."""
+        for out, inp in zip(outputs, inputs):
+            self.reduce_scatter_single(out, inp, opts)
+        return Work.done(list(outputs), _devices(outputs))
+
+    # torch's older name (its stub's opts may be None; torch always passes them)
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced   # type: ignore[assignment]
+
     def _reduce_scatter_into(self, out: torch.Tensor, stacked: torch.Tensor, op) -> None:
+        """out = this rank's block of the reduction of every rank's stacked (into out itself
+        where it can: _result_buffer)."""
         kind = _op_type(op)
         host, _ = host_copy(stacked, write_back=False)
         src, mpi_op, _ = self._reduce_view(host, kind)
-        wide = out.dtype in _HALF
-        res = torch.empty(out.shape, dtype=torch.float32 if wide else out.dtype)
+        res = _result_buffer(out, host, torch.float32 if out.dtype in _HALF else out.dtype)
         dst = host_view(res).view(np.bool_) if res.dtype == torch.bool else host_view(res)
         self._run(lambda: self.comm.Ireduce_scatter_block(src, dst, op=mpi_op), "reduce_scatter", (src, dst))
         self._average(res, kind)
-        out.copy_(res)
+        if res is not out:
+            out.copy_(res)
 
     def barrier(self, opts=None) -> "dist.Work":
         self._run(self.comm.Ibarrier, "barrier")
@@ -384,24 +455,62 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                 opts) -> "dist.Work":
         root, out = opts.rootRank, output_tensors[0]
-        res = torch.empty(out.shape, dtype=out.dtype)
-        src = (host_view(torch.stack([i.detach().cpu() for i in input_tensors[0]])).view(np.uint8)
-               if self._rank == root else None)
+        stacked = torch.stack([i.detach().cpu() for i in input_tensors[0]]) if self._rank == root else None
+        res = _result_buffer(out, stacked)
+        src = host_view(stacked).view(np.uint8) if stacked is not None else None
         dst = host_view(res).view(np.uint8)
         self._run(lambda: self.comm.Iscatter(src, dst, root=root), "scatter", (src, dst))
-        out.copy_(res)
+        if res is not out:
+            out.copy_(res)
         return Work.done(output_tensors, _devices(output_tensors))
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
                       input_split_sizes: List[int], opts) -> "dist.Work":
-        if output_split_sizes or input_split_sizes:
-            raise ArgumentError("all_to_all_single with split sizes is not supported by partialcoll")
+        """all_to_all_single: rank r gets input's split r of every rank; the splits are rows
+        (dim 0), equal when no sizes are given."""
         src, _ = host_copy(input, write_back=False)
-        res = torch.empty(output.shape, dtype=output.dtype)
+        res = _result_buffer(output, src)
         a, b = host_view(src).view(np.uint8), host_view(res).view(np.uint8)
-        self._run(lambda: self.comm.Ialltoall(a, b), "alltoall", (a, b))
-        output.copy_(res)
+        send = self._splits(input, input_split_sizes, "input")
+        recv = self._splits(output, output_split_sizes, "output")
+        if len(set(send[0] + recv[0])) == 1:        # equal splits: MPI_Ialltoall (Ialltoallv took 1.5x)
+            self._run(lambda: self.comm.Ialltoall(a, b), "alltoall", (a, b))
+        else:
+            self._run(lambda: self.comm.Ialltoallv([a, send], [b, recv]), "alltoall", (a, b))
+        if res is not output:
+            output.copy_(res)
         return Work.done([output], _devices([output]))
+
+    def _splits(self, t: torch.Tensor, sizes: List[int], what: str):
+        """(counts, displacements) in bytes of t's dim-0 splits for MPI_Alltoallv."""
+        rows = t.shape[0] if t.dim() else 1
+        row = t.numel() // rows * t.element_size() if rows else 0
+        if not sizes:
+            if rows % self._size:
+                raise ArgumentError(f"all_to_all_single: the {what}'s {rows} rows do not split evenly over "
+                                    f"{self._size} ranks; give the split sizes")
+            sizes = [rows // self._size] * self._size
+        if len(sizes) != self._size or any(n < 0 for n in sizes) or sum(sizes) != rows:
+            raise ArgumentError(f"all_to_all_single: {what} split sizes {list(sizes)} must be {self._size} "
+                                f"non-negative numbers of rows summing to {rows}")
+        return _with_displacements([n * row for n in sizes])
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts=None) -> "dist.Work":
+        """dist.all_to_all: output_tensors[r] = rank r's input_tensors[this rank] (any sizes
+        that match in pairs)."""
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise ArgumentError(f"all_to_all needs {self._size} input and output tensors")
+        src = torch.cat([t.detach().cpu().reshape(-1).view(torch.uint8) for t in input_tensors])
+        res = torch.empty(sum(t.numel() * t.element_size() for t in output_tensors), dtype=torch.uint8)
+        scount = [t.numel() * t.element_size() for t in input_tensors]
+        rcount = [t.numel() * t.element_size() for t in output_tensors]
+        a, b = src.numpy(), res.numpy()
+        send, recv = _with_displacements(scount), _with_displacements(rcount)
+        self._run(lambda: self.comm.Ialltoallv([a, send], [b, recv]), "alltoall", (a, b))
+        for out, piece in zip(output_tensors, torch.split(res, rcount)):
+            out.copy_(piece.view(out.dtype).reshape(out.shape))
+        return Work.done(list(output_tensors), _devices(output_tensors))
 
     # -- point to point ----------------------------------------------------------------------
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int) -> "dist.Work":

@@ -9,7 +9,8 @@ PC_FUZZ_SEED=N draws another (seeded) stream of examples instead, to explore.
 Each rank's data derive from the case: values that differ per rank, post and element,
 chosen so that every reduction is exact (small integers, +-1, powers of two), whatever
 the order. A case ("api") is one PartialAllreduce with a random count (0, 1, odd, up to
-65537), dtype (float16 and bfloat16 included), op defined on it, mode, late, algorithm,
+65537), dtype (float16 and bfloat16 included), op defined on it, mode, late, algorithm (with
+"ps": 1 - 64 blocks, balance, servers),
 seed, candidates/quorum, max_staleness, and for every rank its own program of posts:
 in place (out=x), out=y or plain; then wait at once, test() a few times, wait later in a
 random order, or never; skew sleeps. Checks:
@@ -48,7 +49,7 @@ EXAMPLES = int(ARGS[1]) if len(ARGS) > 1 else 20
 WAIT = float(os.environ.get("PC_FUZZ_WAIT", "30"))       # every wait/close timeout: a hang is a failure
 
 MODES = ["solo", "majority", "probe", "quorum", "full"]
-ALGORITHMS = ["auto", "recursive_doubling", "ring", "tree"]
+ALGORITHMS = ["auto", "recursive_doubling", "ring", "tree", "ps"]
 NUMERIC = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
            np.float16, np.float32, np.float64, np.complex64, np.complex128]
 DTYPES = ["bool", *[np.dtype(d).name for d in NUMERIC], "bfloat16"]
@@ -172,6 +173,19 @@ def api_cases(draw, size: int) -> dict:
             case["opts"]["candidates"] = q
     if mode == "quorum":
         case["opts"]["quorum"] = draw(st.integers(1, size))
+    if case["algorithm"] == "ps":
+        # 1 - 64 blocks (or the default 4 MiB), not always a whole number of elements: a block
+        # is a message to its owner from every rank, and thousands cost seconds a round
+        nbytes = case["count"] * dtype_of(dtype).itemsize
+        blocks = draw(st.sampled_from([None, 1, 2, 3, 7, 64]))
+        if blocks is not None:
+            case["opts"]["block_bytes"] = max(1, -(-nbytes // blocks) + draw(st.sampled_from([0, 0, 1, 3])))
+        balance = draw(st.sampled_from(["static", "proportional", "psld"]))
+        case["opts"]["balance"] = balance
+        if balance != "static":
+            case["opts"]["rebalance_every"] = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            case["opts"]["servers"] = sorted(set(draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size))))
     if draw(st.booleans()):
         case["opts"]["max_staleness"] = draw(st.integers(1, 5))
     lockstep = draw(st.booleans())

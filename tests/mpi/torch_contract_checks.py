@@ -10,7 +10,8 @@
 - model_sync_every: the models are identical after a synchronisation.
 - PyTorch's test_c10d_pypg.py checks that apply to a Python process group (DDP on it
   equals training on the global batch, Work objects, init_sync=False, attributes,
-  functional collectives, batch_isend_irecv, abort); the group's timeout; the engine
+  functional collectives, batch_isend_irecv, abort); the functional and coalesced
+  collectives (DTensor, FSDP2) and FSDP2 training; the group's timeout; the engine
   allreduces evicted from the group's cache while their rounds are waited for.
 
 The default group is gloo (its store found over MPI); ``pcg`` is a partialcoll group.
@@ -555,8 +556,7 @@ def test_pypg_work_wait_timeout(comm, pcg):
 
 def test_pypg_gather_scatter_and_p2p(comm, pcg):
     """all_gather_single and reduce_scatter_tensor reach the group's overrides, and a ring
-    of dist.batch_isend_irecv (send and recv). (torch 2.13's functional collectives look
-    for a C++ backend in the group and do not reach a Python one: not ported.)"""
+    of dist.batch_isend_irecv (send and recv)."""
     P, r = comm.size, comm.rank
     got = torch.empty(2 * P, device=DEV)
     pcg.all_gather_single(got, torch.full((2,), float(r), device=DEV)).wait()     # the override itself
@@ -580,6 +580,86 @@ def test_pypg_gather_scatter_and_p2p(comm, pcg):
         elif r == P - 1:
             pcg.send([send], 0, 5).wait()
     dist.barrier(group=pcg)
+
+
+def test_pypg_functional_and_coalesced_collectives(comm, pcg):
+    """The collectives DTensor, FSDP2 and torch.compile'd code call: the functional ones
+    (they reach a Python group through its *_coalesced methods), the coalesced ones,
+    all_to_all with uneven splits and sizes, and all_gather_into_tensor in place (the
+    input a view of this rank's chunk of the output, as FSDP2 gathers); each against the
+    values every rank knows."""
+    import torch.distributed._functional_collectives as funcol
+    P, r = comm.size, comm.rank
+
+    def full(n, v):
+        return torch.full((n,), float(v), device=DEV)
+
+    a, b = funcol.all_reduce_coalesced([full(3, r + 1), full(70000, 2 * r)], "sum", pcg)
+    assert a.cpu().tolist() == [P * (P + 1) / 2] * 3 and torch.all(b == P * (P - 1))
+    g = funcol.all_gather_tensor(torch.arange(2, dtype=torch.float32, device=DEV) + 10 * r, 0, pcg)
+    assert g.cpu().tolist() == [float(10 * q + i) for q in range(P) for i in range(2)]
+    gs = funcol.all_gather_into_tensor_coalesced([full(2, r), full(1, -r)], pcg)
+    assert [t.cpu().tolist() for t in gs] == [[float(q) for q in range(P) for _ in range(2)],
+                                              [float(-q) for q in range(P)]]
+    rs = funcol.reduce_scatter_tensor(torch.arange(2 * P, dtype=torch.float32, device=DEV) + r, "sum", 0, pcg)
+    assert rs.cpu().tolist() == [float(P * (2 * r + i) + P * (P - 1) // 2) for i in range(2)]
+    both = torch.arange(3 * P, dtype=torch.float32, device=DEV) + r       # the output a view of the input
+    dist.reduce_scatter_tensor(both[3 * r:3 * r + 3], both, group=pcg)
+    assert both[3 * r:3 * r + 3].cpu().tolist() == [float(P * (3 * r + i) + P * (P - 1) // 2) for i in range(3)]
+    # rank r sends q + 1 rows to rank q, each row [100 r + q, q]; it receives r + 1 from each
+    rows = [[100.0 * r + q, float(q)] for q in range(P) for _ in range(q + 1)]
+    got = funcol.all_to_all_single(torch.tensor(rows, device=DEV), [r + 1] * P, [q + 1 for q in range(P)], pcg)
+    assert got.cpu().tolist() == [[100.0 * q + r, float(r)] for q in range(P) for _ in range(r + 1)]
+    even = funcol.all_to_all_single(torch.arange(P, dtype=torch.float32, device=DEV) + 10 * r, None, None, pcg)
+    assert even.cpu().tolist() == [float(10 * q + r) for q in range(P)]
+    outs = [torch.empty(q + 1, dtype=torch.int64, device=DEV) for q in range(P)]
+    dist.all_to_all(outs, [torch.full((r + 1,), 100 * r + q, dtype=torch.int64, device=DEV) for q in range(P)],
+                    group=pcg)
+    assert [o.cpu().tolist() for o in outs] == [[100 * q + r] * (q + 1) for q in range(P)]
+    lists = [[torch.empty(2, device=DEV), torch.empty(1, device=DEV)] for _ in range(P)]
+    dist.all_gather_coalesced(lists, [full(2, r), full(1, -r)], group=pcg)
+    assert [[t.cpu().tolist() for t in ts] for ts in lists] == [[[float(q)] * 2, [float(-q)]] for q in range(P)]
+    tensors = [full(3, r), full(5, 1)]
+    dist.all_reduce_coalesced(tensors, group=pcg)
+    assert tensors[0].cpu().tolist() == [P * (P - 1) / 2] * 3 and tensors[1].cpu().tolist() == [float(P)] * 5
+    out = torch.full((4 * P,), -1.0, device=DEV)
+    mine = out[4 * r:4 * (r + 1)]
+    mine.copy_(full(4, r + 0.5))
+    dist.all_gather_into_tensor(out, mine, group=pcg)
+    assert out.cpu().tolist() == [q + 0.5 for q in range(P) for _ in range(4)]
+    shifted = torch.arange(4 * P + 1, dtype=torch.float32, device=DEV)      # overlapping, not its chunk
+    dist.all_gather_into_tensor(shifted[:4 * P], shifted[1:5], group=pcg)
+    assert shifted[:4 * P].cpu().tolist() == [float(i) for _ in range(P) for i in range(1, 5)]
+    expect_raises(pc.ArgumentError, funcol.all_to_all_single, torch.zeros(P + 1, device=DEV), [1] * P,
+                  [1] * P, pcg, match="split sizes")
+
+
+def test_fsdp2_equals_global_batch(comm, pcg):
+    """FSDP2 (fully_shard) over the group: its all-gathers in place, reduce-scatters and
+    DTensor's full_tensor(); the sharded model after 4 steps on this rank's shard equals
+    one model trained on the global batch."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as e:
+        pytest.skip(f"this torch has no FSDP2 (fully_shard): {e}")
+    mesh = DeviceMesh.from_group(pcg, DEV.type)
+    ref, sharded = model(), model()
+    for layer in sharded.body:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ref, sharded)]
+    for step in range(4):
+        shards = [batch(q, step) for q in range(comm.size)]
+        xs, ys = torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])
+        for m, opt, (x, y) in ((ref, opts[0], (xs, ys)), (sharded, opts[1], shards[comm.rank])):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+    for (name, p), q in zip(ref.named_parameters(), sharded.parameters()):
+        q = q.full_tensor()
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), (name, (p - q).abs().max().item())
 
 
 def test_pg_timeout_and_abort(comm, pcg):

@@ -1,0 +1,69 @@
+"""The partialcoll process group's collectives other than DDP's allreduce, against mpi4py.
+
+    mpiexec -n 4 python bench/torch_pg.py --mib 32 --repeat 7
+
+What FSDP2, DTensor and model set-up call over the group: broadcast,
+all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single and a MAX all_reduce
+(the group's MPI path: the engine takes SUM/AVG of float tensors). Each call on float32
+tensors of --mib MiB (the input of all_gather_into_tensor is the output's share) runs
+--repeat times after a barrier; its time is the median, the slowest rank's. The peer is
+the same operation as a blocking mpi4py call on NumPy views of the same tensors, in the
+same run. Rank 0 prints ms and the ratio.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import partialcoll.integrations.torch as pct
+
+
+def timed(comm, fn, repeat):
+    ts = []
+    for _ in range(repeat):
+        comm.Barrier()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return comm.allreduce(statistics.median(ts), op=MPI.MAX) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=float, default=32.0)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    P = comm.size
+    pct.init_process_group(comm)
+    n = int(args.mib * (1 << 20)) // 4 // P * P
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)      # torch's newer names
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    x, out, share = torch.ones(n), torch.empty(n), torch.empty(n // P)
+    xn, outn, sharen = x.numpy(), out.numpy(), share.numpy()
+    rows = [
+        ("broadcast", lambda: dist.broadcast(x, 0), lambda: comm.Bcast(xn, 0)),
+        ("all_gather_into_tensor", lambda: gather(out, x[:n // P]),
+         lambda: comm.Allgather(xn[:n // P], outn)),
+        ("reduce_scatter_tensor", lambda: scatter(share, x),
+         lambda: comm.Reduce_scatter_block(xn, sharen)),
+        ("all_to_all_single", lambda: dist.all_to_all_single(out, x), lambda: comm.Alltoall(xn, outn)),
+        ("all_reduce MAX", lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX),
+         lambda: comm.Allreduce(MPI.IN_PLACE, xn, op=MPI.MAX)),
+    ]
+    if comm.rank == 0:
+        print(f"# the partialcoll process group vs mpi4py, P = {P}, {args.mib:g} MiB float32, "
+              f"median of {args.repeat}, slowest rank")
+        print(f"# {'call':24s} {'group ms':>9s} {'mpi4py ms':>10s} {'ratio':>6s}")
+    for name, ours, peer in rows:
+        a, b = timed(comm, ours, args.repeat), timed(comm, peer, args.repeat)
+        if comm.rank == 0:
+            print(f"  {name:24s} {a:9.1f} {b:10.1f} {a / b:6.2f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
