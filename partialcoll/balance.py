@@ -123,9 +123,13 @@ def validate(algorithm: str, size: int, block_bytes, servers, balance, epsilon, 
     balance = "static" if balance is None else balance
     if balance not in BALANCES:
         raise ArgumentError(f"balance must be one of {', '.join(BALANCES)}, not {balance!r}")
-    epsilon = float(epsilon)
-    if not 0.0 <= epsilon <= 1.0:
-        raise ArgumentError(f"epsilon must be in [0, 1], not {epsilon!r}")
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        eps = NAN
+    if not 0.0 <= eps <= 1.0:
+        raise ArgumentError(f"epsilon must be a number in [0, 1], not {epsilon!r}")
+    epsilon = eps
     rebalance_every = integer(rebalance_every, "rebalance_every", 1)
     return {"block_bytes": block_bytes, "servers": servers, "workers": workers, "balance": balance,
             "epsilon": epsilon, "rebalance_every": rebalance_every}

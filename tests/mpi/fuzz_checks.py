@@ -309,7 +309,15 @@ BAD_ARGS = {
     "max_staleness": [0, -3, 1.5],
     "candidates": [0, -1, 2.5],          # with mode probe
     "quorum": [0, 10 ** 6, None, 1.5],   # with mode quorum
+    # with algorithm "ps"
+    "block_bytes": [0, -4, 1.5, "4M"],
+    "servers": [[], [10 ** 6], [-1], "0", [0.5]],
+    "workers": [[], [10 ** 6]],
+    "balance": ["bogus", "PSLD", 3],
+    "epsilon": ["x", None, -0.1, 1.5, float("nan")],
+    "rebalance_every": [0, -1, 2.5],
 }
+PS_ARGS = ("block_bytes", "servers", "workers", "balance", "epsilon", "rebalance_every")
 LOCAL_BAD = ["wrong_dtype", "wrong_size", "strided", "readonly_out", "out_dtype", "list", "none", "two_d_wrong",
              "wait_timeout_str", "post_after_close"]
 
@@ -335,6 +343,10 @@ def run_bad(comm, case: dict) -> None:
         if key == "quorum":
             kw["mode"] = "quorum"
             kw["quorum"] = 1
+        if key in PS_ARGS:
+            kw["algorithm"] = "ps"
+            if key in ("epsilon", "rebalance_every"):
+                kw["balance"] = "psld"
         args = {"count": 4, "dtype": np.float32, "op": MPI.SUM}
         bad = BAD_ARGS[key][case["index"]]
         mine = who == "all" or who == rank
