@@ -217,7 +217,7 @@ class PartialAllreduce(_propagate.Reporting):
             rank contributes one average, so data / nap (not data / posts) is the mean
             over contributors.
         block_bytes: "ps": the size of a block (default 4 MiB; the last block is shorter;
-            thousands of small blocks cost more than their bytes: docs/psld.md).
+            blocks under 256 KiB cost more than their bytes: docs/psld.md).
         servers: "ps": the ranks that may own blocks (default all; a server need not post).
         workers: "ps": the ranks that post (default all). Any other rank is a dedicated
             server (PSLD's layout): its blocks are not sent, it moves only the workers'

@@ -42,6 +42,30 @@ def test_simulated_ps_round_robin(p, count, block):
             assert [o for _, _, o in timers[r]] == [o for o in owners if o != r]
 
 
+@pytest.mark.parametrize("p", SIZES[1:])
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_simulated_ps_window(p, window, monkeypatch):
+    """More blocks than ps.WINDOW: every rank still ends with the sum, under any owner
+    map; a rank's send of its i-th block away waits for the result of its (i - W)-th,
+    an owner's result to a peer for its result W blocks earlier to that peer."""
+    monkeypatch.setattr(ps, "WINDOW", window)
+    rng = np.random.default_rng(p + window)
+    count = 40
+    data = [rng.integers(-50, 50, count) for _ in range(p)]
+    for assignment in (None, [0] * count, rng.integers(0, p, count).tolist()):
+        bufs, scheds, timers = simulate(p, data, block_bytes=8, assignment=assignment)
+        assert all(np.array_equal(b, np.sum(data, axis=0)) for b in bufs)
+        for r, s in enumerate(scheds):
+            sends = [s.ops[i] for i, _, _ in timers[r]]
+            results = [got for _, got, _ in timers[r]]
+            for i, op in enumerate(sends):
+                assert (results[i - window] in op.deps) == (i >= window), (r, i, op.deps)
+            for j in range(p):
+                to_j = [op for op in s.ops if op.kind == 0 and op.peer == j and op.label.endswith(f"result to {j}")]
+                for k, op in enumerate(to_j[window:]):
+                    assert to_j[k].index in op.deps, (r, j, k)
+
+
 @pytest.mark.parametrize("p", SIZES)
 def test_simulated_ps_any_assignment(p):
     """Any owner map, servers= restricting ownership, one owner for everything; the

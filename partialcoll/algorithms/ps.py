@@ -23,6 +23,14 @@ Worked example, p = 3, count = 5 elements, blocks of 2 elements, owners [0, 1, 0
     block 1 [2:4)  ranks 0, 2 send it to 1; 1 reduces, sends it back
     block 2 [4:5)  ranks 1, 2 send it to 0 (into 0's second scratch block per peer); ...
 
+In flight: at most WINDOW blocks of this rank's away (its send of the block and the
+receive of its result), and at most WINDOW results an owner sends to one peer: the
+send of the next waits for the result WINDOW blocks earlier. Every such wait is for an
+earlier block, so no cycle can form; and MPI tests every message in flight on every
+pass, so thousands posted at once cost rounds quadratic in the blocks (1 MiB in 1024
+blocks at P = 4: 42 ms without the window, 7.3 ms with it; MPI_Allreduce: 0.6 ms). Up
+to WINDOW blocks the schedule has no such wait.
+
 Timers: for each block this rank sends to another owner, (send op, receive op, owner):
 the engine measures the owner's service time from the send to the result's arrival.
 """
@@ -35,6 +43,7 @@ from ..schedule import ScheduleOp, Schedule
 from ._alone import alone
 
 BLOCK_BYTES = 4 << 20        # PSLD's block size
+WINDOW = 64                  # blocks in flight per rank (and results per owner and peer)
 
 
 def block_count(count: int, itemsize: int, block_bytes: int = BLOCK_BYTES) -> int:
@@ -77,16 +86,25 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     tmp = {j: [s.scratch(per, buf.dtype) for _ in range(nbuf)] for j in peers} if mine else {}
     reduced: dict = {j: [] for j in peers}        # per peer: the computes that read its scratch blocks
     ends: List[ScheduleOp] = []
+    away: List[ScheduleOp] = []                   # the result receives of the blocks this rank sends away
+    results: dict = {j: [] for j in peers}        # per peer: the results this owner sent it
+
+    def windowed(first: Optional[ScheduleOp], earlier: List[ScheduleOp]) -> list:
+        """first's dependency, and the op WINDOW places back in earlier (if any)."""
+        deps = [] if first is None else [first]
+        return deps + [earlier[-WINDOW]] if len(earlier) >= WINDOW else deps
+
     for b in range(nblocks):
         blk = buf.segment(b * per, min((b + 1) * per, buf.count))
         o = owners[b]
         if o != rank:
             if rank not in working:
                 continue                            # a dedicated server: not its block
-            sent = s.send(blk, o, after=after, label=f"block {b}: send to owner {o}")
+            sent = s.send(blk, o, after=windowed(after, away) or None, label=f"block {b}: send to owner {o}")
             got = s.recv(blk, o, after=sent, label=f"block {b}: result from owner {o}")
             if timers is not None:
                 timers.append((sent.index, got.index, o))
+            away.append(got)
             ends.append(got)
             continue
         k = mine.index(b)                           # this is the k-th block this rank owns
@@ -105,5 +123,7 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
             else:
                 last = s.compute(op, t, blk, out=blk, after=deps, label=f"block {b}: blk = tmp (op) blk", divisor=d)
             reduced[j].append(last)
-        ends += [s.send(blk, j, after=last, label=f"block {b}: result to {j}") for j in peers]
+        for j in peers:
+            results[j].append(s.send(blk, j, after=windowed(last, results[j]), label=f"block {b}: result to {j}"))
+            ends.append(results[j][-1])
     return s.nop(after=ends, label="allreduce complete")

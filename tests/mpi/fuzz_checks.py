@@ -10,7 +10,7 @@ Each rank's data derive from the case: values that differ per rank, post and ele
 chosen so that every reduction is exact (small integers, +-1, powers of two), whatever
 the order. A case ("api") is one PartialAllreduce with a random count (0, 1, odd, up to
 65537), dtype (float16 and bfloat16 included), op defined on it, mode, late, algorithm (with
-"ps": 1 - 64 blocks, balance, servers),
+"ps": 1 - 200 blocks, balance, servers),
 seed, candidates/quorum, max_staleness, and for every rank its own program of posts:
 in place (out=x), out=y or plain; then wait at once, test() a few times, wait later in a
 random order, or never; skew sleeps. Checks:
@@ -174,10 +174,10 @@ def api_cases(draw, size: int) -> dict:
     if mode == "quorum":
         case["opts"]["quorum"] = draw(st.integers(1, size))
     if case["algorithm"] == "ps":
-        # 1 - 64 blocks (or the default 4 MiB), not always a whole number of elements: a block
-        # is a message to its owner from every rank, and thousands cost seconds a round
+        # 1 - 200 blocks (or the default 4 MiB), not always a whole number of elements; more
+        # than ps.WINDOW are in flight in windows
         nbytes = case["count"] * dtype_of(dtype).itemsize
-        blocks = draw(st.sampled_from([None, 1, 2, 3, 7, 64]))
+        blocks = draw(st.sampled_from([None, 1, 2, 3, 7, 64, 200]))
         if blocks is not None:
             case["opts"]["block_bytes"] = max(1, -(-nbytes // blocks) + draw(st.sampled_from([0, 0, 1, 3])))
         balance = draw(st.sampled_from(["static", "proportional", "psld"]))

@@ -71,6 +71,34 @@ def test_default_block_and_large(comm):
         coll.close()
 
 
+def test_many_blocks_in_windows(comm):
+    """More blocks than a rank keeps in flight (ps.WINDOW), so sends wait for earlier
+    results: small blocks (eager messages) and 128 KiB ones (MPI's rendezvous), one
+    owner for everything (its results to each peer windowed too) and a subset: full
+    rounds equal to MPI_Allreduce's; solo rounds (late="fold") whose results and close()
+    sum to everything posted."""
+    from partialcoll.algorithms.ps import WINDOW
+    for count, block, sets in ((600, 16, server_sets(comm.size)), ((80 * 128 << 10) // 8, 128 << 10, [[0]])):
+        assert count * 8 // block > WINDOW
+        for servers in sets:
+            for mode in ("full", "solo"):
+                what = f"{count} in {block} B blocks, servers={servers}, {mode}, P={comm.size}"
+                coll = pc.PartialAllreduce(count, np.float64, MPI.SUM, comm, mode=mode, algorithm="ps",
+                                           block_bytes=block, servers=servers, late="fold")
+                posted, got = np.zeros(count), np.zeros(count)
+                for n in range(3):
+                    x = values(np.float64, MPI.SUM, count, comm.rank, n)
+                    ref = np.empty_like(x)
+                    comm.Allreduce(x, ref, op=MPI.SUM)
+                    res = coll.post(x).wait(timeout=60)
+                    posted += ref
+                    got += res.data
+                    if mode == "full":
+                        assert_matches(res.data, ref, MPI.SUM, what)
+                got += coll.close(timeout=60).data
+                assert np.allclose(got, posted, rtol=1e-12, atol=1e-9), (what, np.abs(got - posted).max())
+
+
 def test_divisor(comm):
     p = comm.size
     x = (np.arange(50) % 7 + comm.rank).astype(np.float64)
