@@ -9,23 +9,12 @@ the slowest rank's. Small blocks cost per message (every block is a message to i
 owner from every rank and one back): this shows from which size on they do.
 """
 import argparse
-import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-
-
-def timed(comm, fn, rounds):
-    ts = []
-    for _ in range(rounds):
-        comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return comm.allreduce(statistics.median(ts[1:]), op=MPI.MAX) * 1e3
+from _timing import median_ms
 
 
 def main():
@@ -37,14 +26,14 @@ def main():
     comm = MPI.COMM_WORLD
     n = int(args.mib * (1 << 20)) // 4
     x, y = np.ones(n, np.float32), np.empty(n, np.float32)
-    mpi = timed(comm, lambda: comm.Allreduce(x, y), args.rounds)
+    mpi = median_ms(comm, lambda: comm.Allreduce(x, y), args.rounds, drop=1)
     rows = [("mpi", mpi)]
 
     def ours(name, **kw):
         coll = pc.allreduce_init(n, np.float32, comm=comm, **kw)
         if kw.get("algorithm") == "ps":
             name = f"{name} ({len(coll.assignment())} blocks)"
-        rows.append((name, timed(comm, lambda: coll.post(x, out=y).wait(), args.rounds)))
+        rows.append((name, median_ms(comm, lambda: coll.post(x, out=y).wait(), args.rounds, drop=1)))
         coll.close()
 
     ours("ring", algorithm="ring")

@@ -11,24 +11,13 @@ the same operation as a blocking mpi4py call on NumPy views of the same tensors,
 same run. Rank 0 prints ms and the ratio.
 """
 import argparse
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 import partialcoll.integrations.torch as pct
-
-
-def timed(comm, fn, repeat):
-    ts = []
-    for _ in range(repeat):
-        comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return comm.allreduce(statistics.median(ts), op=MPI.MAX) * 1e3
+from _timing import median_ms
 
 
 def main():
@@ -59,7 +48,7 @@ def main():
               f"median of {args.repeat}, slowest rank")
         print(f"# {'call':24s} {'group ms':>9s} {'mpi4py ms':>10s} {'ratio':>6s}")
     for name, ours, peer in rows:
-        a, b = timed(comm, ours, args.repeat), timed(comm, peer, args.repeat)
+        a, b = median_ms(comm, ours, args.repeat), median_ms(comm, peer, args.repeat)
         if comm.rank == 0:
             print(f"  {name:24s} {a:9.1f} {b:10.1f} {a / b:6.2f}", flush=True)
     dist.destroy_process_group()
