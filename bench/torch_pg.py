@@ -9,6 +9,11 @@ tensors of --mib MiB (the input of all_gather_into_tensor is the output's share)
 --repeat times after a barrier; its time is the median, the slowest rank's. The peer is
 the same operation as a blocking mpi4py call on NumPy views of the same tensors, in the
 same run. Rank 0 prints ms and the ratio.
+
+--fsdp2 STEPS then trains a 25.2M-parameter MLP (six 1024-2048-1024 blocks, each
+sharded with fully_shard, batch 32) for STEPS steps after 2 warm-up steps, over the
+partialcoll group and over a gloo group, alternating twice; ms per step, the slowest
+rank's.
 """
 import argparse
 
@@ -24,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=float, default=32.0)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--fsdp2", type=int, default=0, metavar="STEPS", help="then FSDP2 training, gloo vs partialcoll")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     P = comm.size
@@ -51,7 +57,42 @@ def main():
         a, b = median_ms(comm, ours, args.repeat), median_ms(comm, peer, args.repeat)
         if comm.rank == 0:
             print(f"  {name:24s} {a:9.1f} {b:10.1f} {a / b:6.2f}", flush=True)
+    if args.fsdp2:
+        times = {"partialcoll": [], "gloo": []}
+        for backend in ("gloo", "partialcoll") * 2:
+            times[backend].append(fsdp2_ms(comm, backend, args.fsdp2))
+        if comm.rank == 0:
+            print(f"# FSDP2, 25.2M parameters, ms per step over {args.fsdp2} steps: "
+                  + ", ".join(f"{b} {' '.join(f'{t:.1f}' for t in ts)}" for b, ts in times.items())
+                  + f"; gloo / partialcoll {sum(times['gloo']) / sum(times['partialcoll']):.2f}")
     dist.destroy_process_group()
+
+
+def fsdp2_ms(comm, backend: str, steps: int) -> float:
+    """ms per FSDP2 training step over a new group of this backend (the slowest rank's)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    group = dist.new_group(backend=backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                                                      torch.nn.Linear(2048, 1024)) for _ in range(6)])
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 1024)
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    ms = median_ms(comm, lambda: [step() for _ in range(steps)], 1) / steps
+    dist.destroy_process_group(group)
+    return ms
 
 
 if __name__ == "__main__":
