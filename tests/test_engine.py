@@ -12,6 +12,16 @@ def test_engine_checks(mpirun, nprocs, progress):
 
 
 @pytest.mark.mpiexec
+@pytest.mark.parametrize("env", [{"PARTIALCOLL_PROGRESS": "thread"}, {"PARTIALCOLL_PROGRESS": "inline"},
+                                 {"PARTIALCOLL_IDLE": "spin"}], ids=["thread", "inline", "spin"])
+@pytest.mark.parametrize("nprocs", [2, 3, 5, 8])
+def test_random_schedules(mpirun, nprocs, env):
+    """Random schedules (messages eager and rendezvous, computes, all/any/k-of-n gates),
+    persistent, three executions each: every buffer as running their steps in order."""
+    mpirun("schedule_fuzz_checks.py", nprocs, "40", env=env, timeout=240)
+
+
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
 @pytest.mark.parametrize("progress", ["thread", "inline"])
 def test_lifetime(mpirun, nprocs, progress):
