@@ -637,7 +637,8 @@ def test_pypg_functional_and_coalesced_collectives(comm, pcg):
 def test_fsdp2_equals_global_batch(comm, pcg):
     """FSDP2 (fully_shard) over the group: its all-gathers in place, reduce-scatters and
     DTensor's full_tensor(); the sharded model after 4 steps on this rank's shard equals
-    one model trained on the global batch."""
+    one model trained on the global batch, and torch.distributed.checkpoint saves it and
+    loads it into another sharded model, bit for bit."""
     try:
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
@@ -660,6 +661,25 @@ def test_fsdp2_equals_global_batch(comm, pcg):
     for (name, p), q in zip(ref.named_parameters(), sharded.parameters()):
         q = q.full_tensor()
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), (name, (p - q).abs().max().item())
+    # torch.distributed.checkpoint over the group: the sharded state saved, loaded into another
+    import tempfile
+    import torch.distributed.checkpoint as dcp
+    where = comm.bcast(tempfile.mkdtemp(prefix="pc-dcp-") if comm.rank == 0 else None)
+    dcp.save({"model": sharded.state_dict()}, checkpoint_id=where, process_group=pcg)
+    other = model()
+    for layer in other.body:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(other, mesh=mesh)
+    state = {"model": other.state_dict()}
+    dcp.load(state, checkpoint_id=where, process_group=pcg)
+    other.load_state_dict(state["model"])
+    for p, q in zip(sharded.parameters(), other.parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor())
+    comm.Barrier()
+    if comm.rank == 0:
+        import shutil
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def test_pg_timeout_and_abort(comm, pcg):
