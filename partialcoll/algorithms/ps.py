@@ -23,9 +23,9 @@ Worked example, p = 3, count = 5 elements, blocks of 2 elements, owners [0, 1, 0
     block 1 [2:4)  ranks 0, 2 send it to 1; 1 reduces, sends it back
     block 2 [4:5)  ranks 1, 2 send it to 0 (into 0's second scratch block per peer); ...
 
-In flight: at most WINDOW blocks of this rank's away (its send of the block and the
+In flight: at most WINDOW of this rank's blocks away (the send of a block and the
 receive of its result), and at most WINDOW results an owner sends to one peer: the
-send of the next waits for the result WINDOW blocks earlier. Every such wait is for an
+send of the next waits for the one WINDOW blocks earlier. Every such wait is for an
 earlier block, so no cycle can form; and MPI tests every message in flight on every
 pass, so thousands posted at once cost rounds quadratic in the blocks (1 MiB in 1024
 blocks at P = 4: 42 ms without the window, 7.3 ms with it; MPI_Allreduce: 0.6 ms). Up
@@ -90,7 +90,8 @@ def allreduce(s: Schedule, buf: BufRef, op: int, *, after: Optional[ScheduleOp] 
     results: dict = {j: [] for j in peers}        # per peer: the results this owner sent it
 
     def windowed(first: Optional[ScheduleOp], earlier: List[ScheduleOp]) -> list:
-        """first's dependency, and the op WINDOW places back in earlier (if any)."""
+        """The next op's dependencies: first (if any), and the op WINDOW back in earlier
+        (if there is one)."""
         deps = [] if first is None else [first]
         return deps + [earlier[-WINDOW]] if len(earlier) >= WINDOW else deps
 
