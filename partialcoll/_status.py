@@ -67,6 +67,12 @@ def wait_until(done: Callable[[], bool], timeout: Optional[float], longest: floa
     return True
 
 
+def busy_seconds(nbytes: int, least: float = 0.0) -> float:
+    """How long a wait for a transfer of nbytes polls between yields (wait_until's busy):
+    four times the time the bytes take at 1 GB/s, and at least `least` seconds."""
+    return max(least, 4 * nbytes / 1e9)
+
+
 def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any = None, spin: int = 0,
                  longest: float = 2e-3, check: Optional[Callable[[], None]] = None, busy: float = 0.0) -> bool:
     """Wait for an mpi4py request without spinning a shared core (MPICH's waits spin):

@@ -37,7 +37,7 @@ from . import _engine
 from ._agree import agree, as_problem
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
 from ._errors import InvalidBufferError, OpError, StateError, Timeout
-from ._status import check, failed_peers_check, wait_request
+from ._status import busy_seconds, check, failed_peers_check, wait_request
 from ._rc import rc
 from ._typing import Buffer, DTypeLike
 from ._types import as_dtype, check_comm, dtype_code, dtype_name, integer
@@ -277,6 +277,6 @@ def _wait_collective(req: MPI.Request, what: str, timeout: Optional[float] = Non
     time nbytes take at 1 GB/s, four times over (1 ms at least), then between sleeps."""
     timeout = rc.timeout if timeout is None else timeout
     check = None if comm is None else failed_peers_check(_engine.comm_handle(comm), comm.Get_rank(), what)
-    if not wait_request(req, timeout, keep, check=check, busy=max(1e-3, 4 * nbytes / 1e9)):
+    if not wait_request(req, timeout, keep, check=check, busy=busy_seconds(nbytes, 1e-3)):
         raise Timeout(f"{what} did not complete within {timeout} s: a member of the communicator has not "
                       "reached it (these collectives need every member at the same step)")

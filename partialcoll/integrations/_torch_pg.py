@@ -48,7 +48,7 @@ from mpi4py import MPI
 from .._errors import ArgumentError, MPIError, StateError, Timeout
 from .._partial import PartialAllreduce, close_all
 from .._engine import comm_handle
-from .._status import failed_peers_check, wait_request, wait_until
+from .._status import busy_seconds, failed_peers_check, wait_request, wait_until
 from . import _torch_comm
 from ._torch_common import Completer, buffer_of, for_torch, future, host_copy, host_view, np_dtype, on_device
 
@@ -222,7 +222,7 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         between sleeps."""
         check = failed_peers_check(comm_handle(self.comm), self._rank, f"{what} of the partialcoll process group")
         try:
-            done = wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3, check, 4 * nbytes / 1e9)
+            done = wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3, check, busy_seconds(nbytes))
         except MPIError:
             self._unusable = f"{what} failed"
             raise
