@@ -8,8 +8,9 @@ from partialcoll import topology
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_neighbor_graphs(mpirun, nprocs):
-    """Every graph, every mode, at P = 1, 2, 3, 4, 5, 8; bad input raises on every rank."""
-    mpirun("neighbor_checks.py", nprocs, "graphs", "errors", timeout=150)
+    """Every graph, every mode, at P = 1, 2, 3, 4, 5, 8; bad input raises on every rank; 20
+    random graphs, arguments and programs (neighbor_fuzz_checks.py)."""
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "graphs", "errors", "20", timeout=180)
 
 
 @pytest.mark.mpiexec
@@ -29,8 +30,9 @@ def test_neighbor_fig3(mpirun):
 
 @pytest.mark.mpiexec
 def test_neighbor_inline_progress(mpirun):
-    """The same when test/wait drive progress (no progress thread)."""
-    mpirun("neighbor_checks.py", 4, "graphs", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=150)
+    """The same when test/wait drive progress (no progress thread), random uses included."""
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], 4, "graphs", "10", env={"PARTIALCOLL_PROGRESS": "inline"},
+           timeout=180)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7, 8, 16])
