@@ -137,6 +137,56 @@ def test_fast_pusher_not_delayed(comm):
             assert np.all(mean == (29 + 100) / 2)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32, np.complex64, BFLOAT16],
+                         ids=["float64", "float16", "int32", "complex64", "bfloat16"])
+def test_concurrent_pushes_replay(comm, dtype):
+    """Every rank, the server too, pushes at once under keys shared between ranks, with
+    random sleeps, test() polls and pushes whose request it drops unwaited (the next
+    push waits for it). Each reply's `pushes` is its push's place in the server's order:
+    across all ranks the places are 1 .. total, each once (nothing lost or served twice),
+    and each reply is exactly the model's mean of the latest vector of every key among
+    the pushes up to its place, with `keys` the number of those keys."""
+    p, r = comm.size, comm.rank
+    count, n = 33, 25
+    rng = np.random.default_rng(1000 + r)
+    server = p // 2
+    mine = []                                        # (place, key, seed, reply, keys)
+    with pc.AsyncAverager(count, dtype, comm=comm, server=server) as avg:
+        waiting = None
+        for i in range(n):
+            key, seed = int(rng.integers(0, p + 1)), 1000 * r + i
+            if rng.random() < 0.3:
+                time.sleep(float(rng.random()) * 0.002)
+            req = avg.push(vector(dtype, count, seed), key=key)
+            if waiting is not None:                  # the push above waited for it
+                mine.append(waiting)
+                waiting = None
+            if rng.random() < 0.3:
+                waiting = (req, key, seed)           # not waited for here
+                continue
+            while rng.random() < 0.5 and not req.test():
+                pass
+            mean = req.wait(timeout=60)
+            mine.append((req, key, seed, mean))
+        if waiting is not None:
+            mine.append(waiting)
+        done = []
+        for req, key, seed, *mean in mine:
+            got = mean[0] if mean else req.wait(timeout=60)
+            done.append((req.pushes, key, seed, got, req.keys))
+        every = [row for rows in comm.allgather(done) for row in rows]
+        if r == server:
+            assert avg.state() == (len({key for _, key, _, _, _ in every}), n * p)
+    every.sort(key=lambda row: row[0])
+    assert [row[0] for row in every] == list(range(1, n * p + 1)), [row[0] for row in every]
+    latest: dict = {}
+    for place, key, seed, got, keys in every:
+        latest[key] = vector(dtype, count, seed)
+        want = model_mean(latest, dtype)
+        assert keys == len(latest), (place, keys, len(latest))
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (place, got, want)
+
+
 @pytest.mark.mpi(min_size=3)
 def test_server_only_serves(comm):
     """The server never pushes; the others push twice each under two group keys."""
