@@ -33,6 +33,13 @@ on the arguments, enters iterations (post, skip), takes results (wait) and runs 
 R = depth = 1 + s + g requests may be outstanding (g = max_gap, else 1, or 3 with backup
 workers; s = max_staleness or 0), with R receive slots per in-neighbour. A rank that
 fails with it open tells every rank of the graph: their calls raise PeerError.
+
+Threads (as PartialAllreduce's): the collective belongs to the thread that posts to it,
+skips and closes it; its requests may be waited for (or tested) on other threads, several
+at once (each wait has its own scratch for the updates it reports). close() never runs
+under such a wait: while another thread is inside wait() or test(), close() raises
+StateError (it would free what that wait reads), and a wait that starts once close() has
+begun raises StateError.
 """
 from __future__ import annotations
 
@@ -174,6 +181,10 @@ class NeighborAllreduce(_propagate.Reporting):
         self.depth = 1 + s + g                     # R: slots per in-neighbour, requests outstanding
         self.trace: Optional[list] = None          # set to [] to record (iteration, monotonic time, spare) entries
         self._closed, self._abandoned = True, False
+        # threads inside wait()/test() (one entry each), and whether close() has begun:
+        # each side writes its own before it reads the other's (module docstring: threads)
+        self._waiting: list = []
+        self._closing = False
         self._comm: Optional[MPI.Comm] = None
         self._h = None
         self._iter = -1
@@ -232,10 +243,7 @@ class NeighborAllreduce(_propagate.Reporting):
         spec.depth, spec.weights = self.depth, getattr(lib, _WEIGHTS[self.weights])
         spec.dtype, spec.redop, spec.count = dtype_code(self.dtype), params["op"], self.count
         spec.ident = self._ident
-        # per call: (rank, iteration) x n_in, (updates, completed ns, early), entries of post and skip
-        self._c_upd = ffi.new("int64_t[]", 2 * max(n_in, 1))
-        self._c_info = ffi.new("int64_t[3]")
-        self._c_entry = ffi.new("int64_t[3]")
+        self._c_entry = ffi.new("int64_t[3]")      # post's entry (the owner thread's)
         self._comm = comm.Dup()                    # the collective's one communicator
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         handle = _engine.comm_handle(self._comm)
@@ -348,8 +356,19 @@ class NeighborAllreduce(_propagate.Reporting):
     def _take(self, req: NeighborRequest, timeout: Optional[float]) -> None:
         if req._cancelled:
             raise StateError(f"iteration {req.iteration} was dropped by close() (rank {self.rank})")
-        self._check_open()
-        lib, upd, info, k = _engine.lib, self._c_upd, self._c_info, req.iteration
+        self._waiting.append(None)       # close() waits for no wait (module docstring: threads)
+        try:
+            if self._closing or self._closed:
+                raise StateError(f"this NeighborAllreduce is closed (close() began before this wait for iteration "
+                                 f"{req.iteration}; rank {self.rank})")
+            self._take_now(req, timeout)
+        finally:
+            self._waiting.pop()
+
+    def _take_now(self, req: NeighborRequest, timeout: Optional[float]) -> None:
+        ffi, lib, k = _engine.ffi, _engine.lib, req.iteration
+        upd = ffi.new("int64_t[]", 2 * max(len(self.sources), 1))     # (rank, iteration) per update
+        info = ffi.new("int64_t[3]")                                    # updates, completed ns, early
         what = f"NeighborAllreduce iteration {k} at rank {self.rank}"
         if timeout == 0.0:                                     # a test: one look
             code = lib.pc_hop_wait(self._h, k, 0.0, upd, info)
@@ -368,6 +387,11 @@ class NeighborAllreduce(_propagate.Reporting):
         beyond what was sent) and free the communicator. Pending requests are dropped."""
         self._check_open()
         timeout = as_timeout(rc.timeout if timeout is None else timeout, "close() timeout")
+        self._closing = True             # no wait() starts from now on (module docstring) ...
+        if self._waiting:                # ... and none may be under way
+            self._closing = False
+            raise StateError("close() while another thread waits for a request of this NeighborAllreduce: close it "
+                             "once that wait is over (the thread that waits owns the request until then)")
         # The pending requests' out arrays stay referenced until the engine has stopped
         # completing iterations (pc_hop_close_begin, or the free of an abandon): until then
         # the progress thread may still write a result into one.

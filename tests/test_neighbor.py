@@ -18,8 +18,11 @@ def test_neighbor_graphs(mpirun, nprocs):
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
 def test_neighbor_engine(mpirun, nprocs, idle):
     """The engine does Hop's work: depth requests outstanding, and an iteration completes
-    while the application computes (its result is in out before wait() is called)."""
-    mpirun("neighbor_checks.py", nprocs, "engine", env={"PARTIALCOLL_IDLE": idle}, timeout=120)
+    while the application computes (its result is in out before wait() is called);
+    requests waited for on two other threads at once, close() refused meanwhile. And 10
+    random graphs, arguments and programs (neighbor_fuzz_checks.py)."""
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "engine", "10", env={"PARTIALCOLL_IDLE": idle},
+           timeout=150)
 
 
 @pytest.mark.mpiexec

@@ -370,6 +370,60 @@ def test_engine_progress(comm, kind):
     g.Free()
 
 
+def test_waits_on_other_threads(comm):
+    """The requests may be waited for on other threads while the maker posts (as
+    PartialAllreduce's): two threads wait for alternate iterations at once, and each result
+    reports its own iteration's updates and data. close() never runs under such a wait:
+    while another thread waits for a request, close() raises StateError, and closes once
+    that wait is over."""
+    asked("engine")
+    import threading
+    rank = comm.rank
+    g = pc.ring_graph(comm)
+    coll = pc.NeighborAllreduce(5, np.float64, comm=g)
+    wrong = []
+
+    def waiter(reqs):
+        for k, req in reqs:
+            res = req.wait(timeout=60)
+            if res.iteration != k or res.updates != tuple((s, k) for s in coll.sources) or \
+                    not np.all(res.data == expected_mean(coll, rank, k)):
+                wrong.append((k, res))
+
+    for _ in range(40):
+        reqs = []
+        for _ in range(coll.depth):
+            k = coll.iteration + 1
+            reqs.append((k, coll.post(np.full(5, val(rank, k)))))
+        threads = [threading.Thread(target=waiter, args=(reqs[i::2],)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not wrong, wrong[:3]
+    # rank 0 waits on another thread for an iteration the others enter only after its
+    # close() has been refused
+    k = coll.iteration + 1
+    req = coll.post(np.full(5, val(rank, k))) if rank == 0 else None
+    got: list = []
+    if rank == 0 and comm.size > 1:
+        t = threading.Thread(target=lambda: got.append(req.wait(timeout=60)))
+        t.start()
+        time.sleep(0.2)
+        expect_raises(pc.StateError, coll.close, match="another thread waits")
+    comm.Barrier()
+    if rank != 0:
+        req = coll.post(np.full(5, val(rank, k)))
+    if rank == 0 and comm.size > 1:
+        t.join()
+        res = got[0]
+    else:
+        res = req.wait(timeout=60)
+    assert res.updates == tuple((s, k) for s in coll.sources) and np.all(res.data == expected_mean(coll, rank, k))
+    coll.close(timeout=60)
+    g.Free()
+
+
 def test_close_keeps_pending_outs(comm):
     """close() drops the requests never waited for, but their out arrays stay referenced
     until the engine has stopped completing iterations (pc_hop_close_begin): until then
