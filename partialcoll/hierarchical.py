@@ -57,6 +57,16 @@ def _partition(groups) -> Tuple[Tuple[int, ...], ...]:
     return tuple(tuple(by[g]) for g in sorted(by))
 
 
+def group_args(args: Dict[str, Any], comm: MPI.Comm, world: MPI.Comm) -> Dict[str, Any]:
+    """A speed group's PartialAllreduce arguments (comm: the group's communicator) from the
+    hierarchy's (over world): quorum k waits for k of the group's ranks, or all of them
+    where the group is smaller (as probe's q: a group of q ranks or fewer runs solo); the
+    group's size changes at every regrouping. Over all of world nothing changes, so a k
+    beyond world's size is the collective's error on every rank."""
+    k, size = args.get("quorum"), comm.Get_size()
+    return args if k is None or k <= size or size >= world.Get_size() else {**args, "quorum": size}
+
+
 class SpeedGrouping:
     """The grouping machinery shared by HierarchicalAllreduce and the torch integration:
     step-time window, regrouping points with hysteresis, the group communicator and the
@@ -192,9 +202,11 @@ class HierarchicalAllreduce:
     allreduce inside each speed group, models averaged between groups through a server.
 
     step_time: this rank's step time (seconds) for the first grouping, or None (one
-    group, until a regrouping point splits it). mode, candidates, seed, late,
-    accumulate, algorithm: those of each group's PartialAllreduce (RNA: probe(2);
-    late="fold" keeps every rank's sum of results equal to its group's posts). server:
+    group, until a regrouping point splits it). mode, candidates, quorum, seed, late,
+    max_staleness, accumulate, algorithm: those of each group's PartialAllreduce (RNA:
+    probe(2); late="fold" keeps every rank's sum of results equal to its group's posts);
+    quorum k (1 <= k <= comm's size) waits for k of the group's ranks, or for all of a
+    smaller group's. server:
     the averager's server rank in comm. regroup_every: posts between regrouping points
     (None: never regroup); regroup_points: how many points there are (None: no bound;
     every rank must reach every point); window: step times per rank taken into the
@@ -206,7 +218,8 @@ class HierarchicalAllreduce:
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
                  comm: MPI.Comm = MPI.COMM_WORLD, *, mode: str = "probe", candidates: Optional[int] = None,
-                 seed: int = 0, late: str = "fold", accumulate: str = "sum", algorithm: str = "auto",
+                 quorum: Optional[int] = None, seed: int = 0, late: str = "fold",
+                 max_staleness: Optional[int] = None, accumulate: str = "sum", algorithm: str = "auto",
                  server: int = 0, step_time: Optional[float] = None, regroup_every: Optional[int] = None,
                  window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None) -> None:
         check_comm(comm, "HierarchicalAllreduce")
@@ -218,6 +231,8 @@ class HierarchicalAllreduce:
             hysteresis = integer(hysteresis, "hysteresis", 1)
             if regroup_points is not None:
                 regroup_points = integer(regroup_points, "regroup_points", 0)
+            if quorum is not None:       # the groups' collectives check the rest of the arguments
+                quorum = integer(quorum, "quorum", 1, comm.Get_size())
             server = integer(server, "server", 0)
             if server >= comm.Get_size():
                 raise ArgumentError(f"server {server} is outside the communicator (size {comm.Get_size()})")
@@ -234,11 +249,12 @@ class HierarchicalAllreduce:
                       "the same regroup_every, window, hysteresis and server, and step_time on all or none")
         groups = split_by_speed(times) if step_time is not None else None
         self.count, self.op = count, op
-        self._coll_args: Dict[str, Any] = dict(mode=mode, candidates=candidates, seed=seed, late=late,
-                                               accumulate=accumulate, algorithm=algorithm)
+        self._coll_args: Dict[str, Any] = dict(mode=mode, candidates=candidates, quorum=quorum, seed=seed, late=late,
+                                               max_staleness=max_staleness, accumulate=accumulate,
+                                               algorithm=algorithm)
         self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
                                       regroup_every=regroup_every, groups=groups, regroup_points=regroup_points)
-        self._coll = PartialAllreduce(count, dtype, op, self.grouping.group_comm, **self._coll_args)
+        self._coll = self._group_coll(dtype)
         self.dtype = self._coll.dtype
         self.grouping.averaging(count, self.dtype)
         self._add = np.add if op == MPI.SUM else None
@@ -246,6 +262,11 @@ class HierarchicalAllreduce:
         self._posts = 0
         self._last: Optional[float] = None
         self._closed = False
+
+    def _group_coll(self, dtype) -> PartialAllreduce:
+        """This rank's group's collective (collective over the group)."""
+        comm = self.grouping.group_comm
+        return PartialAllreduce(self.count, dtype, self.op, comm, **group_args(self._coll_args, comm, self.grouping.comm))
 
     @property
     def group(self) -> int:
@@ -292,7 +313,7 @@ class HierarchicalAllreduce:
         self._carry = final if self._carry is None else _fold(final, self._carry, self._add)
         self.grouping.adopt(self.grouping.proposed)
         self.grouping.regroupings += 1
-        self._coll = PartialAllreduce(self.count, self.dtype, self.op, self.grouping.group_comm, **self._coll_args)
+        self._coll = self._group_coll(self.dtype)
 
     def average(self, params: Buffer, timeout: Optional[float] = None) -> np.ndarray:
         """Collective over the group: the mean of every group's latest parameters (this

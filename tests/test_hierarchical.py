@@ -1,6 +1,7 @@
 """HierarchicalAllreduce (RNA's hierarchical synchronization) under mpiexec
 (tests/mpi/hierarchical_checks.py): equal to a NumPy model of the algorithm, nothing lost
-across a regrouping, hysteresis, regrouping on measured delays, bad input everywhere."""
+across a regrouping, hysteresis, regrouping on measured delays, random step times in
+every mode (nothing lost across the regroupings they cause), bad input everywhere."""
 import pytest
 
 from partialcoll.hierarchical import _partition

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
-from ..hierarchical import SpeedGrouping
+from ..hierarchical import SpeedGrouping, group_args
 from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
                             np_dtype, settle, tensor_of)
 from ._torch_optim import GradientSynchronizer, average_models, start_averaging, sync_parameters
@@ -124,7 +124,8 @@ class PartialHookState:
             offsets = [(g.data_ptr() - base) // item for g in bucket.gradients()]
             comm = self.grouping.group_comm if self.grouping is not None else self.comm
             coll = PartialAllreduce(buf.numel(), np_dtype(buf), MPI.SUM, comm, mode=self.mode,
-                                    divisor=fused_divisor(self.average, self.size, buf), **self.options)
+                                    divisor=fused_divisor(self.average, self.size, buf),
+                                    **group_args(self.options, comm, self.comm))
             entry = _BucketColl(coll, list(params), offsets, self.iter)
             self.colls[key] = entry
         return entry

@@ -44,7 +44,7 @@ from .._errors import ArgumentError, StateError, as_timeout
 from .._partial import PartialAllreduce, PartialRequest, Result, close_all
 from .._types import integer
 from ..averager import _wait_collective
-from ..hierarchical import SpeedGrouping
+from ..hierarchical import SpeedGrouping, group_args
 from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
                             np_dtype, settle, tensor_of)
 
@@ -220,6 +220,7 @@ class GradientSynchronizer:
         """The buckets, their partial allreduces over comm (collective over comm)."""
         bucket_mb, args, first = self._bucket_args
         self.size = comm.Get_size()
+        args = group_args(args, comm, self.comm)     # comm: a speed group's, with hierarchy="auto"
         self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, **args), self.average, first)
 
     @property

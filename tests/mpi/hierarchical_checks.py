@@ -4,8 +4,8 @@ A NumPy model of the algorithm (full rounds inside groups, averaging between gro
 a fixed order) must match every rank's parameters exactly; under random delays with
 solo rounds, late="fold" and a regrouping, every rank's results add up to exactly what
 its groups' members posted in each grouping period (nothing lost, nothing counted
-twice); a one-point blip does not regroup (hysteresis), a sustained change does; real
-delays split off a slow rank; a rank that misses a regrouping point makes the others
+twice), also under random step times in every mode; a one-point blip does not regroup
+(hysteresis), a sustained change does; real delays split off a slow rank; a rank that misses a regrouping point makes the others
 raise Timeout; bad input raises on every rank."""
 from __future__ import annotations
 
@@ -108,6 +108,56 @@ def test_nothing_lost_across_regrouping(comm):
     assert np.all(total == want), (total, want, first, second)
 
 
+@pytest.mark.parametrize("case", range(6))
+def test_random_regroupings(comm, case):
+    """Random step times (each rank in one of three speed classes, redrawn now and then),
+    regroup_every, window and hysteresis; every mode (quorum k = P/2: groups smaller than
+    k wait for all their ranks); some ranks wait for a result only after
+    polling it; every few posts the groups average their models. Rank r posts 64**r
+    (int64), so every rank's results plus close() must hold exactly, for each post, the
+    posts of the members of its group at that post (nothing lost, nothing twice); every
+    rank sees the same groups at every post, and (case 0: rank 0 slow for its first posts,
+    then every rank alike) regroupings happen."""
+    p, r = comm.size, comm.rank
+    rng = np.random.default_rng(comm.bcast(int(np.random.default_rng(case).integers(1 << 30))))
+    n = int(rng.integers(20, 40))                        # < 64 posts: one base-64 digit per rank
+    classes = [0.01, 0.05, 0.3]
+    speed = [rng.integers(0, 3, p) for _ in range(n)]     # rank q's class at post i ...
+    for i in range(1, n):
+        if rng.random() < 0.8:                           # ... mostly kept from post to post
+            speed[i] = speed[i - 1]
+    if case == 0:                                        # rank 0 slow, then every rank alike: a regrouping
+        n = 36
+        speed = [np.array([2 if q == 0 and i < 8 else 0 for q in range(p)]) for i in range(n)]
+    mode = ["solo", "majority", "probe", "quorum", "full"][case % 5]
+    extra = {"quorum": max(1, p // 2)} if mode == "quorum" else {}
+    h = pc.HierarchicalAllreduce(3, np.int64, MPI.SUM, comm, mode=mode, late="fold", seed=case,
+                                 step_time=classes[speed[0][r]], regroup_every=int(rng.integers(1, 5)),
+                                 window=int(rng.integers(1, 4)), hysteresis=int(rng.integers(1, 3)), **extra)
+    average_every = int(rng.integers(3, 8))
+    mine = np.random.default_rng(case * 100 + r)
+    x = np.full(3, 64 ** r, np.int64)
+    total = np.zeros(3, np.int64)
+    seen = []                                            # the groups in force at each post
+    for i in range(n):
+        if mine.random() < 0.3:
+            time.sleep(float(mine.random()) * 0.002)
+        req = h.post(x, step_time=classes[speed[i][r]])
+        seen.append(tuple(h.groups))
+        while mine.random() < 0.4 and not req.test():
+            pass
+        total += req.wait(timeout=60).data
+        if i % average_every == average_every - 1:
+            mean = h.average(np.full(3, float(h.group), np.float64).astype(np.int64))
+            assert mean.shape == (3,)
+    total += h.close().data
+    assert comm.allgather(seen) == [seen] * p
+    want = sum(64 ** q for groups in seen for q in range(p) if groups[q] == groups[r])
+    assert np.all(total == want), (total, want, seen, mode)
+    if p > 1 and case == 0:
+        assert h.regroupings >= 1 and seen[0] != seen[-1] == (0,) * p, seen
+
+
 def test_regroup_on_measured_delays(comm):
     """No step times given: the last rank sleeps 200 ms per step, the others 20 ms; the
     one regrouping point puts it alone into the slowest group."""
@@ -167,6 +217,11 @@ def test_errors_everywhere(comm):
                       step_time=0.1 if r else None, match="step_time")
     expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.MAX, comm, regroup_every=3,
                   match="MPI.SUM")
+    # quorum k beyond the communicator, on one rank, while the first grouping splits it
+    split = [0.01 if q % 2 else 1.0 for q in range(p)]
+    expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm, mode="quorum",
+                  quorum=p + 1 if r == p - 1 else 1, step_time=split[r],
+                  match="quorum" if r == p - 1 else f"rank {p - 1}")
 
 
 if __name__ == "__main__":

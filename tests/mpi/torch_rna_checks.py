@@ -25,10 +25,13 @@ def flat(m):
 
 
 @pytest.mark.mpi(min_size=3)
-def test_hierarchy_regroups_and_averages(comm):
+@pytest.mark.parametrize("mode", [dict(mode="probe"), dict(mode="quorum", quorum=2)], ids=["probe", "quorum"])
+def test_hierarchy_regroups_and_averages(comm, mode):
+    """quorum=2: the slow rank's group, of one, waits for its one rank (k of each group,
+    at most the group's size)."""
     p, r = comm.size, comm.rank
     m = model()
-    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05), mode="probe", comm=comm, average="nap",
+    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05), **mode, comm=comm, average="nap",
                                late="fold", hierarchy="auto", average_every=2, regroup_every=4, window=3,
                                hysteresis=1, regroup_points=1)
     sync = opt._sync
@@ -105,10 +108,11 @@ class _SlowForward(torch.nn.Module):
 def test_ddp_hook_hierarchy(comm, pcg):
     """The DDP hook with hierarchy="auto": the rank whose forward is slow ends alone in
     the slowest group; right after each averaging every member of a group holds the same
-    parameters; lr_scale() is the contributors' share."""
+    parameters; lr_scale() is the contributors' share. Mode quorum(2): the slow rank's
+    group, of one, waits for its one rank."""
     p, r = comm.size, comm.rank
     m = _SlowForward(0.2 if r == p - 1 else 0.02)
-    ddp, state = partial_ddp(m, mode="probe", comm=comm, average="nap", late="fold", hierarchy="auto",
+    ddp, state = partial_ddp(m, mode="quorum", quorum=2, comm=comm, average="nap", late="fold", hierarchy="auto",
                              average_every=2, regroup_every=4, regroup_points=1, hysteresis=1, window=3,
                              start_iter=1)
     checked = []
