@@ -41,7 +41,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ._agree import agree, as_problem
-from ._errors import ArgumentError, StateError
+from ._buffers import as_buffer
+from ._errors import ArgumentError, PartialcollError, StateError
 from ._partial import PartialAllreduce, PartialRequest, Result
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, integer
@@ -140,6 +141,24 @@ class SpeedGrouping:
         gc, averager = self.group_comm, self.averager
         if averager is None:
             raise StateError("average() before averaging() (or after free())")
+        # every member learns whether one passed a bad buffer (one allgather), so all raise
+        # at once: the pusher's would leave the others in the broadcast, another's would
+        # receive the mean into the wrong memory
+        problem: Optional[PartialcollError] = None
+        try:
+            params = as_buffer(params, averager.dtype, averager.count, writable=False, what="average()'s params",
+                               who="hierarchy's averager")
+        except PartialcollError as exc:
+            problem = exc
+        mine, every = np.array([self.rank if problem else -1], np.int64), np.empty(gc.Get_size(), np.int64)
+        _wait_collective(gc.Iallgather(mine, every), "average()'s check of the members' buffers", timeout,
+                         (mine, every), comm=gc)
+        if problem is not None:
+            raise problem
+        bad = [int(q) for q in every if q >= 0]
+        if bad:
+            raise ArgumentError(f"average(): rank {bad[0]} passed a buffer that is not {averager.count} elements of "
+                                f"{averager.dtype} (this is rank {self.rank})")
         pusher = self._pushes % gc.Get_size()
         self._pushes += 1
         if gc.Get_rank() == pusher:

@@ -217,6 +217,17 @@ def test_errors_everywhere(comm):
                       step_time=0.1 if r else None, match="step_time")
     expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.MAX, comm, regroup_every=3,
                   match="MPI.SUM")
+    # average() with the wrong number of elements on one rank (the first call's pusher, then
+    # another): every member raises at once; then good calls work (values convert to the
+    # dtype, as np.asarray does)
+    h = pc.HierarchicalAllreduce(4, np.float32, MPI.SUM, comm)
+    for bad_rank, bad in ((0, np.zeros(5, np.float32)), (p - 1, np.zeros(3, np.float32))):
+        x = bad if r == bad_rank else np.zeros(4, np.float32)
+        exc = expect_raises(pc.PartialcollError, h.average, x, timeout=20)
+        assert isinstance(exc, pc.InvalidBufferError) if r == bad_rank else f"rank {bad_rank}" in str(exc), exc
+    for x in (np.full(4, 2.0, np.float32), [2.0] * 4 if r == p - 1 else np.full((2, 2), 2.0)):
+        assert np.array_equal(h.average(x, timeout=20), np.full(4, 2.0, np.float32))
+    h.close()
     # quorum k beyond the communicator, on one rank, while the first grouping splits it
     split = [0.01 if q % 2 else 1.0 for q in range(p)]
     expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm, mode="quorum",
