@@ -171,6 +171,26 @@ def device_array(backend, obj, *, what: str):
     return arr
 
 
+def copy_in(backend, arr, box: np.ndarray) -> None:
+    """box (host memory) = arr (a device array), after the work queued on the caller's
+    current stream; returns once the data is there."""
+    s = backend.stream(arr)
+    backend.follow(s, arr)
+    backend.to_host(s, arr, box)
+    backend.synchronize(s)
+
+
+def copy_out(backend, box: np.ndarray, out, like):
+    """out (a device array; a new one on like's device if None) = box; returns out once
+    the data is there."""
+    if out is None:
+        out = backend.empty(like, box.size, box.dtype)
+    s = backend.stream(out)
+    backend.to_device(s, box, out)
+    backend.synchronize(s)
+    return out
+
+
 class Staging:
     """The device side of one partial allreduce: the pending copy of the accumulator,
     pinned boxes for the way in and the way out, and a stream."""
@@ -211,12 +231,7 @@ class Staging:
 
     def deliver(self, out):
         """outbox -> out (a device array; a new one if None); returns out once it is there."""
-        b = self.backend
-        if out is None:
-            out = b.empty(self.pending, self.outbox.size, self.outbox.dtype)
-        b.to_device(self.stream, self.outbox, out)
-        b.synchronize(self.stream)
-        return out
+        return copy_out(self.backend, self.outbox, out, self.pending)
 
 
 class Mirrors:

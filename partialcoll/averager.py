@@ -33,10 +33,10 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine
+from . import _device, _engine
 from ._agree import agree, as_problem
-from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array
-from ._errors import InvalidBufferError, OpError, StateError, Timeout
+from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array, check_elements
+from ._errors import OpError, StateError, Timeout
 from ._status import busy_seconds, check, failed_peers_check, wait_request
 from ._rc import rc
 from ._typing import Buffer, DTypeLike
@@ -73,9 +73,10 @@ class AverageRequest:
     After the wait, ``keys`` is how many keys the mean covers and ``pushes`` how many
     pushes the server had served when it made it (this one included)."""
 
-    def __init__(self, averager: "AsyncAverager", request: Optional[Request]) -> None:
+    def __init__(self, averager: "AsyncAverager", request: Optional[Request], device=None) -> None:
         self._averager = averager
         self._request = request
+        self._device = device            # (backend, the pushed device array): the mean goes there too
         self._mean: Optional[np.ndarray] = None
         self.keys = 0
         self.pushes = 0
@@ -89,7 +90,11 @@ class AverageRequest:
         if self._mean is None:
             if self._request is not None:    # None: the server's own push, folded already
                 self._request.wait(timeout)
-            self._mean, self.keys, self.pushes = self._averager._read_reply()
+            mean, self.keys, self.pushes = self._averager._read_reply()
+            if self._device is not None:
+                backend, like = self._device
+                mean = _device.copy_out(backend, mean, None, like)
+            self._mean = mean
         return self._mean
 
     Wait = wait
@@ -176,25 +181,29 @@ class AsyncAverager:
         wait() gives the mean of the latest vector pushed under every key so far."""
         if self._closed:
             raise StateError("this AsyncAverager is closed")
-        x = as_array(x, writable=False, what="push buffer")
-        if x.dtype != self.dtype:
-            raise InvalidBufferError(f"push buffer has dtype {x.dtype}, but this averager was created for {self.dtype}")
-        if x.size != self.count:
-            raise InvalidBufferError(f"push buffer has {x.size} elements, but this averager was created for "
-                                     f"{self.count}")
+        backend = _device.backend_of(x)
+        if backend is not None:          # a device array: copied into the push buffer below
+            x = _device.device_array(backend, x, what="push buffer")
+        else:
+            x = as_array(x, writable=False, what="push buffer")
+        check_elements(x, self.dtype, self.count, what="push buffer", who="averager")
         key = self.rank if key is None else integer(key, "key", -2 ** 63, 2 ** 63 - 1)
         if self._pending is not None:
             self._pending.wait()         # one round trip in flight: the buffers are ours again
         self._push[:8].view(np.int64)[0] = key
-        self._push[HEADER:] = x.reshape(-1).view(np.uint8)
+        if backend is not None:
+            _device.copy_in(backend, x, self._push[HEADER:].view(self.dtype))
+        else:
+            self._push[HEADER:] = x.reshape(-1).view(np.uint8)
+        device = None if backend is None else (backend, x)
         if self._client is None:         # the server: fold now, on this thread
             ffi = _engine.ffi
             check(_engine.lib.pc_avg_push_local(self._server, ffi.from_buffer(self._push),
                                                 ffi.from_buffer(self._reply)))
-            req = AverageRequest(self, None)
+            req = AverageRequest(self, None, device)
             req.wait()
             return req
-        req = AverageRequest(self, self._client.start())
+        req = AverageRequest(self, self._client.start(), device)
         self._pending = req
         return req
 

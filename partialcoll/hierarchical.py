@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
+from . import _device
 from ._agree import agree, as_problem
 from ._buffers import as_buffer
 from ._errors import ArgumentError, PartialcollError, StateError
@@ -336,10 +337,18 @@ class HierarchicalAllreduce:
 
     def average(self, params: Buffer, timeout: Optional[float] = None) -> np.ndarray:
         """Collective over the group: the mean of every group's latest parameters (this
-        group's pushed by one member), as a new array on every member."""
+        group's pushed by one member), as a new array on every member (on the device where
+        params is a device array: staged through host memory)."""
         if self._closed:
             raise StateError("this HierarchicalAllreduce is closed")
-        return self.grouping.average(np.ascontiguousarray(params, dtype=self.dtype).reshape(-1), timeout)
+        backend = _device.backend_of(params)
+        if backend is None:
+            return self.grouping.average(np.ascontiguousarray(params, dtype=self.dtype).reshape(-1), timeout)
+        arr = _device.device_array(backend, params, what="average()'s params")
+        host = np.empty(arr.size, arr.dtype)
+        _device.copy_in(backend, arr, host)
+        mean = self.grouping.average(np.ascontiguousarray(host, dtype=self.dtype), timeout)
+        return _device.copy_out(backend, mean, None, arr)
 
     def close(self) -> Result:
         """Collective over comm: close the group's collective (its final result, with any

@@ -34,6 +34,10 @@ R = depth = 1 + s + g requests may be outstanding (g = max_gap, else 1, or 3 wit
 workers; s = max_staleness or 0), with R receive slots per in-neighbour. A rank that
 fails with it open tells every rank of the graph: their calls raise PeerError.
 
+Device buffers (CuPy, and what CuPy views): x is copied to pinned memory at post(); a
+result whose out= is on the device, or that has no out= and x there, lands in a pinned
+box and reaches the device in wait().
+
 Threads (as PartialAllreduce's): the collective belongs to the thread that posts to it,
 skips and closes it; its requests may be waited for (or tested) on other threads, several
 at once (each wait has its own scratch for the updates it reports). close() never runs
@@ -51,9 +55,9 @@ from typing import Dict, List, Optional, Tuple, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine, _propagate
+from . import _device, _engine, _propagate
 from ._agree import agree
-from ._buffers import as_buffer
+from ._buffers import as_buffer, check_elements
 from ._errors import ArgumentError, MPIError, PartialcollError, PeerError, StateError, Timeout, as_timeout
 from ._status import TIMEOUT_CODE, Peers, check, peer_error_of, wait_in_slices
 from ._rc import rc
@@ -107,10 +111,11 @@ class NeighborResult:
 class NeighborRequest:
     """The request of one post: ``wait(timeout=None)`` -> NeighborResult, ``test()`` -> bool."""
 
-    def __init__(self, coll: "NeighborAllreduce", iteration: int, out: np.ndarray) -> None:
+    def __init__(self, coll: "NeighborAllreduce", iteration: int, out: np.ndarray, device=None) -> None:
         self._coll = coll
         self.iteration = iteration
         self._out = out                  # written by the engine (progress thread) until taken
+        self._device = device            # (backend, device out or None, like): where the result goes
         self._result: Optional[NeighborResult] = None
         self._cancelled = False
 
@@ -185,6 +190,8 @@ class NeighborAllreduce(_propagate.Reporting):
         # each side writes its own before it reads the other's (module docstring: threads)
         self._waiting: list = []
         self._closing = False
+        self._inbox: Optional[np.ndarray] = None          # pinned: a device post's update
+        self._outboxes: Dict[int, np.ndarray] = {}         # pinned: device results, by k mod depth
         self._comm: Optional[MPI.Comm] = None
         self._h = None
         self._iter = -1
@@ -304,16 +311,44 @@ class NeighborAllreduce(_propagate.Reporting):
         iteration k - R to have been received (the memory bound)."""
         self._check_open()
         ffi, lib = _engine.ffi, _engine.lib
-        x = as_buffer(x, self.dtype, self.count, writable=False, what="post buffer", who="NeighborAllreduce")
-        res = (np.empty(self.count, self.dtype) if out is None else
-               as_buffer(out, self.dtype, self.count, writable=True, what="out buffer", who="NeighborAllreduce"))
+        x, res, device = self._host_buffers(x, out)
         xp, op_, e = ffi.cast("void *", x.ctypes.data), ffi.cast("void *", res.ctypes.data), self._c_entry
         self._wait(lambda seconds: lib.pc_hop_post(self._h, xp, op_, seconds, e), rc.timeout,
                    f"NeighborAllreduce.post() at rank {self.rank}")
         self._entered(e, 1)
-        req = NeighborRequest(self, self._iter, res if res.ndim == 1 else res.reshape(-1))
+        req = NeighborRequest(self, self._iter, res if res.ndim == 1 else res.reshape(-1), device)
         self._pending[self._iter] = req
         return req
+
+    def _host_buffers(self, x: Buffer, out: Optional[Buffer]):
+        """(x, out, device) in host memory for the engine: a device x is copied into a
+        pinned box now (the post copies it into the engine's send slot); a device result
+        (out on the device, or no out and x there) lands in a pinned box of its own
+        (iteration k's: k mod depth, free since k - depth was taken) and reaches the
+        device at wait(): device = (backend, the device out or None, a device array like it)."""
+        who, n, dt = "NeighborAllreduce", self.count, self.dtype
+        bx, bo = _device.backend_of(x), None if out is None else _device.backend_of(out)
+        device = None
+        if bx is not None:
+            arr = check_elements(_device.device_array(bx, x, what="post buffer"), dt, n, what="post buffer", who=who)
+            if self._inbox is None:
+                self._inbox = bx.pinned(n, dt)
+            _device.copy_in(bx, arr, self._inbox)
+            x, device = self._inbox, (bx, None, arr) if out is None else None
+        else:
+            x = as_buffer(x, dt, n, writable=False, what="post buffer", who=who)
+        if bo is not None:
+            dev_out = check_elements(_device.device_array(bo, out, what="out buffer"), dt, n, what="out buffer",
+                                     who=who)
+            device, out = (bo, dev_out, dev_out), None
+        if device is not None:
+            slot = (self._iter + 1) % self.depth
+            box = self._outboxes.get(slot)
+            if box is None:
+                box = self._outboxes[slot] = device[0].pinned(n, dt)
+            return x, box, device
+        return x, (np.empty(n, dt) if out is None else
+                   as_buffer(out, dt, n, writable=True, what="out buffer", who=who)), None
 
     def skip(self, iterations: int) -> int:
         """Jump forward by up to `iterations` iterations without computing them (Hop §5);
@@ -379,7 +414,11 @@ class NeighborAllreduce(_propagate.Reporting):
             self._wait(lambda seconds: lib.pc_hop_wait(self._h, k, seconds, upd, info), timeout, what)
         updates = tuple((int(upd[2 * u]), int(upd[2 * u + 1])) for u in range(int(info[0])))
         active = tuple(sorted([self.rank] + [src for src, _ in updates]))
-        req._result = NeighborResult(req._out, k, updates, active, int(info[1]), bool(info[2]))
+        data = req._out
+        if req._device is not None:      # the result's way to the device
+            backend, out, like = req._device
+            data = _device.copy_out(backend, data, out, like)
+        req._result = NeighborResult(data, k, updates, active, int(info[1]), bool(info[2]))
         del self._pending[k]
 
     def close(self, timeout: Optional[float] = None) -> None:

@@ -4,7 +4,9 @@ The full mode gives bit for bit what the host path gives on the same data (and w
 MPI_Allreduce gives, to rounding); every partial mode loses nothing with float32 and
 float64 device buffers (integer values, so sums are exact in any order), also when posts
 overlap, which drives the staged accumulator (pending (op) x, then replace) and its race
-with the engine's TAKE; schedules run on device buffers through their mirrors.
+with the engine's TAKE; schedules run on device buffers through their mirrors;
+NeighborAllreduce, AsyncAverager and HierarchicalAllreduce.average take device buffers
+and give device results, equal to their host paths'.
 """
 from __future__ import annotations
 
@@ -140,6 +142,50 @@ def _set(dev, host):
         dev.set(host)
     else:
         np.copyto(dev.view(np.ndarray), host)
+
+
+def test_neighbor_allreduce_on_device(comm):
+    """NeighborAllreduce takes device updates and gives device results (out= on the device,
+    or none and x there), bit for bit what the host path gives; a device x with a host
+    out=, or the reverse, works too; depth requests outstanding reuse the result boxes."""
+    g = pc.ring_graph(comm)
+    with pc.NeighborAllreduce(1000, np.float64, comm=g) as dev, pc.NeighborAllreduce(1000, np.float64, comm=g) as host:
+        for rounds in range(3):
+            xs = [values(np.float64, MPI.SUM, 1000, comm.rank, salt=10 * rounds + k) for k in range(dev.depth)]
+            outs = [to_device(np.zeros(1000)) if k % 3 == 1 else np.zeros(1000) if k % 3 == 2 else None
+                    for k in range(dev.depth)]
+            reqs = [dev.post(to_device(x), out=o) for x, o in zip(xs, outs)]
+            refs = [host.post(x).wait(timeout=60).data.copy() for x in xs]
+            for k, (req, ref) in enumerate(zip(reqs, refs)):
+                data = req.wait(timeout=60).data
+                got = to_host(data) if k % 3 != 2 else data
+                assert got.tobytes() == ref.tobytes(), (rounds, k)
+                if outs[k] is not None:
+                    assert data is outs[k]
+        x = values(np.float64, MPI.SUM, 1000, comm.rank, salt=99)
+        out = to_device(np.zeros(1000))
+        assert dev.post(x, out=out).wait(timeout=60).data is out             # host in, device out
+        assert to_host(out).tobytes() == host.post(x).wait(timeout=60).data.tobytes()
+    g.Free()
+
+
+def test_averager_on_device(comm):
+    """AsyncAverager.push takes a device array and its mean comes back on the device;
+    HierarchicalAllreduce.average too; each equal to the host path's."""
+    with pc.AsyncAverager(33, np.float32, comm=comm, server=comm.size - 1) as avg:
+        for i in range(3):                   # every rank's latest vector is x when each mean is made
+            x = np.arange(33, dtype=np.float32) + comm.rank + i
+            avg.push(x).wait(timeout=60)
+            comm.Barrier()
+            mean = to_host(avg.push(to_device(x)).wait(timeout=60))
+            mean_host = avg.push(x).wait(timeout=60)
+            assert mean.tobytes() == mean_host.tobytes(), (i, mean, mean_host)
+            comm.Barrier()
+    h = pc.HierarchicalAllreduce(5, np.float64, MPI.SUM, comm)      # one group: its pusher's parameters
+    for k in range(2):
+        params = np.arange(5.0) + 10 * k
+        assert to_host(h.average(to_device(params), timeout=60)).tobytes() == params.tobytes()
+    h.close()
 
 
 def test_bad_device_input(comm):
