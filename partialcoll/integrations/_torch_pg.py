@@ -571,6 +571,20 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
         self._completer.abort(StateError(f"the partialcoll process group was aborted (rank {self._rank})"), drop)
 
 
+def _run_eagerly(cls: type) -> None:
+    """torch.compile: the public methods of cls run as they are, never traced. torch's C++
+    calls them from compiled code's eager parts (DDP's forward broadcasts and reduces
+    through its group, functional collectives run here), and Dynamo, which traces every
+    Python frame such code enters, cannot trace a process group's own attributes."""
+    for name, value in list(vars(cls).items()):
+        if not name.startswith("_") and callable(value):
+            setattr(cls, name, torch.compiler.disable(value))
+
+
+_run_eagerly(ProcessGroupPartialcoll)
+_run_eagerly(Work)
+
+
 def _create(dist_opts, backend_options=None) -> ProcessGroupPartialcoll:
     """The backend's creator (extended API): the group's communicator from its global ranks."""
     comm = _torch_comm.group_comm(list(dist_opts.global_ranks_in_group))

@@ -501,6 +501,39 @@ def test_pypg_ddp_equals_global_batch(comm, pcg, views):
         inp, target = inp[perm], target[perm]
 
 
+def test_compiled_ddp_equals_global_batch(comm, pcg):
+    """torch.compile (aot_eager) of DDP over the partialcoll group, with the partial hook
+    in the full mode and without a hook, several buckets (DDPOptimizer splits the graph at
+    them): equal to one model trained on the global batch. Before, Dynamo traced into the
+    group's methods when the compiled forward reached them and failed ("unregistered
+    member on an OpaqueObject")."""
+    torch._dynamo.reset()
+    for hook in (True, False):
+        torch.manual_seed(5)
+        net = torch.nn.Sequential(torch.nn.Linear(12, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                  torch.nn.ReLU(), torch.nn.Linear(512, C)).to(DEV)
+        ref = copy.deepcopy(net)
+        ddp = DDP(net, process_group=pcg, bucket_cap_mb=1)
+        if hook:
+            state = pct.PartialHookState(mode="full", comm=comm, process_group=pcg)
+            ddp.register_comm_hook(state, pct.partial_allreduce_hook)
+        compiled = torch.compile(ddp, backend="aot_eager")
+        opt, ropt = torch.optim.SGD(ddp.parameters(), lr=0.05), torch.optim.SGD(ref.parameters(), lr=0.05)
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            xs, ys = torch.randn(4 * comm.size, 12, generator=g).to(DEV), torch.randint(0, C, (4 * comm.size,), generator=g).to(DEV)
+            mine = slice(4 * comm.rank, 4 * comm.rank + 4)
+            for model, o, x, y in ((compiled, opt, xs[mine], ys[mine]), (ref, ropt, xs, ys)):
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                o.step()
+        for p, q in zip(net.parameters(), ref.parameters()):
+            assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), (hook, (p - q).abs().max())
+        if hook:
+            state.close()
+    torch._dynamo.reset()
+
+
 def test_pypg_work_and_attributes(comm, pcg):
     """Work objects of the public API (wait, get_future, is_completed, result), the group's
     name/rank/size, and DDP(init_sync=False) making no collective call."""
