@@ -112,7 +112,7 @@ def test_nothing_lost_across_regrouping(comm):
 def test_random_regroupings(comm, case):
     """Random step times (each rank in one of three speed classes, redrawn now and then),
     regroup_every, window and hysteresis; every mode (quorum k = P/2: groups smaller than
-    k wait for all their ranks); some ranks wait for a result only after
+    k wait for all their ranks), every other case with max_staleness; some ranks wait for a result only after
     polling it; every few posts the groups average their models. Rank r posts 64**r
     (int64), so every rank's results plus close() must hold exactly, for each post, the
     posts of the members of its group at that post (nothing lost, nothing twice); every
@@ -131,6 +131,8 @@ def test_random_regroupings(comm, case):
         speed = [np.array([2 if q == 0 and i < 8 else 0 for q in range(p)]) for i in range(n)]
     mode = ["solo", "majority", "probe", "quorum", "full"][case % 5]
     extra = {"quorum": max(1, p // 2)} if mode == "quorum" else {}
+    if case % 2:
+        extra["max_staleness"] = 3                       # every third round of each group full
     h = pc.HierarchicalAllreduce(3, np.int64, MPI.SUM, comm, mode=mode, late="fold", seed=case,
                                  step_time=classes[speed[0][r]], regroup_every=int(rng.integers(1, 5)),
                                  window=int(rng.integers(1, 4)), hysteresis=int(rng.integers(1, 3)), **extra)
