@@ -111,12 +111,13 @@ class AsyncAverager:
     Threads and buffers: push() copies x into this rank's push buffer, which the engine
     reads (the send) until the request completes; the engine writes the reply buffer,
     which wait() copies out once the request completed. A push waits for this rank's
-    previous push first (one round trip in flight per rank). On the server the progress
-    thread owns the received pushes, the table of latest vectors and the replies (under
-    the averager's lock). The server needs that thread: where its process progresses
-    inline and it has clients, creation raises ArgumentError on every rank (it would
-    serve only inside its own calls of the engine, and its own pushes fold locally:
-    every client would wait).
+    previous push first (one round trip in flight per rank), so push() and the waits
+    belong to one thread at a time: the next push reuses both buffers. On the server
+    the progress thread owns the received pushes, the table of latest vectors and the
+    replies (under the averager's lock). The server needs that thread: where its process
+    progresses inline and it has clients, creation raises ArgumentError on every rank (it
+    would serve only inside its own calls of the engine, and its own pushes fold
+    locally: every client would wait).
     """
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, comm: MPI.Comm = MPI.COMM_WORLD,
