@@ -162,6 +162,25 @@ def _devices(tensors) -> List[torch.device]:
     return sorted({t.device for t in tensors if t.is_cuda}, key=str)
 
 
+_eager: List[type] = []      # the classes _run_eagerly has marked
+
+
+def _run_eagerly(*classes: type) -> None:
+    """torch.compile: the public methods of classes run as they are, never traced. torch's
+    C++ calls them from compiled code's eager parts (DDP's forward broadcasts and reduces
+    through its group), and Dynamo, which traces every Python frame such code enters,
+    cannot trace a process group's attributes. Done when the first group is made, not at
+    import: marking imports torch._dynamo, which registers a backend and sets an
+    environment variable (DDP's constructor imports it too)."""
+    for cls in classes:
+        if cls in _eager:
+            continue
+        for name, value in list(vars(cls).items()):
+            if not name.startswith("_") and callable(value):
+                setattr(cls, name, torch.compiler.disable(value))
+        _eager.append(cls)
+
+
 class ProcessGroupPartialcoll(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on MPI and the engine.
 
@@ -170,6 +189,7 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     def __init__(self, comm: MPI.Comm, timeout: Optional[timedelta] = None, own: bool = False) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())   # type: ignore[call-arg]  # (rank, size): torch's Python-group constructor, not in its stub
+        _run_eagerly(ProcessGroupPartialcoll, Work)
         self.comm = comm if own else comm.Dup()
         self._rank, self._size = self.comm.Get_rank(), self.comm.Get_size()
         self._timeout: Optional[float] = None
@@ -569,20 +589,6 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
                 coll._abandon()
 
         self._completer.abort(StateError(f"the partialcoll process group was aborted (rank {self._rank})"), drop)
-
-
-def _run_eagerly(cls: type) -> None:
-    """torch.compile: the public methods of cls run as they are, never traced. torch's C++
-    calls them from compiled code's eager parts (DDP's forward broadcasts and reduces
-    through its group, functional collectives run here), and Dynamo, which traces every
-    Python frame such code enters, cannot trace a process group's own attributes."""
-    for name, value in list(vars(cls).items()):
-        if not name.startswith("_") and callable(value):
-            setattr(cls, name, torch.compiler.disable(value))
-
-
-_run_eagerly(ProcessGroupPartialcoll)
-_run_eagerly(Work)
 
 
 def _create(dist_opts, backend_options=None) -> ProcessGroupPartialcoll:
