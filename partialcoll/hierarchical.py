@@ -226,12 +226,11 @@ class HierarchicalAllreduce:
     max_staleness, accumulate, algorithm: those of each group's PartialAllreduce (RNA:
     probe(2); late="fold" keeps every rank's sum of results equal to its group's posts);
     quorum k (1 <= k <= comm's size) waits for k of the group's ranks, or for all of a
-    smaller group's. server:
-    the averager's server rank in comm. regroup_every: posts between regrouping points
-    (None: never regroup); regroup_points: how many points there are (None: no bound;
-    every rank must reach every point); window: step times per rank taken into the
-    median; hysteresis: points in a row a new grouping must be seen at before it is
-    adopted.
+    smaller group's. server: the averager's server rank in comm. regroup_every: posts
+    between regrouping points (None: never regroup); regroup_points: how many points
+    there are (None: no bound; every rank must reach every point); window: step times per
+    rank taken into the median; hysteresis: points in a row a new grouping must be seen
+    at before it is adopted.
 
     Threads: as PartialAllreduce; post() and average() belong to one thread.
     """
