@@ -118,25 +118,27 @@ def iter_at(entries, t):
     return it
 
 
-def check_gaps(comm, kind, trace, options, adjacency=None):
-    """Theorems 1 and 2 at every entry of every rank."""
+def check_gaps(comm, kind, trace, options, adjacency=None, theorem1=True):
+    """Theorems 1 and 2 at every entry of every rank (Theorem 1 where theorem1 and there are
+    no backup workers: it also needs every rank to wait for each iteration before the next)."""
     every = comm.allgather(trace)
     size = comm.size
-    dist = topology.distances(adjacency or topology.neighbors(kind, size))
+    adjacency = adjacency or topology.neighbors(kind, size)
+    dist = topology.distances(adjacency)
     s = options.get("max_staleness") or 0
     g = options.get("max_gap")
     backup = options.get("backup", 0)
     worst = 0
     for i in range(size):
         for k, t, spare in every[i]:
-            if g is not None and size > 1:                  # P = 1: no out-neighbour gives tokens
+            if g is not None and adjacency[i][1]:          # tokens come from out-neighbours only
                 assert spare is not None and spare >= 0, f"rank {i} entered {k} without tokens (spare {spare})"
             for j in range(size):
                 if j == i:
                     continue
                 gap = k - iter_at(every[j], t)
                 bounds = [float("inf")]
-                if not backup:
+                if theorem1 and not backup:
                     bounds.append((s + 1) * dist[j][i])             # Theorem 1 (s = 0: standard)
                 if g is not None:
                     bounds.append(g * dist[i][j])                   # Theorem 2

@@ -33,8 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
-from partialcoll import topology
 from _util import ARGS, run_module
+from neighbor_checks import check_gaps
 
 CASES = next((int(a) for a in ARGS if a.isdigit()), 30)
 SEED = int(os.environ.get("PC_FUZZ_SEED", "0"))
@@ -142,7 +142,6 @@ def run_case(comm, case: dict) -> None:
     g.Free()
 
     posted_all = comm.allgather(posted)
-    traces = comm.allgather(trace)
     lasts = comm.allgather(last)
     assert lasts == [n - 1] * p, (lasts, n)
     s = case["max_staleness"] or 0
@@ -163,31 +162,7 @@ def run_case(comm, case: dict) -> None:
     if not case["backup"] and not s and not skipped:     # a skipped iteration drops what it would have used
         assert stats["dropped"] == 0, stats
     any_skips = comm.allreduce(skipped)
-    check_gaps(case, traces, theorem1=case["lockstep"] and not case["backup"] and not any_skips)
-
-
-def check_gaps(case: dict, traces: list, theorem1: bool) -> None:
-    """Theorems 1 and 2 at every rank's every entry (a shared monotonic clock orders them)."""
-    dist = topology.distances(case["adjacency"])
-    s, g = case["max_staleness"] or 0, case["max_gap"]
-    p = len(traces)
-
-    def iter_at(entries, t):
-        return max((k for k, tk, _ in entries if tk <= t), default=-1)
-
-    for i in range(p):
-        for k, t, _ in traces[i]:
-            for j in range(p):
-                if j == i:
-                    continue
-                gap = k - iter_at(traces[j], t)
-                bounds = [float("inf")]
-                if theorem1:
-                    bounds.append((s + 1) * dist[j][i])
-                if g is not None:
-                    bounds.append(g * dist[i][j])
-                assert gap <= min(bounds), (f"Iter({i}) - Iter({j}) = {gap} > {min(bounds)} at {i}'s entry "
-                                            f"into {k}; case {case}")
+    check_gaps(comm, "random graph", trace, case, case["adjacency"], theorem1=case["lockstep"] and not any_skips)
 
 
 def test_random_neighbor_allreduces(comm):
