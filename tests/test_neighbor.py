@@ -8,9 +8,9 @@ from partialcoll import topology
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_neighbor_graphs(mpirun, nprocs):
-    """Every graph, every mode, at P = 1, 2, 3, 4, 5, 8; bad input raises on every rank; 20
+    """Every graph, every mode, at P = 1, 2, 3, 4, 5, 8; bad input raises on every rank; 12
     random graphs, arguments and programs (neighbor_fuzz_checks.py)."""
-    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "graphs", "errors", "20", timeout=180)
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "graphs", "errors", "12", timeout=180)
 
 
 @pytest.mark.mpiexec
@@ -19,9 +19,9 @@ def test_neighbor_graphs(mpirun, nprocs):
 def test_neighbor_engine(mpirun, nprocs, idle):
     """The engine does Hop's work: depth requests outstanding, and an iteration completes
     while the application computes (its result is in out before wait() is called);
-    requests waited for on two other threads at once, close() refused meanwhile. And 10
+    requests waited for on two other threads at once, close() refused meanwhile. And 6
     random graphs, arguments and programs (neighbor_fuzz_checks.py)."""
-    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "engine", "10", env={"PARTIALCOLL_IDLE": idle},
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "engine", "6", env={"PARTIALCOLL_IDLE": idle},
            timeout=150)
 
 
@@ -34,7 +34,7 @@ def test_neighbor_fig3(mpirun):
 @pytest.mark.mpiexec
 def test_neighbor_inline_progress(mpirun):
     """The same when test/wait drive progress (no progress thread), random uses included."""
-    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], 4, "graphs", "10", env={"PARTIALCOLL_PROGRESS": "inline"},
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], 4, "graphs", "6", env={"PARTIALCOLL_PROGRESS": "inline"},
            timeout=180)
 
 
