@@ -351,7 +351,7 @@ def step_torch(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
 def step_engine(r: Runner, dry: bool, tmp: str, limit: float) -> dict:
     small = ["-b", "1", "-i", "200", "--rounds", "1000"] if dry else ["-b", "9", "--rounds", "20000"]
     reps = ["--reps", "1", "--seconds", "1"] if dry else ["--reps", "3", "--seconds", "3"]
-    idle = (["--seconds", "0.5", "--sizes", "8B,1MiB", "--modes", "full", "--answer", "50"] if dry
+    idle = (["--seconds", "0.3", "--sizes", "8B,1MiB", "--modes", "full", "--answer", "50"] if dry
             else ["--seconds", "2", "--answer", "50,300"])     # answer: what the sleep tiers cost a late peer
     runs, numbers, targets = [], {}, []
 

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ._buffers import SLOT_NONE, BufRef
+from ._buffers import SLOT_NONE, BufRef, check_elements
 from ._errors import InvalidBufferError
 from ._types import dtype_code
 
@@ -169,6 +169,12 @@ def device_array(backend, obj, *, what: str):
         raise InvalidBufferError(f"{what} must be C-contiguous (use cupy.ascontiguousarray)")
     dtype_code(arr.dtype)
     return arr
+
+
+def device_buffer(backend, obj, dtype: np.dtype, count: int, *, what: str, who: str):
+    """A device buffer of exactly `count` elements of `dtype` (what a collective was created
+    for): device_array() plus the checks of _buffers.as_buffer."""
+    return check_elements(device_array(backend, obj, what=what), dtype, count, what=what, who=who)
 
 
 def copy_in(backend, arr, box: np.ndarray) -> None:

@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from . import _device, _engine, _propagate
 from . import balance as balance_mod
-from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer, check_elements
+from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer
 from ._agree import agree, as_problem
 from ._errors import ArgumentError, InvalidBufferError, OpError, OutOfMemory, PartialcollError, StateError, Timeout, as_timeout
 from ._status import _SLICE, TIMEOUT_CODE, Peers, check, check_round, peer_error_of, wait_in_slices
@@ -524,8 +524,7 @@ class PartialAllreduce(_propagate.Reporting):
         array of `backend`."""
         if backend is None:
             return as_buffer(x, self.dtype, self.count, writable=writable, what=what, who="allreduce")
-        return check_elements(_device.device_array(backend, x, what=what), self.dtype, self.count, what=what,
-                              who="allreduce")
+        return _device.device_buffer(backend, x, self.dtype, self.count, what=what, who="allreduce")
 
     def post(self, x: Buffer, out: Optional[Buffer] = None) -> PartialRequest:
         """Fold x into this rank's accumulator (and start round n if eligible); returns a request.

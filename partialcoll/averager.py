@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from . import _device, _engine
 from ._agree import agree, as_problem
-from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_array, check_elements
+from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer
 from ._errors import OpError, StateError, Timeout
 from ._status import busy_seconds, check, failed_peers_check, wait_request
 from ._rc import rc
@@ -184,10 +184,9 @@ class AsyncAverager:
             raise StateError("this AsyncAverager is closed")
         backend = _device.backend_of(x)
         if backend is not None:          # a device array: copied into the push buffer below
-            x = _device.device_array(backend, x, what="push buffer")
+            x = _device.device_buffer(backend, x, self.dtype, self.count, what="push buffer", who="averager")
         else:
-            x = as_array(x, writable=False, what="push buffer")
-        check_elements(x, self.dtype, self.count, what="push buffer", who="averager")
+            x = as_buffer(x, self.dtype, self.count, writable=False, what="push buffer", who="averager")
         key = self.rank if key is None else integer(key, "key", -2 ** 63, 2 ** 63 - 1)
         if self._pending is not None:
             self._pending.wait()         # one round trip in flight: the buffers are ours again

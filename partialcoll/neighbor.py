@@ -57,7 +57,7 @@ from mpi4py import MPI
 
 from . import _device, _engine, _propagate
 from ._agree import agree
-from ._buffers import as_buffer, check_elements
+from ._buffers import as_buffer
 from ._errors import ArgumentError, MPIError, PartialcollError, PeerError, StateError, Timeout, as_timeout
 from ._status import TIMEOUT_CODE, Peers, check, peer_error_of, wait_in_slices
 from ._rc import rc
@@ -330,7 +330,7 @@ class NeighborAllreduce(_propagate.Reporting):
         bx, bo = _device.backend_of(x), None if out is None else _device.backend_of(out)
         device = None
         if bx is not None:
-            arr = check_elements(_device.device_array(bx, x, what="post buffer"), dt, n, what="post buffer", who=who)
+            arr = _device.device_buffer(bx, x, dt, n, what="post buffer", who=who)
             if self._inbox is None:
                 self._inbox = bx.pinned(n, dt)
             _device.copy_in(bx, arr, self._inbox)
@@ -338,8 +338,7 @@ class NeighborAllreduce(_propagate.Reporting):
         else:
             x = as_buffer(x, dt, n, writable=False, what="post buffer", who=who)
         if bo is not None:
-            dev_out = check_elements(_device.device_array(bo, out, what="out buffer"), dt, n, what="out buffer",
-                                     who=who)
+            dev_out = _device.device_buffer(bo, out, dt, n, what="out buffer", who=who)
             device, out = (bo, dev_out, dev_out), None
         if device is not None:
             slot = (self._iter + 1) % self.depth

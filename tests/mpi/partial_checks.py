@@ -20,7 +20,7 @@ from _devices import KIND, on_buffers
 from _util import ARGS, expect_raises, run_module
 
 MODES = ARGS[0].split(",") if ARGS else ["solo"]
-ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 150
+ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 100
 COUNT = 5
 
 
@@ -226,33 +226,43 @@ def test_staleness(comm, mode):
     assert (total == 40 * comm.size).all()
 
 
+def nap_until_told(side, ranks, limit):
+    """Sleep in Python (never calling partialcoll) until each of ranks has sent a message on
+    side (a communicator of MPI's own), polling every 10 ms, for at most limit seconds;
+    returns the ranks heard from."""
+    heard, deadline = set(), time.monotonic() + limit
+    while len(heard) < len(ranks) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        status = MPI.Status()
+        while side.iprobe(source=MPI.ANY_SOURCE, status=status):
+            heard.add(side.recv(source=status.Get_source()))
+    return heard
+
+
 @pytest.mark.mpi(min_size=2)
 def test_liveness(comm, mode):
-    """solo: one rank asleep in Python (not calling the library); the others complete
-    100 rounds; its later posts return at once; close() flushes its data."""
+    """solo: one rank asleep in Python (not calling the library) until the others have
+    completed 100 rounds (they tell it over a communicator of MPI's own); its later post
+    returns at once; close() flushes its data."""
     if mode != "solo" or pc.rc.progress != "thread":
         pytest.skip("solo with the progress thread only")
     sleeper = comm.size - 1
     coll = make(1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
-    comm.Barrier()
-    start = MPI.Wtime()
+    side = comm.Dup()
     got = 0
     if comm.rank == sleeper:
-        time.sleep(4.0)
-        before = MPI.Wtime() - start
+        heard = nap_until_told(side, range(sleeper), limit=30)
+        assert heard == set(range(sleeper)), f"after 30 s asleep, only ranks {sorted(heard)} finished 100 rounds"
         req = coll.post(np.array([1000], np.int64))
         assert req.late and req.test(), "the sleeper's post should be late and complete at once"
         res = req.wait(timeout=1)
         assert res.round >= 99 and not res.contributed, res
         got += int(res.data[0])
-        done_at = before
     else:
         for _ in range(100):
             got += int(coll.post(np.array([1], np.int64)).wait().data[0])
-        done_at = MPI.Wtime() - start
-    times = comm.gather(done_at, root=sleeper)
-    if comm.rank == sleeper:
-        assert max(times[:sleeper]) < times[sleeper], f"others finished at {times[:sleeper]}, sleeper woke at {times[sleeper]}"
+        side.send(comm.rank, dest=sleeper)
+    side.Free()
     got += int(coll.close().data[0])
     assert got == 100 * (comm.size - 1) + 1000, got
 

@@ -31,8 +31,10 @@ from __future__ import annotations
 import faulthandler
 import itertools
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -174,6 +176,8 @@ def body():
         threading.Timer(3 * TIMEOUT + 10, native_stacks).start()
     comm = MPI.COMM_WORLD
     victim = comm.size - 1
+    ulfm = "Open MPI" in MPI.Get_library_version()
+    rendezvous = comm.bcast(tempfile.mkdtemp(prefix="pc-peer-dies-") if ulfm and comm.rank == 0 else None)
     calls = collective_setup(comm, victim) if MODE in ("hierarchy", "torch") else None
     if calls is not None:
         coll = None
@@ -214,12 +218,32 @@ def body():
     pc.finalize()
     say(f"PASSED {comm.rank}")
     time.sleep(0.5)                     # let mpiexec's proxy forward the line (once lost under load)
-    if "Open MPI" in MPI.Get_library_version():
+    if ulfm:
         # ULFM reports a rank that leaves as failed: stay until every survivor has raised
         # and closed (Timeout: after its wait's and close()'s timeouts; MPIError: within
         # 0.5 s), so that none of them names this rank instead of the dead one
-        time.sleep(2 * TIMEOUT + 1.0 if EXPECT == "Timeout" else 3.0)
+        stay_until_all_passed(comm, victim, rendezvous, limit=2 * TIMEOUT + 1.0 if EXPECT == "Timeout" else 3.0)
     os._exit(0)
+
+
+def stay_until_all_passed(comm, victim, where, limit):
+    """Wait (for at most limit seconds) until every survivor has passed: each says so with
+    a file in where, a directory on the node's file system (MPI cannot tell them: its
+    collectives would wait for the dead rank). Rank 0 removes the directory a second after
+    it saw them all; a survivor that missed them waits out the limit."""
+    open(os.path.join(where, f"passed-{comm.rank}"), "w").close()
+    want = {f"passed-{r}" for r in range(comm.size) if r != victim}
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            if want <= set(os.listdir(where)):
+                break
+        except FileNotFoundError:
+            break                       # rank 0 saw them all and removed it
+        time.sleep(0.01)
+    if comm.rank == 0:
+        time.sleep(1.0)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 body()

@@ -38,7 +38,7 @@ def test_hierarchy_regroups_and_averages(comm, mode):
     assert sync.grouping.groups == (0,) * p
     losses = []
     for step in range(14):
-        time.sleep(0.2 if r == p - 1 else 0.02)     # step times far apart, each well above the noise
+        time.sleep(0.12 if r == p - 1 else 0.02)    # step times far apart, each well above the noise
         x, y = batch(r, step)
         opt.zero_grad()
         loss = loss_of(m, x, y)
@@ -111,7 +111,7 @@ def test_ddp_hook_hierarchy(comm, pcg):
     parameters; lr_scale() is the contributors' share. Mode quorum(2): the slow rank's
     group, of one, waits for its one rank."""
     p, r = comm.size, comm.rank
-    m = _SlowForward(0.2 if r == p - 1 else 0.02)
+    m = _SlowForward(0.12 if r == p - 1 else 0.02)
     ddp, state = partial_ddp(m, mode="quorum", quorum=2, comm=comm, average="nap", late="fold", hierarchy="auto",
                              average_every=2, regroup_every=4, regroup_points=1, hysteresis=1, window=3,
                              start_iter=1)
