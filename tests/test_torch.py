@@ -94,3 +94,29 @@ print(json.dumps({"same": same, "added": added, "kept": kept, "backend": "PARTIA
     assert got["same"] == [True, True, True, True], got
     assert got == {"same": [True] * 4, "added": ["mpi"], "kept": True, "backend": True, "devices": True}, got
 
+
+
+def test_group_leaves_dynamo_unloaded():
+    """A program that never compiles does not import torch._dynamo (a second of CPU per
+    rank) through the partialcoll group: init_process_group("partialcoll"), collectives,
+    async work and destroy leave it unloaded (compiled code's calls into the group, which
+    Dynamo must not trace, are torch_contract_checks.py's test_compiled_ddp_equals_global_batch)."""
+    probe = r"""
+import sys
+import torch, torch.distributed as dist
+import partialcoll.integrations.torch as pct
+pct.register_backend()
+dist.init_process_group("partialcoll", init_method="mpi://")
+t = torch.ones(40000)
+dist.all_reduce(t)
+work = dist.all_reduce(t, async_op=True)
+work.wait()
+dist.broadcast(t, 0)
+dist.barrier()
+dist.destroy_process_group()
+assert t[0].item() == 1.0
+print("dynamo loaded:", "torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([*PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "dynamo loaded: False", out.stdout

@@ -36,6 +36,8 @@ the waits it is in are over.
 """
 from __future__ import annotations
 
+import functools
+import sys
 from collections import OrderedDict
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
@@ -73,6 +75,33 @@ def _op_type(op) -> "_R":
     raise ArgumentError(f"unsupported reduction op {op!r}")
 
 
+def _never_traced(fn: Callable) -> Callable:
+    """fn as a method torch.compile never traces. torch's C++ calls a group's methods from
+    compiled code's eager parts (DDP's forward broadcasts and reduces through its group),
+    and Dynamo, which traces every Python frame such code enters, cannot trace a process
+    group's attributes. Where torch._dynamo is loaded the call goes through
+    torch._disable_dynamo (torch.compiler.disable, made at its first call, in a wrapper
+    Dynamo does not trace); where it is not, nothing can be compiling and fn runs as it is:
+    a program that never compiles never pays for importing Dynamo (a second of CPU)."""
+    lazy = torch._disable_dynamo(fn)
+
+    @functools.wraps(fn)
+    def method(*args, **kwargs):
+        if "torch._dynamo" in sys.modules:
+            return lazy(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return method
+
+
+def _run_eagerly(cls: type) -> type:
+    """The public methods of cls, never traced by torch.compile (_never_traced)."""
+    for name, value in list(vars(cls).items()):
+        if not name.startswith("_") and callable(value):
+            setattr(cls, name, _never_traced(value))
+    return cls
+
+
+@_run_eagerly
 class Work(dist.Work):
     """The Work of one call: done when its future is (torch's public way for a Python
     process group: a ``dist.Work`` subclass with ``wait`` and ``get_future``)."""
@@ -162,25 +191,7 @@ def _devices(tensors) -> List[torch.device]:
     return sorted({t.device for t in tensors if t.is_cuda}, key=str)
 
 
-_eager: List[type] = []      # the classes _run_eagerly has marked
-
-
-def _run_eagerly(*classes: type) -> None:
-    """torch.compile: the public methods of classes run as they are, never traced. torch's
-    C++ calls them from compiled code's eager parts (DDP's forward broadcasts and reduces
-    through its group), and Dynamo, which traces every Python frame such code enters,
-    cannot trace a process group's attributes. Done when the first group is made, not at
-    import: marking imports torch._dynamo, which registers a backend and sets an
-    environment variable (DDP's constructor imports it too)."""
-    for cls in classes:
-        if cls in _eager:
-            continue
-        for name, value in list(vars(cls).items()):
-            if not name.startswith("_") and callable(value):
-                setattr(cls, name, torch.compiler.disable(value))
-        _eager.append(cls)
-
-
+@_run_eagerly
 class ProcessGroupPartialcoll(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on MPI and the engine.
 
@@ -189,7 +200,6 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     def __init__(self, comm: MPI.Comm, timeout: Optional[timedelta] = None, own: bool = False) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())   # type: ignore[call-arg]  # (rank, size): torch's Python-group constructor, not in its stub
-        _run_eagerly(ProcessGroupPartialcoll, Work)
         self.comm = comm if own else comm.Dup()
         self._rank, self._size = self.comm.Get_rank(), self.comm.Get_size()
         self._timeout: Optional[float] = None
