@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 from typing import List, Optional, Sequence, Union
 
 import pytest
@@ -25,6 +26,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # how tests start Python: -P keeps the working directory (the source tree, whose extension
 # may be built for the other MPI) off sys.path, so children import the installed partialcoll
 PYTHON = [sys.executable, "-P"]
+
+
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """code (dedented) in a Python process of its own, as PYTHON starts it; its output captured."""
+    return subprocess.run([*PYTHON, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 # TCP between emulated hosts (and delay on their links) is slower than shared memory
 HOSTS_TIMEOUT_FACTOR = 2.0

@@ -1,16 +1,8 @@
 """Errors that need a process of their own: MPI without MPI_THREAD_MULTIPLE, use after
 finalize, CuPy-like device arrays without GPU support."""
-import subprocess
-import textwrap
-
 import pytest
 
-from conftest import PYTHON
-
-
-def run_py(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*PYTHON, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+from conftest import run_python as run_py
 
 
 def test_needs_thread_multiple():

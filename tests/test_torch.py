@@ -7,11 +7,10 @@ a GPU where there is one; importing the integration leaves torch as it was.
 Skipped, with the reason printed, where torch is not installed."""
 import json
 import os
-import subprocess
 
 import pytest
 
-from conftest import PYTHON
+from conftest import run_python
 
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]' installs its CPU build)")
 
@@ -88,7 +87,7 @@ kept = all(rdzv._rendezvous_handlers[k] is v for k, v in handlers.items())
 print(json.dumps({"same": same, "added": added, "kept": kept, "backend": "PARTIALCOLL" in dist.Backend._plugins,
                   "devices": dict(dist.Backend.default_device_backend_map) == devices}))
 """
-    out = subprocess.run([*PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
+    out = run_python(probe)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["same"] == [True, True, True, True], got
@@ -117,6 +116,6 @@ dist.destroy_process_group()
 assert t[0].item() == 1.0
 print("dynamo loaded:", "torch._dynamo" in sys.modules)
 """
-    out = subprocess.run([*PYTHON, "-c", probe], capture_output=True, text=True, timeout=120)
+    out = run_python(probe)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "dynamo loaded: False", out.stdout
