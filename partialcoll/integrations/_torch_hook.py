@@ -25,7 +25,7 @@ from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
 from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
                             np_dtype, settle, tensor_of)
-from ._torch_optim import GradientSynchronizer, average_models, start_averaging, sync_parameters
+from ._torch_optim import GradientSynchronizer, ModelSync, average_models, start_averaging
 from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
@@ -60,7 +60,9 @@ class PartialHookState:
         model_sync_every: k: every k iterations, the parameters are averaged over the group
             before the forward pass (``sync_hook``, a forward pre-hook of the DDP
             module; partial_ddp registers it), which bounds how far the partial
-            modes let the models drift apart
+            modes let the models drift apart. Over the ranks that have not closed:
+            ranks may take different numbers of steps (``last_model_sync``: the
+            latest average's Result, ``posts`` the ranks it averaged)
 
     hierarchy="auto", average_every=k (regroup_every, server, window, hysteresis,
                  regroup_points): RNA's hierarchical synchronization, as in
@@ -87,8 +89,9 @@ class PartialHookState:
         self.start_iter, self.process_group = int(start_iter), process_group
         self.comm, self._owns_comm = _torch_comm.comm_of_group(process_group, comm)
         self.size = self.comm.Get_size()
-        self.hierarchy, self.average_every = GradientSynchronizer._hierarchy_args(
-            self.comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points)
+        self.hierarchy, self.average_every, self.model_sync_every = GradientSynchronizer._agreed_options(
+            self.comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points,
+            model_sync_every)
         self.grouping: Optional[SpeedGrouping] = None
         if self.hierarchy:
             self.grouping = SpeedGrouping(self.comm, server=server, window=window, hysteresis=hysteresis,
@@ -98,7 +101,7 @@ class PartialHookState:
         self._forward_at: Optional[float] = None
         self._backward_at: Optional[float] = None
         self._hier_iter = -1                 # the iteration sync_hook last acted on
-        self.model_sync_every = int(model_sync_every) if model_sync_every else None
+        self.model_sync: Optional[ModelSync] = None     # made at the first training forward
         self.iter = 0
         self._synced_at = 0
         self.colls: Dict[Tuple[int, ...], _BucketColl] = {}
@@ -155,9 +158,12 @@ class PartialHookState:
         """Forward pre-hook of the DDP module: every model_sync_every iterations, average
         the parameters over the group (collective; training forward passes only)."""
         every = self.model_sync_every
-        if every and module.training and torch.is_grad_enabled() and self.iter - self._synced_at >= every:
-            self._synced_at = self.iter
-            sync_parameters([p for p in module.parameters() if p.requires_grad], self.comm)
+        if every and module.training and torch.is_grad_enabled():
+            if self.model_sync is None:          # collective: every rank that trains gets here first
+                self.model_sync = ModelSync([p for p in module.parameters() if p.requires_grad], self.comm)
+            if self.iter - self._synced_at >= every:
+                self._synced_at = self.iter
+                self.model_sync.sync()
         if self.grouping is not None and module.training and torch.is_grad_enabled():
             self._hierarchy_step(self.grouping, [p for p in module.parameters() if p.requires_grad])
 
@@ -184,6 +190,12 @@ class PartialHookState:
             self.size = grouping.group_comm.Get_size()
         self._forward_at = time.perf_counter()
 
+    @property
+    def last_model_sync(self) -> Optional[Result]:
+        """The latest model_sync_every average's Result (posts: how many ranks' models it
+        averaged), None before the first."""
+        return self.model_sync.last if self.model_sync is not None else None
+
     def lr_scale(self) -> float:
         """RNA's linear scaling factor of the latest iteration's results: the share of the
         ranks (of the group) whose gradients they hold."""
@@ -193,8 +205,11 @@ class PartialHookState:
         """Collective: flush every bucket's collective; returns the final results by bucket
         position (0 = the first bucket DDP reduced)."""
         self._completer.stop()
-        out = dict(enumerate(close_all([e.coll for e in self.colls.values()])))
+        colls = [e.coll for e in self.colls.values()]
+        synced = [self.model_sync.coll] if self.model_sync is not None else []
+        out = dict(enumerate(close_all(colls + synced)[:len(colls)]))
         self.colls.clear()
+        self.model_sync = None
         if self.grouping is not None:
             self.grouping.free()
             self.grouping = None

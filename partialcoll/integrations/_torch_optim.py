@@ -176,15 +176,17 @@ class GradientSynchronizer:
                  server: int = 0, window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None,
                  **options) -> None:
         self.params = _unique_params(params)
-        self.comm, self.average, self.every = comm, check_average(average), model_sync_every
+        self.comm, self.average = comm, check_average(average)
         self.steps = 0
         self.last: List[Result] = []
         self.grouping: Optional[SpeedGrouping] = None
         self._carry: Optional[List[torch.Tensor]] = None
         self._t_last: Optional[float] = None
         self._bucket_args = (bucket_mb, dict(mode=mode, **options), first_bucket_mb)
-        self.hierarchy, self.average_every = self._hierarchy_args(comm, hierarchy, average_every, regroup_every,
-                                                                  server, window, hysteresis, regroup_points)
+        self.hierarchy, self.average_every, self.every = self._agreed_options(
+            comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points, model_sync_every)
+        # made before the buckets (collective over comm): every rank that takes part at all has it
+        self.model_sync = ModelSync(self.params, comm) if self.every else None
         if self.hierarchy:
             self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
                                           regroup_every=regroup_every, regroup_points=regroup_points)
@@ -192,10 +194,13 @@ class GradientSynchronizer:
         self._build(self.grouping.group_comm if self.grouping else comm)
 
     @staticmethod
-    def _hierarchy_args(comm, hierarchy, average_every, regroup_every, server, window, hysteresis, points):
-        """The hierarchy options, checked and agreed across ranks (an error on every rank)."""
+    def _agreed_options(comm, hierarchy, average_every, regroup_every, server, window, hysteresis, points,
+                        model_sync_every):
+        """The hierarchy options and model_sync_every, checked and agreed across ranks (an
+        error on every rank); returns (hierarchy, average_every, model_sync_every or None)."""
         problem = params = None
         try:
+            every = integer(model_sync_every, "model_sync_every", 1) if model_sync_every else None
             if hierarchy not in (None, "auto"):
                 raise ArgumentError(f"hierarchy must be None or 'auto', not {hierarchy!r}")
             if average_every is not None:
@@ -210,11 +215,13 @@ class GradientSynchronizer:
             if not 0 <= integer(server, "server", 0) < comm.Get_size():
                 raise ArgumentError(f"server {server} is outside the communicator (size {comm.Get_size()})")
             params = {"hierarchy": hierarchy, "average_every": average_every, "regroup_every": regroup_every,
-                      "server": server, "window": window, "hysteresis": hysteresis, "regroup_points": points}
+                      "server": server, "window": window, "hysteresis": hysteresis, "regroup_points": points,
+                      "model_sync_every": every}
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
-            problem = as_problem(exc, "hierarchy")
-        agree(comm, "hierarchy", problem, params, what="the same hierarchy options")
-        return hierarchy, (average_every or 10) if hierarchy else None
+            problem = as_problem(exc, "options")
+        agree(comm, "options", problem, params, what="the same hierarchy options and model_sync_every")
+        assert params is not None
+        return hierarchy, (average_every or 10) if hierarchy else None, params["model_sync_every"]
 
     def _build(self, comm: MPI.Comm) -> None:
         """The buckets, their partial allreduces over comm (collective over comm)."""
@@ -247,8 +254,8 @@ class GradientSynchronizer:
         self.steps += 1
         if self.grouping is not None:
             self._hierarchy_step(self.grouping, entered)
-        if self.every and self.steps % self.every == 0:
-            sync_parameters(self.params, self.comm)
+        if self.model_sync is not None and self.steps % self.every == 0:
+            self.model_sync.sync()
         return self.last
 
     def _hierarchy_step(self, grouping: SpeedGrouping, entered: float) -> None:
@@ -277,6 +284,12 @@ class GradientSynchronizer:
         grouping.regroupings += 1
         self._build(grouping.group_comm)
 
+    @property
+    def last_model_sync(self) -> Optional[Result]:
+        """The latest model_sync_every average's Result (posts: how many ranks' models it
+        averaged), None before the first."""
+        return self.model_sync.last if self.model_sync is not None else None
+
     def lr_scale(self) -> float:
         """RNA's linear scaling: the contributors of the latest step (each bucket's NAP per
         round, averaged over the buckets whose results hold data) over the ranks that
@@ -294,7 +307,8 @@ class GradientSynchronizer:
             if b.request is not None:
                 b.request.wait()
                 b.request = None
-        out = close_all([b.coll for b in self.buckets])
+        colls = [b.coll for b in self.buckets]
+        out = close_all(colls + ([self.model_sync.coll] if self.model_sync is not None else []))[:len(colls)]
         self.buckets = []
         if self.grouping is not None:
             self.grouping.free()
@@ -481,6 +495,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def last(self) -> List[Result]:
         return self._sync.last
 
+    @property
+    def last_model_sync(self) -> Optional[Result]:
+        """The latest model_sync_every average's Result (GradientSynchronizer's)."""
+        return self._sync.last_model_sync
+
 
 def start_averaging(grouping: SpeedGrouping, params: Sequence[torch.Tensor]) -> np.dtype:
     """Collective over the grouping's comm: its averager for the parameters, flattened in
@@ -502,6 +521,53 @@ def average_models(grouping: SpeedGrouping, params: Sequence[torch.Tensor], dtyp
         for p in params:
             p.copy_(tensor_of(mean[off:off + p.numel()], None if wide else p.dtype).reshape(p.shape))
             off += p.numel()
+
+
+class ModelSync:
+    """``model_sync_every``'s averaging of the parameters, on a persistent allreduce of
+    partialcoll's in the full mode (collective to make over comm; float16, bfloat16 and
+    mixed dtypes averaged in float64, complex in complex128 where mixed).
+
+    As for the gradients' collectives, a rank that is done calls close(), and from then on
+    the other ranks' syncs complete without it: each sync gives the ranks that took part
+    the mean of their parameters (the round's sum over ``Result.posts``, the number of
+    ranks inside it), so ranks may take different numbers of steps (sync_parameters
+    needs every rank at every sync). ``last`` is the latest sync's Result. It keeps a flat
+    host copy of the parameters (in the averaging dtype) between syncs.
+
+    Whose memory is whose: the flat host buffer is this object's; the engine reads and
+    writes it from sync()'s post to its wait, on the thread that calls sync()."""
+
+    def __init__(self, params: Sequence[torch.Tensor], comm: MPI.Comm) -> None:
+        self.params = list(params)
+        dtypes = {p.dtype for p in self.params}
+        exact = (torch.float32, torch.float64, torch.complex64, torch.complex128)
+        if len(dtypes) == 1 and next(iter(dtypes)) in exact:
+            wide = next(iter(dtypes))
+        else:
+            wide = torch.complex128 if any(d.is_complex for d in dtypes) else torch.float64
+        self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=wide)
+        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM, comm, mode="full")
+        self.last: Optional[Result] = None
+
+    def sync(self) -> Result:
+        """Collective over the ranks not closed: the parameters become their mean."""
+        flat, off = self.flat, 0
+        with torch.no_grad():
+            for p in self.params:
+                flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
+                off += p.numel()
+            x = host_view(flat)
+            res = self.coll.post(x, out=x).wait()
+            if res.posts > 1:
+                flat /= res.posts
+            off = 0
+            for p in self.params:
+                mean = flat[off:off + p.numel()].view_as(p)
+                p.copy_(mean.real if mean.is_complex() and not p.is_complex() else mean)
+                off += p.numel()
+        self.last = res
+        return res
 
 
 def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average",

@@ -462,6 +462,69 @@ def test_model_sync_every(comm, pcg):
     state.close()
 
 
+@contextlib.contextmanager
+def short_timeouts(seconds):
+    """pc.rc.timeout and close_timeout at `seconds`: a wait for a rank that never comes fails
+    the check in seconds, not after the defaults' minutes."""
+    old = pc.rc.timeout, pc.rc.close_timeout
+    pc.rc.timeout = pc.rc.close_timeout = seconds
+    try:
+        yield
+    finally:
+        pc.rc.timeout, pc.rc.close_timeout = old
+
+
+@pytest.mark.parametrize("how", ["hook", "optimizer"])
+def test_model_sync_every_uneven_steps(comm, pcg, how):
+    """model_sync_every=3 where rank r takes 7 + 4 r steps, each rank's parameters nudged
+    apart before every step: a rank that is done closes, and the others go on syncing
+    without it (nobody waits for it). Each sync gives every rank that took part the exact
+    mean of their parameters before it, and the ranks that took part in sync n are exactly
+    those that reached it (last_model_sync.posts says how many)."""
+    every, steps = 3, 7 + 4 * comm.rank
+    m = model()
+    records = []                                     # (sync n, before, after, posts)
+    with short_timeouts(30):
+        if how == "hook":
+            ddp, state = pct.partial_ddp(m, mode="solo", model_sync_every=every, bucket_cap_mb=CAP)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        else:
+            ddp = m
+            state = opt = pct.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), mode="solo",
+                                                   comm=comm, model_sync_every=every, bucket_mb=CAP)
+        for step in range(steps):
+            with torch.no_grad():
+                for p in m.parameters():
+                    p += 1e-3 * (comm.rank + 1)              # the ranks' models differ before every sync
+            x, y = batch(comm.rank, step)
+            opt.zero_grad()
+            before, seen = flat_params(m), state.last_model_sync
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            if how == "hook" and state.last_model_sync is not seen:     # this forward synced
+                records.append((len(records) + 1, before, flat_params(m), state.last_model_sync.posts))
+            loss.backward()
+            if how == "optimizer":
+                before = flat_params(m)
+                opt.synchronize()                            # syncs the models after every 3rd step
+                if state.last_model_sync is not seen:
+                    records.append((len(records) + 1, before, flat_params(m), state.last_model_sync.posts))
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+        state.close()
+    # the hook syncs before forward passes 3, 6, ..., the optimizer after steps 3, 6, ...
+    assert len(records) == ((steps - 1) // every if how == "hook" else steps // every), (len(records), steps)
+    everyone = comm.allgather([(n, b.numpy(), a.numpy(), posts) for n, b, a, posts in records])
+    for n in range(1, max(len(r) for r in everyone) + 1):
+        took_part = [r[n - 1] for r in everyone if len(r) >= n]
+        befores = np.array([b for _, b, _, _ in took_part], np.float64)
+        for k, (_, _, after, posts) in enumerate(took_part):
+            assert posts == len(took_part), (n, posts, len(took_part))
+            assert np.array_equal(after, took_part[0][2]), f"sync {n}: the models differ after it"
+            assert np.allclose(after, befores.mean(axis=0), rtol=1e-5, atol=1e-7), f"sync {n}: not the mean"
+
+
 # -- PyTorch's test_c10d_pypg.py, on the partialcoll group -----------------------------------------
 class Tiny(torch.nn.Module):
     """test_c10d_common's Net."""

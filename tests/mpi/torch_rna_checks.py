@@ -151,6 +151,10 @@ def test_bad_options_everywhere(comm):
     if p > 1:
         expect_raises(ArgumentError, GradientSynchronizer, m.parameters(), comm=comm, hierarchy="auto",
                       average_every=2 + r, match="average_every")
+        expect_raises(ArgumentError, GradientSynchronizer, m.parameters(), comm=comm, model_sync_every=2 + r,
+                      match="model_sync_every differs")
+    expect_raises(ArgumentError, GradientSynchronizer, m.parameters(), comm=comm, model_sync_every=-3 if r == 0 else 4,
+                  match="model_sync_every")
 
 
 def test_hierarchy_needs_the_servers_progress_thread(comm):
