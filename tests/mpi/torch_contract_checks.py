@@ -519,7 +519,7 @@ def test_model_sync_every_uneven_steps(comm, pcg, how):
     for n in range(1, max(len(r) for r in everyone) + 1):
         took_part = [r[n - 1] for r in everyone if len(r) >= n]
         befores = np.array([b for _, b, _, _ in took_part], np.float64)
-        for k, (_, _, after, posts) in enumerate(took_part):
+        for _, _, after, posts in took_part:
             assert posts == len(took_part), (n, posts, len(took_part))
             assert np.array_equal(after, took_part[0][2]), f"sync {n}: the models differ after it"
             assert np.allclose(after, befores.mean(axis=0), rtol=1e-5, atol=1e-7), f"sync {n}: not the mean"
