@@ -10,6 +10,11 @@ tensors of --mib MiB (the input of all_gather_into_tensor is the output's share)
 the same operation as a blocking mpi4py call on NumPy views of the same tensors, in the
 same run. Rank 0 prints ms and the ratio.
 
+--small N then times N calls of dist.all_reduce of small tensors (8 B, 4 KiB, 32 KiB:
+below the engine's threshold, MPI's allreduce waited for under the engine's idle
+policy: a loss or a metric averaged every step) over the partialcoll group, over a gloo
+group, and mpi4py's Allreduce, in turn: us per call, the slowest rank's mean over the N.
+
 --fsdp2 STEPS then trains a 25.2M-parameter MLP (six 1024-2048-1024 blocks, each
 sharded with fully_shard, batch 32) for STEPS steps after 2 warm-up steps, over the
 partialcoll group and over a gloo group, alternating twice; ms per step, the slowest
@@ -29,6 +34,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=float, default=32.0)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--small", type=int, default=0, metavar="N", help="then N small all_reduce calls of each peer")
     ap.add_argument("--fsdp2", type=int, default=0, metavar="STEPS", help="then FSDP2 training, gloo vs partialcoll")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -57,6 +63,8 @@ def main():
         a, b = median_ms(comm, ours, args.repeat), median_ms(comm, peer, args.repeat)
         if comm.rank == 0:
             print(f"  {name:24s} {a:9.1f} {b:10.1f} {a / b:6.2f}", flush=True)
+    if args.small:
+        small_allreduces(comm, args.small)
     if args.fsdp2:
         times = {"partialcoll": [], "gloo": []}
         for backend in ("gloo", "partialcoll") * 2:
@@ -66,6 +74,24 @@ def main():
                   + ", ".join(f"{b} {' '.join(f'{t:.1f}' for t in ts)}" for b, ts in times.items())
                   + f"; gloo / partialcoll {sum(times['gloo']) / sum(times['partialcoll']):.2f}")
     dist.destroy_process_group()
+
+
+def small_allreduces(comm, calls: int) -> None:
+    """us per dist.all_reduce of 8 B, 4 KiB and 32 KiB: the partialcoll group, gloo, mpi4py."""
+    gloo = dist.new_group(backend="gloo")
+    if comm.rank == 0:
+        print(f"# small all_reduce (SUM, float32), us per call over {calls} calls, slowest rank")
+        print(f"# {'bytes':>8s} {'partialcoll':>12s} {'gloo':>9s} {'mpi4py':>9s} {'pc / mpi4py':>12s} {'gloo / pc':>10s}")
+    for nbytes in (8, 4096, 32768):
+        t = torch.ones(nbytes // 4)
+        tn = t.numpy()
+        peers = [lambda: dist.all_reduce(t), lambda: dist.all_reduce(t, group=gloo),
+                 lambda: comm.Allreduce(MPI.IN_PLACE, tn)]
+        us = [median_ms(comm, lambda f=f: [f() for _ in range(calls)], 3) * 1e3 / calls for f in peers]
+        if comm.rank == 0:
+            print(f"  {nbytes:8d} {us[0]:12.1f} {us[1]:9.1f} {us[2]:9.1f} {us[0] / us[2]:12.1f} {us[1] / us[0]:10.2f}",
+                  flush=True)
+    dist.destroy_process_group(gloo)
 
 
 def fsdp2_ms(comm, backend: str, steps: int) -> float:

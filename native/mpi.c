@@ -75,6 +75,18 @@ static void mpi_message(int rc, char *msg)
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, MPI_MAX_ERROR_STRING, "MPI error %d", rc);
 }
 
+int mpi_test_request(MPI_Request *req, MPI_Status *status)
+{
+    int flag = 0, rc = MPI_Test(req, &flag, status ? status : MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        mpi_message(rc, msg);
+        fail(PC_ERR_MPI, "%s", msg);
+        return -1;
+    }
+    return flag != 0;
+}
+
 /* Bytes per MPI message: MPI counts are int, so a message of more bytes travels in
  * chunks of at most INT_MAX. PARTIALCOLL_MAX_MESSAGE (tests) forces smaller chunks. */
 int64_t mpi_max_chunk(void)

@@ -170,6 +170,11 @@ int pc_engine_threaded(void);
  * this rank in it, its ranks and the CPUs they may use together */
 int pc_engine_set_node(void *shared, int local_rank, int local_size, int node_cpus);
 int pc_idle_state(pc_idle_info *out);
+/* wait for an MPI request made outside the engine (mpi4py's: request and status are the
+ * addresses of its MPI_Request and MPI_Status, status may be NULL) under the idle policy,
+ * for timeout_s at most, waited_us into the wait; *done = 1 once it completed */
+int pc_mpi_request_wait(void *request, void *status, double timeout_s, double busy_us, double waited_us,
+                        int *done);
 int pc_cpu_budget(void);         /* this process's CPUs: affinity, capped by the cgroup quota */
 int pc_cpu_limits(int *affinity, int *quota, char *cgroup, int len);  /* its parts (quota 0: none) */
 /* seq bits for seq_needed messages per pair, the rest of MPI_TAG_UB for the version */

@@ -71,6 +71,9 @@ void mpi_cancel_recvs(pc_msgs *m, const int *is_recv);
 int mpi_drain(pc_msgs *m);                   /* requests still in flight */
 void mpi_forget(pc_msgs *m);
 int mpi_comm_info(MPI_Comm comm, int *rank, int *size);
+/* MPI_Test of a request the engine did not make (mpi4py's): 1 completed (MPI set it to
+ * MPI_REQUEST_NULL), 0 not yet, -1 failed (PC_ERR_MPI recorded by fail()) */
+int mpi_test_request(MPI_Request *req, MPI_Status *status);
 int mpi_tag_bits(MPI_Comm comm, int seq_needed, int *seqbits, int *vbits);
 int mpi_tag(const pc_msgs *m, int64_t version, int seq);
 int64_t mpi_max_chunk(void);

@@ -282,8 +282,9 @@ def _wait_collective(req: MPI.Request, what: str, timeout: Optional[float] = Non
     """Wait for the request of a collective over comm (its buffers in keep); Timeout after
     `timeout` seconds (None: rc.timeout, which may be None: for ever); MPIError as soon as
     the MPI reports a member of comm as failed. The request cannot be cancelled: after
-    either its communicator is not to be used again. It polls between yields for the
-    time nbytes take at 1 GB/s, four times over (1 ms at least), then between sleeps."""
+    either its communicator is not to be used again. It waits under the engine's idle
+    policy (wait_request), yielding the core for four times the time nbytes take at 1
+    GB/s (1 ms at least) before it sleeps."""
     timeout = rc.timeout if timeout is None else timeout
     check = None if comm is None else failed_peers_check(_engine.comm_handle(comm), comm.Get_rank(), what)
     if not wait_request(req, timeout, keep, check=check, busy=busy_seconds(nbytes, 1e-3)):

@@ -576,8 +576,8 @@ def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WO
 
     Collective over comm, every rank with the same parameters in the same order: one
     nonblocking allreduce (or broadcast) per parameter, in place (float16 and bfloat16
-    averaged in float64), each polled between yields for the time its bytes take, then
-    between sleeps, so a rank that waits spins no core for long. A rank that does not
+    averaged in float64), each waited for under the engine's idle policy, so a rank that
+    waits spins no core for long. A rank that does not
     reach it makes the others raise Timeout after `timeout` seconds (None:
     partialcoll.rc.timeout), instead of blocking in MPI for ever, and a rank the MPI
     reports as failed MPIError; comm then has a collective in flight, which a late

@@ -64,7 +64,6 @@ _MPI_OPS = {_R.SUM: MPI.SUM, _R.AVG: MPI.SUM, _R.PRODUCT: MPI.PROD, _R.MIN: MPI.
 _BOOL_OPS = {_R.SUM: MPI.LOR, _R.MAX: MPI.LOR, _R.BOR: MPI.LOR, _R.PRODUCT: MPI.LAND, _R.MIN: MPI.LAND,
              _R.BAND: MPI.LAND, _R.BXOR: MPI.LXOR}
 _HALF = (torch.float16, torch.bfloat16)
-_SPIN_TESTS = 200                    # MPI_Test calls before a wait starts to sleep
 
 
 def _op_type(op) -> "_R":
@@ -247,12 +246,12 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
               nbytes: int = 0) -> None:
         """Wait for an MPI request within the group's timeout (MPI's Wait has none); MPIError
         as soon as the MPI reports a member as failed. After either the group refuses
-        further collectives. It polls between yields of the core for four times the time
-        nbytes take at 1 GB/s (MPI's nonblocking collectives move only while tested), then
-        between sleeps."""
+        further collectives. It waits under the engine's idle policy (wait_request), yielding
+        the core at least four times the time nbytes take at 1 GB/s (MPI's nonblocking
+        collectives move only while tested) before it sleeps."""
         check = failed_peers_check(comm_handle(self.comm), self._rank, f"{what} of the partialcoll process group")
         try:
-            done = wait_request(req, self._timeout, keep, status, _SPIN_TESTS, 1e-3, check, busy_seconds(nbytes))
+            done = wait_request(req, self._timeout, keep, status, check, busy_seconds(nbytes))
         except MPIError:
             self._unusable = f"{what} failed"
             raise

@@ -6,6 +6,9 @@ four times. So B's posts must complete while A waits: if a waiter held an engine
 lock through its wait (as the spin policy's polling did), B's posts queue behind A, rank
 1 never hears, and the check fails after 10 s instead of hanging (rank 1 then posts X
 anyway). Run with PARTIALCOLL_IDLE=spin and the default.
+
+Waits for MPI's own requests (the torch process group's, the averager's, sync_parameters'),
+which wait_request tests in C under the idle policy, from one thread and from two.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from partialcoll._engine import ffi, lib
-from _util import run_module
+from partialcoll._status import wait_request
+from _util import expect_raises, run_module
 
 GO_TAG = 77
 
@@ -97,6 +101,63 @@ def test_threads_wait_on_their_own_collectives(comm):
     for c in colls:
         c.close(timeout=60)
     assert not errors, errors
+
+
+
+def test_waits_for_mpi_requests(comm):
+    """wait_request: a receive whose message comes 30 ms late completes with its data and
+    status, and mpi4py sees the request done; a nonblocking allreduce that one rank joins
+    late completes with MPI's result; two threads wait for their own receives at once; a
+    receive nobody matches returns False after its timeout (not before), and check() ends
+    a wait by raising; the request is then kept and completes later."""
+    r, p = comm.rank, comm.size
+    src, dst = (r - 1) % p, (r + 1) % p
+    buf, st = np.zeros(3, np.int64), MPI.Status()
+    req = comm.Irecv(buf, source=src, tag=71)
+    time.sleep(0.03)
+    send = comm.Isend(np.full(3, r, np.int64), dst, tag=71)
+    assert wait_request(req, 10.0, buf, st)
+    assert req == MPI.REQUEST_NULL and (st.Get_source(), st.Get_tag()) == (src, 71) and (buf == src).all(), buf
+    send.Wait()
+
+    x = np.array([r + 1.0])
+    if r == 0:
+        time.sleep(0.03)
+    assert wait_request(comm.Iallreduce(MPI.IN_PLACE, x), 10.0, x)
+    assert x[0] == p * (p + 1) / 2, x
+
+    bufs = [np.zeros(2) for _ in range(2)]
+    reqs = [comm.Irecv(bufs[k], source=src, tag=80 + k) for k in range(2)]
+    got = [None, None]
+
+    def waiter(k):
+        got[k] = wait_request(reqs[k], 10.0, bufs[k])
+
+    threads = [threading.Thread(target=waiter, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)
+    sends = [comm.Isend(np.full(2, 10.0 * r + k), dst, tag=80 + k) for k in (1, 0)]
+    for t in threads:
+        t.join()
+    MPI.Request.Waitall(sends)
+    assert got == [True, True] and all((bufs[k] == 10.0 * src + k).all() for k in range(2)), (got, bufs)
+
+    lone = np.zeros(1)
+    req = comm.Irecv(lone, source=r, tag=90)
+    start = time.monotonic()
+    assert not wait_request(req, 0.1, lone)
+    took = time.monotonic() - start
+    assert 0.1 <= took < 5.0, took
+
+    def stop():
+        raise RuntimeError("ended by check")
+
+    expect_raises(RuntimeError, wait_request, req, None, lone, check=stop, match="ended by check")
+    comm.Send(np.ones(1), r, tag=90)
+    req.Wait()
+    assert lone[0] == 1.0
+    comm.Barrier()
 
 
 if __name__ == "__main__":
