@@ -715,6 +715,7 @@ int pc_mpi_request_wait(void *request, void *status, double timeout_s, double bu
         double cap = nap_max;
         if (idle > pol->deep_after_us && idle / 10 > cap) {
             cap = idle / 10 < pol->deep_sleep_us ? idle / 10 : pol->deep_sleep_us;
+            if (cap < nap_max) cap = nap_max;
             if (nap < cap) nap = cap;        /* a long wait (or a later slice of one) naps at once */
         }
         if (nap > cap) nap = cap;

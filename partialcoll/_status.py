@@ -92,12 +92,10 @@ def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any
     done = ffi.new("int *")
     start = time.monotonic()
     try:
-        while True:
+        while True:                       # tested at least once, also with timeout 0
             waited = time.monotonic() - start
-            if timeout is not None and waited >= timeout:
-                break
-            slice_ = _SLICE if timeout is None else min(_SLICE, timeout - waited)
-            rc = lib.pc_mpi_request_wait(handle, st, slice_, busy * 1e6, waited * 1e6, done)
+            left = _SLICE if timeout is None else max(timeout - waited, 0.0)
+            rc = lib.pc_mpi_request_wait(handle, st, min(left, _SLICE), busy * 1e6, waited * 1e6, done)
             if rc != 0:                   # the request failed (ULFM: a dead peer): as the engine's
                 if check is not None:
                     check()               # MPIError naming the failed ranks, where the MPI knows
@@ -105,6 +103,8 @@ def wait_request(req: Any, timeout: Optional[float], keep: Any = (), status: Any
                                f"{ffi.string(lib.pc_last_error()).decode(errors='replace')}")
             if done[0]:
                 return True
+            if left <= _SLICE and timeout is not None:
+                break                     # that call waited out the timeout
             if check is not None:
                 check()
     except BaseException:

@@ -108,7 +108,8 @@ def test_waits_for_mpi_requests(comm):
     """wait_request: a receive whose message comes 30 ms late completes with its data and
     status, and mpi4py sees the request done; a nonblocking allreduce that one rank joins
     late completes with MPI's result; two threads wait for their own receives at once; a
-    receive nobody matches returns False after its timeout (not before), and check() ends
+    receive nobody matches returns False after its timeout (not before; timeout 0 tests
+    it once, so a request already complete returns True), and check() ends
     a wait by raising; the request is then kept and completes later."""
     r, p = comm.rank, comm.size
     src, dst = (r - 1) % p, (r + 1) % p
@@ -143,8 +144,14 @@ def test_waits_for_mpi_requests(comm):
     MPI.Request.Waitall(sends)
     assert got == [True, True] and all((bufs[k] == 10.0 * src + k).all() for k in range(2)), (got, bufs)
 
+    mine = np.zeros(1)
+    req = comm.Irecv(mine, source=r, tag=91)
+    comm.Send(np.full(1, 5.0), r, tag=91)
+    assert wait_request(req, 0.0, mine) and mine[0] == 5.0, mine       # timeout 0 still tests it
+
     lone = np.zeros(1)
     req = comm.Irecv(lone, source=r, tag=90)
+    assert not wait_request(req, 0.0, lone)
     start = time.monotonic()
     assert not wait_request(req, 0.1, lone)
     took = time.monotonic() - start
