@@ -8,12 +8,15 @@
  *   coll.c      partial collectives (rounds, accumulator, results, close), candidates
  *   progress.c  E, the progress passes, the progress thread, waits
  *   idle.c      the idle policy: the CPU budget, interference, spin bounds
+ *   waitsome.c  waits for k of n schedules' executions (Hop's backup workers)
+ *   mpiwait.c   waits for requests of MPI's own (mpi4py's) under the idle policy
  *   avg.c       asynchronous averaging through a server rank (owns schedules, like coll.c)
  *   hop.c       Hop's neighbour allreduce: channels, backup workers, staleness, tokens (owns schedules)
  *
  * Calls go one way: coll.c -> sched.c -> mpi.c, avg.c and hop.c -> sched.c; progress.c drives sched.c through
  * sched_progress() and owners (collectives) through the callbacks in pc_owner; sched.c
- * and coll.c signal progress.c (kick, notify_done) and nothing else of it.
+ * and coll.c signal progress.c (kick, notify_done) and nothing else of it; mpiwait.c
+ * tests requests through mpi.c and asks idle.c how to wait.
  *
  * Locks (docs/engine.md, "Threads and locks"):
  *   unit lock  one per partial collective (with all its round schedules) and one per
