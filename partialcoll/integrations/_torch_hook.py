@@ -25,7 +25,7 @@ from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
 from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
                             np_dtype, settle, tensor_of)
-from ._torch_optim import GradientSynchronizer, ModelSync, average_models, start_averaging
+from ._torch_optim import GradientSynchronizer, ModelSync, average_models, close_with, start_averaging
 from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
@@ -205,9 +205,7 @@ class PartialHookState:
         """Collective: flush every bucket's collective; returns the final results by bucket
         position (0 = the first bucket DDP reduced)."""
         self._completer.stop()
-        colls = [e.coll for e in self.colls.values()]
-        synced = [self.model_sync.coll] if self.model_sync is not None else []
-        out = dict(enumerate(close_all(colls + synced)[:len(colls)]))
+        out = dict(enumerate(close_with([e.coll for e in self.colls.values()], self.model_sync)))
         self.colls.clear()
         self.model_sync = None
         if self.grouping is not None:

@@ -307,8 +307,7 @@ class GradientSynchronizer:
             if b.request is not None:
                 b.request.wait()
                 b.request = None
-        colls = [b.coll for b in self.buckets]
-        out = close_all(colls + ([self.model_sync.coll] if self.model_sync is not None else []))[:len(colls)]
+        out = close_with([b.coll for b in self.buckets], self.model_sync)
         self.buckets = []
         if self.grouping is not None:
             self.grouping.free()
@@ -568,6 +567,13 @@ class ModelSync:
                 off += p.numel()
         self.last = res
         return res
+
+
+def close_with(colls: List[PartialAllreduce], model_sync: Optional[ModelSync]) -> List[Result]:
+    """Collective: close colls and model_sync's collective together (close_all); returns
+    the results of colls."""
+    extra = [model_sync.coll] if model_sync is not None else []
+    return close_all(colls + extra)[:len(colls)]
 
 
 def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average",
