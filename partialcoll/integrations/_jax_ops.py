@@ -221,19 +221,14 @@ def bind_allreduce(x: Any, op: Any, comm: Optional[MPI.Comm]) -> Any:
 
 
 def close_cached(timeout: Optional[float] = None) -> None:
-    """Close allreduce()'s cached collectives and clones (collective, see jax.close)."""
+    """Close allreduce()'s cached collectives (collective, see jax.close). The clones stay:
+    jitted programs traced before hold them, and make new collectives on them."""
     from .._partial import close_all
     jax.effects_barrier()
     with _cache.lock:
         colls = [c for _, c in sorted(_cache.colls.items(), key=lambda kv: kv[0])]
-        clones = [c for _, c in sorted(_cache.clones.items())]
         _cache.colls.clear()
-        _cache.clones.clear()
-    try:
-        close_all(colls, timeout)
-    finally:
-        for c in clones:
-            c.comm.Free()
+    close_all(colls, timeout)
 
 
 # -- partial_allreduce ----------------------------------------------------------------------

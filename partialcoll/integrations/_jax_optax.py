@@ -14,7 +14,6 @@ from mpi4py import MPI
 from .._agree import agree, as_problem
 from .._errors import ArgumentError
 from .._partial import PartialAllreduce, Result, close_all
-from .._types import dtype_name
 from ._jax_ops import bind_partial, last_result
 
 _AVERAGES = ("posts", "world")
@@ -38,7 +37,7 @@ def _leaf_layout(leaves: List[Any]) -> List[tuple]:
         dt = np.dtype(jnp.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype)
         if not np.issubdtype(dt, np.inexact):
             raise ArgumentError(f"allreduce_gradients: leaf {i} is {dt}; gradients are floating arrays")
-        out.append((dtype_name(dt), tuple(int(n) for n in np.shape(leaf))))
+        out.append((dt.name, tuple(int(n) for n in np.shape(leaf))))
     return out
 
 

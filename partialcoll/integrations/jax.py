@@ -75,7 +75,7 @@ def last_result(coll: PartialAllreduce) -> Optional[Result]:
 
 
 def close(timeout: Optional[float] = None) -> None:
-    """Collective: close the collectives allreduce() made and cached, and their
-    communicator clones (every rank, after its last allreduce; a later allreduce makes
-    new ones)."""
+    """Collective: close the collectives allreduce() made and cached (every rank, after its
+    last allreduce; a later allreduce makes new ones). The communicator clones stay, as
+    mpi4jax's: jitted functions traced before hold them."""
     close_cached(timeout)

@@ -1,0 +1,29 @@
+"""JAX integration under mpiexec (jax_checks.py, one job per P): mpi4jax's allreduce inside
+and outside jit against MPI_Allreduce (and mpi4jax where installed) for float32, float64
+and bfloat16, its derivatives and vmap, partial_allreduce, the optax transformation, bad
+input on every rank and a peer's failure out of a jitted call; importing partialcoll
+leaves jax unimported. Skipped, with the reason printed, where jax or optax is missing."""
+import pytest
+
+from conftest import run_python
+
+pytest.importorskip("jax", reason="jax is not installed (pip install -e '.[test]' installs its CPU build)")
+pytest.importorskip("optax", reason="optax is not installed (pip install -e '.[test]' installs it)")
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_jax_integration(mpirun, nprocs):
+    out = mpirun("jax_checks.py", nprocs, timeout=300, env={"JAX_PLATFORMS": "cpu"})
+    assert "test_optax_full_same_update_everywhere passed" in out
+
+
+def test_import_is_lazy():
+    """`import partialcoll` (and partialcoll.integrations) imports neither jax nor optax."""
+    proc = run_python("""
+        import sys
+        import partialcoll, partialcoll.integrations
+        print(sorted(m for m in ("jax", "optax", "jaxlib") if m in sys.modules))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
