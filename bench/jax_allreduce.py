@@ -4,8 +4,8 @@
 
 Overhead: a jitted function of one allreduce (SUM, float32) of 8 B and of 1 MiB, called
 --calls times back to back (each result waited for), after 50 warm-up calls: us per
-call, the slowest rank's mean; partialcoll inside jit (io_callback into a cached
-full-mode collective), partialcoll outside jit, mpi4jax's allreduce inside jit (its XLA
+call, the slowest rank's mean; partialcoll inside jit (a cached full-mode collective,
+called through each lowering: XLA's Python callback, io_callback), outside jit, mpi4jax's allreduce inside jit (its XLA
 FFI call) and mpi4py's Allreduce on NumPy arrays, in turn, twice, in the same run.
 
 Slow rank: a data-parallel step (a jitted gradient of a 64-256-10 MLP on a batch of 32,
@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from partialcoll.integrations import jax as pcj  # noqa: E402
+from partialcoll.integrations import _jax_ops, jax as pcj  # noqa: E402
 
 try:
     import mpi4jax
@@ -51,8 +51,14 @@ def overhead(comm, calls):
         x = jnp.ones(nbytes // 4, jnp.float32)
         xn = np.ones(nbytes // 4, np.float32)
         out = np.empty_like(xn)
-        peers = [("partialcoll, jit", jax.jit(lambda v: pcj.allreduce(v, MPI.SUM)), x),
-                 ("partialcoll, eager", lambda v: pcj.allreduce(v, MPI.SUM), x)]
+        peers = []
+        for lowering in _jax_ops.LOWERINGS:        # each traced under its lowering
+            _jax_ops.lowering = lowering
+            fn = jax.jit(lambda v: pcj.allreduce(v, MPI.SUM))
+            jax.block_until_ready(fn(x))
+            peers.append((f"partialcoll, jit ({lowering})", fn, x))
+        _jax_ops.lowering = _jax_ops.LOWERINGS[0]
+        peers.append(("partialcoll, eager", lambda v: pcj.allreduce(v, MPI.SUM), x))
         if mpi4jax is not None:
             peers.append(("mpi4jax, jit", jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM)), x))
         peers.append(("mpi4py Allreduce", lambda v: comm.Allreduce(v, out, op=MPI.SUM), xn))
@@ -137,9 +143,9 @@ def main():
     if comm.rank == 0:
         print(f"# allreduce SUM float32, P = {comm.size}, us per call (slowest rank's mean of {args.calls}), "
               f"two passes; mpi4jax {'present' if mpi4jax is not None else 'absent'}")
-        print(f"{'bytes':>8}  {'peer':<20} {'pass 1':>9} {'pass 2':>9}")
+        print(f"{'bytes':>8}  {'peer':<36} {'pass 1':>9} {'pass 2':>9}")
         for (nbytes, name), us in rows.items():
-            print(f"{nbytes:>8}  {name:<20} {us[0]:>9.1f} {us[1]:>9.1f}")
+            print(f"{nbytes:>8}  {name:<36} {us[0]:>9.1f} {us[1]:>9.1f}")
     rates = slow_rank(comm, args.steps, args.slow_ms / 1000)
     if comm.rank == 0:
         print(f"# MLP step, rank {comm.size - 1} {args.slow_ms:g} ms slower per step: rank 0's steps/s")

@@ -17,6 +17,7 @@ elementwise).
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any, Dict, Optional, Tuple
@@ -47,6 +48,32 @@ def _io_effect():
 
 
 _EFFECT = _io_effect()
+# How the primitives lower: "python_callback" (the default where JAX has it): XLA's
+# Python callback called with NumPy views of the operands, the call io_callback itself
+# lowers to, without io_callback's per-call device_put of its arguments; "io_callback":
+# through jax.experimental.io_callback(ordered=True), JAX's public API. Read when a
+# function is traced (PARTIALCOLL_JAX_LOWERING sets it at import).
+LOWERINGS = ("python_callback", "io_callback")
+lowering = os.environ.get("PARTIALCOLL_JAX_LOWERING", "python_callback")
+if lowering not in LOWERINGS:
+    raise ImportError(f"PARTIALCOLL_JAX_LOWERING must be one of {', '.join(LOWERINGS)}, not {lowering!r}")
+_EMIT = getattr(mlir, "emit_python_callback", None)
+
+
+def _lower_host_call(ctx, x, host, shapes: Tuple[Any, ...]):
+    """MLIR of an ordered call of host(numpy operand) -> tuple of NumPy results (shapes)."""
+    if lowering == "python_callback" and _EMIT is not None:
+        def callback(a):
+            return host(a)
+        token = ctx.tokens_in.get(_EFFECT)
+        results, token, _ = _EMIT(ctx, callback, token, [x], ctx.avals_in, ctx.avals_out,
+                                  has_side_effect=True, returns_token=True)
+        ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_EFFECT: token})))
+        return list(results)
+
+    def call(v):
+        return list(io_callback(lambda a: host(np.asarray(a)), shapes, v, ordered=True))
+    return mlir.lower_fun(call, multiple_results=True)(ctx, x)
 
 
 class HashableComm:
@@ -159,14 +186,10 @@ def _allreduce_lowering(ctx, x, *, op: int, comm: HashableComm, transpose: bool)
     if transpose:
         return [x]
     aval = ctx.avals_in[0]
-    shape = jax.ShapeDtypeStruct(aval.shape, aval.dtype)
 
     def host(a):
-        return _full_host(np.asarray(a), op=op, comm=comm)
-
-    def call(v):
-        return io_callback(host, shape, v, ordered=True)
-    return mlir.lower_fun(call, multiple_results=False)(ctx, x)
+        return (_full_host(a, op=op, comm=comm),)
+    return _lower_host_call(ctx, x, host, (jax.ShapeDtypeStruct(aval.shape, aval.dtype),))
 
 
 def _allreduce_jvp(primals, tangents, *, op: int, comm: HashableComm, transpose: bool):
@@ -273,14 +296,11 @@ def _partial_abstract(x, *, coll: CollParam):
 
 def _partial_lowering(ctx, x, *, coll: CollParam):
     aval = ctx.avals_in[0]
-    shapes = (jax.ShapeDtypeStruct(aval.shape, aval.dtype), jax.ShapeDtypeStruct((), np.int32))
 
     def host(a):
-        return _partial_host(np.asarray(a), coll=coll)
-
-    def call(v):
-        return list(io_callback(host, shapes, v, ordered=True))
-    return mlir.lower_fun(call, multiple_results=True)(ctx, x)
+        return _partial_host(a, coll=coll)
+    return _lower_host_call(ctx, x, host, (jax.ShapeDtypeStruct(aval.shape, aval.dtype),
+                                           jax.ShapeDtypeStruct((), np.int32)))
 
 
 def _partial_jvp(primals, tangents, *, coll: CollParam):

@@ -312,6 +312,28 @@ def test_peer_failure_raises_out_of_jit(comm):
     comm.Barrier()
 
 
+def test_io_callback_lowering(comm):
+    """The other lowering (jax.experimental.io_callback): allreduce, its gradient and
+    partial_allreduce inside jit give the same as MPI_Allreduce and the hand-computed sum."""
+    from partialcoll.integrations import _jax_ops
+    before, _jax_ops.lowering = _jax_ops.lowering, "io_callback"
+    try:
+        x = values(comm, (3, 4), np.float64, salt=21, integer=True)
+        S = mpi_reference(comm, x, MPI.SUM)
+        f = jax.jit(lambda v: (pcj.allreduce(v, MPI.SUM), pcj.allreduce(v, MPI.MAX)))
+        s, m = f(jnp.asarray(x))
+        np.testing.assert_array_equal(np.asarray(s), S)
+        np.testing.assert_array_equal(np.asarray(m), mpi_reference(comm, x, MPI.MAX))
+        g = jax.jit(jax.grad(lambda v: jnp.sum(pcj.allreduce(v, MPI.SUM) ** 2)))(jnp.asarray(x))
+        np.testing.assert_array_equal(np.asarray(g), 2 * S)
+        with pc.PartialAllreduce(12, np.float64, mode="full") as coll:
+            data, posts = jax.jit(lambda v: pcj.partial_allreduce(v, coll))(jnp.asarray(x))
+            np.testing.assert_array_equal(np.asarray(data), S)
+            assert int(posts) == comm.size
+    finally:
+        _jax_ops.lowering = before
+
+
 def test_close_cached(comm):
     """close() frees allreduce()'s collectives; a later call makes new ones."""
     pcj.close()
