@@ -27,12 +27,12 @@ import time
 import numpy as np
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import jax
+import jax.numpy as jnp
+import optax
+from mpi4py import MPI
 
-from partialcoll.integrations import jax as pcj  # noqa: E402
+from partialcoll.integrations import jax as pcj
 
 try:
     import mpi4jax

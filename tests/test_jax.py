@@ -3,6 +3,8 @@ and outside jit against MPI_Allreduce (and mpi4jax where installed) for float32,
 and bfloat16, its derivatives and vmap, partial_allreduce, the optax transformation, bad
 input on every rank and a peer's failure out of a jitted call; importing partialcoll
 leaves jax unimported. Skipped, with the reason printed, where jax or optax is missing."""
+import re
+
 import pytest
 
 from conftest import run_python
@@ -16,6 +18,16 @@ pytest.importorskip("optax", reason="optax is not installed (pip install -e '.[t
 def test_jax_integration(mpirun, nprocs):
     out = mpirun("jax_checks.py", nprocs, timeout=300, env={"JAX_PLATFORMS": "cpu"})
     assert "test_optax_full_same_update_everywhere passed" in out
+
+
+@pytest.mark.mpiexec
+def test_digits_example(mpirun):
+    """examples/jax_digits.py, shortened: each trainer's line with its steps/s and accuracy."""
+    pytest.importorskip("sklearn", reason="the digits example loads scikit-learn's digits (pip install -e '.[test]')")
+    out = mpirun("example.py", 2, "jax_digits.py", "--epochs", "1", "--slow-ms", "0,5", timeout=240,
+                 env={"JAX_PLATFORMS": "cpu"})
+    for row in ("full", "solo", "sync"):
+        assert len(re.findall(rf"^{row}\b.*\s+\d+\s+[\d.]+\s+[01]\.\d+$", out, re.M)) == 2, (row, out[-2000:])
 
 
 def test_import_is_lazy():

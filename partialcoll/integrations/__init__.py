@@ -1,1 +1,2 @@
-"""Framework integrations (imported on demand: `import partialcoll.integrations.torch`)."""
+"""Framework integrations, imported on demand (importing partialcoll imports neither
+framework): `import partialcoll.integrations.torch`, `from partialcoll.integrations import jax`."""

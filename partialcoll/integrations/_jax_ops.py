@@ -126,7 +126,7 @@ class _Cache:
             with self.lock:
                 coll = self.colls.get(key)
                 if coll is None:
-                    coll = self.colls[key] = PartialAllreduce(count, dtype, op, comm.comm, mode="full")
+                    coll = self.colls[key] = PartialAllreduce(count, dtype, OP_NAMES[op], comm.comm, mode="full")
         return coll
 
 
@@ -238,6 +238,9 @@ def as_operand(x: Any, who: str):
 
 def bind_allreduce(x: Any, op: Any, comm: Optional[MPI.Comm]) -> Any:
     x = as_operand(x, "allreduce")
+    if not isinstance(op, (MPI.Op, str)):
+        raise TypeError(f"allreduce got unexpected type for argument \"op\" (expected: mpi4py.MPI.Op or its "
+                        f"name, got: {type(op).__name__})")
     code = op_code(op)
     check_op_dtype(code, np.dtype(x.dtype))
     return allreduce_p.bind(x, op=code, comm=_cache.clone_of(comm), transpose=False)

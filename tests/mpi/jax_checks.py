@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import jax
+import jax.numpy as jnp
+import optax
+from mpi4py import MPI
 
-import partialcoll as pc  # noqa: E402
-from partialcoll.integrations import jax as pcj  # noqa: E402
-from _util import expect_raises, run_module  # noqa: E402
+import partialcoll as pc
+from partialcoll.integrations import jax as pcj
+from _util import expect_raises, run_module
 
 jax.config.update("jax_enable_x64", True)       # float64 arrays stay float64
 
@@ -271,6 +271,8 @@ def test_bad_arguments(comm):
     """Non-array input, a coll whose count or dtype does not match, a token: clear errors."""
     expect_raises(TypeError, pcj.allreduce, "abc", MPI.SUM, match="array or a number")
     expect_raises(TypeError, pcj.allreduce, jnp.ones(3), MPI.SUM, comm="world", match="comm")
+    expect_raises(TypeError, pcj.allreduce, jnp.ones(3), 0, match="op")
+    expect_raises(pc.OpError, pcj.allreduce, jnp.ones(3), MPI.BAND)          # bitwise on floats
     expect_raises(RuntimeError, pcj.allreduce, jnp.ones(3), MPI.SUM, token=object(), match="token")
     with pc.PartialAllreduce(5, np.float32, mode="solo") as coll:
         expect_raises(pc.ArgumentError, jax.jit(lambda v: pcj.partial_allreduce(v, coll)), jnp.ones(4, jnp.float32),
