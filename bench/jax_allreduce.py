@@ -1,12 +1,13 @@
 """partialcoll's JAX allreduce against mpi4jax's (or mpi4py's where mpi4jax is absent).
 
-    mpiexec -n 2 python bench/jax_allreduce.py --calls 2000 --steps 40
+    mpiexec -n 2 python bench/jax_allreduce.py --calls 200 --passes 7 --steps 60
 
 Overhead: a jitted function of one allreduce (SUM, float32) of 8 B and of 1 MiB, called
 --calls times back to back (each result waited for), after 50 warm-up calls: us per
-call, the slowest rank's mean; partialcoll inside jit (a cached full-mode collective,
-called through each lowering: XLA's Python callback, io_callback), outside jit, mpi4jax's allreduce inside jit (its XLA
-FFI call) and mpi4py's Allreduce on NumPy arrays, in turn, twice, in the same run.
+call, the slowest rank's mean, median and best of --passes passes; partialcoll inside
+jit (a cached full-mode collective, called through each lowering: XLA's Python
+callback, io_callback), outside jit, mpi4jax's allreduce inside jit (its XLA
+FFI call) and mpi4py's Allreduce on NumPy arrays, in turn, pass after pass, in the same run.
 
 Slow rank: a data-parallel step (a jitted gradient of a 64-256-10 MLP on a batch of 32,
 then allreduce_gradients' update through optax) where rank P-1 sleeps --slow-ms more
@@ -35,8 +36,7 @@ except ImportError:
 
 
 def per_call_us(comm, fn, x, calls):
-    for _ in range(50):
-        jax.block_until_ready(fn(x))
+    """us per call over `calls` calls, the slowest rank's mean (each result waited for)."""
     comm.Barrier()
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -45,7 +45,8 @@ def per_call_us(comm, fn, x, calls):
     return comm.allreduce(dt, op=MPI.MAX)
 
 
-def overhead(comm, calls):
+def overhead(comm, calls, passes):
+    """{(bytes, peer): [us of each pass]}: the peers in turn, `passes` times."""
     rows = {}
     for nbytes in (8, 1 << 20):
         x = jnp.ones(nbytes // 4, jnp.float32)
@@ -62,7 +63,9 @@ def overhead(comm, calls):
         if mpi4jax is not None:
             peers.append(("mpi4jax, jit", jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM)), x))
         peers.append(("mpi4py Allreduce", lambda v: comm.Allreduce(v, out, op=MPI.SUM), xn))
-        for _ in range(2):                 # twice, alternating: drift shows
+        for _, fn, arg in peers:              # warm-up
+            per_call_us(comm, fn, arg, 50)
+        for _ in range(passes):               # alternating: load that comes and goes hits every peer
             for name, fn, arg in peers:
                 rows.setdefault((nbytes, name), []).append(per_call_us(comm, fn, arg, calls))
     return rows
@@ -134,18 +137,19 @@ def slow_rank(comm, steps, slow_s):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--calls", type=int, default=200, help="calls per pass")
+    ap.add_argument("--passes", type=int, default=7)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--slow-ms", type=float, default=30.0)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
-    rows = overhead(comm, args.calls)
+    rows = overhead(comm, args.calls, args.passes)
     if comm.rank == 0:
-        print(f"# allreduce SUM float32, P = {comm.size}, us per call (slowest rank's mean of {args.calls}), "
-              f"two passes; mpi4jax {'present' if mpi4jax is not None else 'absent'}")
-        print(f"{'bytes':>8}  {'peer':<36} {'pass 1':>9} {'pass 2':>9}")
+        print(f"# allreduce SUM float32, P = {comm.size}, us per call: the slowest rank's mean over {args.calls} "
+              f"calls, median and best of {args.passes} passes; mpi4jax {'present' if mpi4jax is not None else 'absent'}")
+        print(f"{'bytes':>8}  {'peer':<36} {'median':>9} {'best':>9}")
         for (nbytes, name), us in rows.items():
-            print(f"{nbytes:>8}  {name:<36} {us[0]:>9.1f} {us[1]:>9.1f}")
+            print(f"{nbytes:>8}  {name:<36} {np.median(us):>9.1f} {min(us):>9.1f}")
     rates = slow_rank(comm, args.steps, args.slow_ms / 1000)
     if comm.rank == 0:
         print(f"# MLP step, rank {comm.size - 1} {args.slow_ms:g} ms slower per step: rank 0's steps/s")
