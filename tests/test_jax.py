@@ -3,6 +3,7 @@ and outside jit against MPI_Allreduce (and mpi4jax where installed) for float32,
 and bfloat16, its derivatives and vmap, partial_allreduce, the optax transformation, bad
 input on every rank and a peer's failure out of a jitted call; importing partialcoll
 leaves jax unimported. Skipped, with the reason printed, where jax or optax is missing."""
+import os
 import re
 
 import pytest
@@ -12,11 +13,18 @@ from conftest import run_python
 pytest.importorskip("jax", reason="jax is not installed (pip install -e '.[test]' installs its CPU build)")
 pytest.importorskip("optax", reason="optax is not installed (pip install -e '.[test]' installs it)")
 
+FAKECUPY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakecupy")
+
 
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_jax_integration(mpirun, nprocs):
-    out = mpirun("jax_checks.py", nprocs, timeout=300, env={"JAX_PLATFORMS": "cpu"})
+    """jax_checks.py at P; the P = 2 job also runs the GPU path on the host, with the
+    stand-in CuPy of tests/fakecupy on PYTHONPATH."""
+    env = {"JAX_PLATFORMS": "cpu"}
+    if nprocs == 2:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [FAKECUPY, os.environ.get("PYTHONPATH")]))
+    out = mpirun("jax_checks.py", nprocs, timeout=300, env=env)
     assert "test_optax_full_same_update_everywhere passed" in out
 
 

@@ -149,8 +149,8 @@ def _post_wait(coll: PartialAllreduce, x: Any) -> Tuple[Any, Result]:
     JAX array on that GPU, a copy (the staging reuses its buffer)."""
     shape = np.shape(x)
     if _on_gpu(x):
-        _device.backend_of(x)            # a clear InvalidBufferError where CuPy is missing
-        res = coll.post(x.reshape(-1)).wait()
+        backend = _device.cupy_backend()       # a clear InvalidBufferError where CuPy is missing
+        res = coll.post(backend.adopt(x.reshape(-1))).wait()      # a CuPy view (DLPack), staged
         return jnp.array(jax.dlpack.from_dlpack(res.data), copy=True).reshape(shape), res
     res = coll.post(np.ascontiguousarray(x).reshape(-1)).wait()
     return np.asarray(res.data).reshape(shape), res

@@ -336,6 +336,29 @@ def test_io_callback_lowering(comm):
         _jax_ops.lowering = before
 
 
+def test_device_path_emulated(comm, monkeypatch):
+    """The GPU path outside jit (a JAX array on a GPU -> a CuPy view through DLPack ->
+    partialcoll's device staging -> back through DLPack), run on the host: CPU arrays
+    posing as GPU ones, with the stand-in CuPy of tests/fakecupy (the P = 2 job puts it on
+    PYTHONPATH). Not a GPU run: the gpu-marked tests would be."""
+    import importlib.util
+    spec = importlib.util.find_spec("cupy")
+    if spec is None or "fakecupy" not in str(spec.origin):
+        pytest.skip("needs tests/fakecupy on PYTHONPATH (the P = 2 job puts it there)")
+    from partialcoll.integrations import _jax_ops
+    monkeypatch.setattr(_jax_ops, "_on_gpu", lambda x: isinstance(x, jax.Array))
+    x = values(comm, (4, 3), np.float32, salt=31, integer=True)
+    got = pcj.allreduce(jnp.asarray(x), MPI.SUM)
+    assert isinstance(got, jax.Array)
+    np.testing.assert_array_equal(np.asarray(got), mpi_reference(comm, x, MPI.SUM))
+    staged = [c for c in _jax_ops._cache.colls.values() if c.count == 12 and c.dtype == np.float32]
+    assert staged and staged[0]._staging is not None        # the device staging ran
+    with pc.PartialAllreduce(12, np.float32, mode="solo", late="fold") as coll:
+        data, posts = pcj.partial_allreduce(jnp.asarray(x), coll)
+        assert data.shape == (4, 3) and int(posts) >= 0 and coll._staging is not None
+    pcj.close()
+
+
 def test_close_cached(comm):
     """close() frees allreduce()'s collectives; a later call makes new ones."""
     pcj.close()
