@@ -32,7 +32,7 @@ def test_jax_integration(mpirun, nprocs):
 def test_digits_example(mpirun):
     """examples/jax_digits.py, shortened: each trainer's line with its steps/s and accuracy."""
     pytest.importorskip("sklearn", reason="the digits example loads scikit-learn's digits (pip install -e '.[test]')")
-    out = mpirun("example.py", 2, "jax_digits.py", "--epochs", "1", "--slow-ms", "5", timeout=240,
+    out = mpirun("example.py", 2, "jax_digits.py", "--epochs", "1", "--batch", "64", "--slow-ms", "5", timeout=240,
                  env={"JAX_PLATFORMS": "cpu"})
     for row in ("full", "solo", "sync"):
         assert len(re.findall(rf"^{row}\b.*\s+\d+\s+[\d.]+\s+[01]\.\d+$", out, re.M)) == 1, (row, out[-2000:])
