@@ -110,9 +110,13 @@ def test_eager_and_program_order(comm):
         s = pcj.allreduce(a, MPI.SUM)
         m = pcj.allreduce(a, MPI.MAX)
         t = pcj.allreduce(b * 2, MPI.SUM)
-        return s, m, t, pcj.allreduce(s, MPI.SUM)
+        # independent calls of the same signature (one collective): only their order, the
+        # same on every rank, keeps one rank's b * 3 from meeting another's b * 2
+        t3 = pcj.allreduce(b * 3, MPI.SUM)
+        return s, m, t, pcj.allreduce(s, MPI.SUM), t3
     for _ in range(3):
-        s, m, t, ss = many(jnp.asarray(a), jnp.asarray(b))
+        s, m, t, ss, t3 = many(jnp.asarray(a), jnp.asarray(b))
+        np.testing.assert_array_equal(np.asarray(t3), mpi_reference(comm, b * 3, MPI.SUM))
         eager = pcj.allreduce(jnp.asarray(a), MPI.SUM)
         ref = mpi_reference(comm, a, MPI.SUM)
         np.testing.assert_array_equal(np.asarray(s), ref)
