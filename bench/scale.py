@@ -2,6 +2,7 @@
 
     python bench/scale.py table                       # every algorithm, P = 64, 256, 1024, 4096
     python bench/scale.py hops                        # the activation's hop count per mode
+    python bench/scale.py auto                        # what "auto" picks, against the bounds
     flock /tmp/pc-cpu.lock timeout 600 mpiexec -n 2 python bench/scale.py measure --json m2.json
     python bench/scale.py model m2.json m4.json m8.json   # fit, check, predict P = 1024
 
@@ -617,7 +618,7 @@ def formula(alg: str, p: int, n: float, q: Params, ppn: int = 2, local: Optional
     """The analytic alpha-beta-gamma time of one allreduce of n bytes (docs/scaling.md):
     each step on the critical path costs alpha + bytes * beta, plus bytes * gamma where it
     reduces, plus o per receive and per reduction."""
-    a, b, g, o = q.alpha, q.beta, q.gamma, q.o
+    g, o = q.gamma, q.o
     if p == 1:
         return 0.0
     if alg in model.FLAT or alg == "mpi":     # the library's own model (one network, no nodes)
@@ -805,15 +806,18 @@ def print_model(measurements: Sequence[dict], out: Optional[str]) -> dict:
     shared = Params(**dict(vars(net), beta=net.beta * 8))
     print("# one allreduce at P = 1024 by algorithm (formula, us): one rank per node; tree: 128 nodes of 8 "
           "ranks (shared memory inside, a node's 8 top allreduces share its link)")
-    print(f"# {'bytes':>9} " + " ".join(f"{a:>18}" for a in ("recursive_doubling", "ring", "tree", "mpi (MPICH)")))
+    print(f"# {'bytes':>9} " + " ".join(f"{a:>18}" for a in ("recursive_doubling", "rabenseifner", "ring", "tree",
+                                                              "mpi (MPICH)")))
     alternatives = []
     for nbytes in (8, 65536, 1 << 20, 25 << 20):
         row = {"bytes": nbytes, "recursive_doubling": formula("recursive_doubling", 1024, nbytes, net) * 1e6,
+               "rabenseifner": formula("rabenseifner", 1024, nbytes, net) * 1e6,
                "ring": formula("ring", 1024, nbytes, net) * 1e6,
                "tree": formula("tree", 1024, nbytes, shared, ppn=8, local=ref) * 1e6,
                "mpi": formula("mpi", 1024, nbytes, net) * 1e6}
         alternatives.append(row)
-        print(f"  {nbytes:>9} " + " ".join(f"{row[a]:>18.1f}" for a in ("recursive_doubling", "ring", "tree", "mpi")))
+        print(f"  {nbytes:>9} " + " ".join(f"{row[a]:>18.1f}" for a in ("recursive_doubling", "rabenseifner", "ring",
+                                                                        "tree", "mpi")))
     result = {"fit_P": ref_m["P"], "alternatives": alternatives, "params": vars(ref), "check": rows, "predict": pred, "network": NETWORK}
     if out:
         with open(out, "w") as f:

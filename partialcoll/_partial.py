@@ -200,9 +200,12 @@ class PartialAllreduce(_propagate.Reporting):
             behind.
         late: what a late post's wait returns: "latest" (the latest completed round) or
             "fold" (every round completed since this rank's last result, folded).
-        algorithm: "auto", "recursive_doubling", "ring", "tree" or "ps" (PSLD's block
-            owners: each block of the vector is reduced by its owner, which receives it from
-            every rank and sends the result back).
+        algorithm: "auto", "recursive_doubling", "rabenseifner" (reduce-scatter by halving,
+            allgather by doubling), "ring", "tree" or "ps" (PSLD's block owners: each block
+            of the vector is reduced by its owner, which receives it from every rank and
+            sends the result back). "auto": the least predicted time in the alpha-beta model
+            (algorithms/model.py) with rank 0's parameters, so every rank runs the same;
+            ``algorithm`` then names the choice and ``algorithm_reason`` says why.
         groups: the tree's regions (one list per level, or one list): default the
             shared-memory nodes.
         divisor: every round's result is its reduction divided by this (op SUM of a real

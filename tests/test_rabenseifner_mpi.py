@@ -14,3 +14,26 @@ def test_rabenseifner(mpirun, nprocs):
 def test_rabenseifner_large_p(mpirun):
     for nprocs in (12, 13, 16, 24):
         mpirun("rabenseifner_checks.py", nprocs, "--quick", timeout=300)
+
+
+@pytest.mark.mpiexec
+def test_calibrate_caches_what_auto_reads(tmp_path):
+    """partialcoll-bench calibrate at P = 2 (one node): the node's link and the engine's
+    costs measured, written where model.load() finds them; the network's stay the defaults."""
+    import json
+    import os
+    import subprocess
+
+    from conftest import PYTHON, launch, launch_env
+    from partialcoll.algorithms import model
+    path = str(tmp_path / "cal.json")
+    cmd = launch(2, [*PYTHON, "-m", "partialcoll.bench", "calibrate", "-i", "10", "--output", path,
+                     "--json", str(tmp_path / "run.json")])
+    p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, PARTIALCOLL_TIMEOUT="120", **launch_env()))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "# node (0 <-> 1): alpha" in p.stdout and f"# cached in {path}" in p.stdout, p.stdout
+    q = model.load(path)
+    assert q.source == path and q.alpha_node > 0 and q.beta_node > 0 and q.gamma > 0
+    assert (q.alpha, q.beta) == (model.DEFAULTS.alpha, model.DEFAULTS.beta)
+    assert json.load(open(tmp_path / "run.json"))["params"]["alpha_node"] == q.alpha_node

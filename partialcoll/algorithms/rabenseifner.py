@@ -142,9 +142,8 @@ def reduce_scatter(s: Schedule, buf: BufRef, op: int, *, after: Optional[Schedul
     sends: List[Optional[ScheduleOp]] = []
     for k, st in enumerate(plan.steps):
         give, keep = _part(buf, st.give), _part(buf, st.keep)
-        sent = s.send(give, st.peer, after=last, label=f"reduce-scatter {k}: the half I give away") \
-            if give.count else None
-        sends.append(sent)
+        sends.append(s.send(give, st.peer, after=last, label=f"reduce-scatter {k}: the half I give away")
+                     if give.count else None)
         if keep.count:
             tmp = tmp_all.segment(offset, offset + keep.count)
             offset += keep.count
