@@ -57,6 +57,7 @@ import numpy as np
 from partialcoll._buffers import SLOT_WORK, BufRef
 from partialcoll.activation import BUILDERS
 from partialcoll.algorithms import ALGORITHMS, choose, model
+from partialcoll.bench.calibrate import median_time as _median_time
 from partialcoll.schedule import COMPUTE, RECV, SEND, TRIGGER, Schedule
 
 SIZES = (64, 256, 1024, 4096)
@@ -476,16 +477,6 @@ PINGPONG_SIZES = (8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20)
 def _iters(nbytes: int, base: int) -> int:
     return max(6, min(base, base * 16384 // max(nbytes, 16384)))
 
-
-def _median_time(fn, iters: int, reps: int = 3) -> float:
-    """Median over reps of the mean time of iters calls (seconds)."""
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        out.append((time.perf_counter() - t0) / iters)
-    return sorted(out)[len(out) // 2]
 
 
 def measure(comm, base_iters: int = 200) -> dict:

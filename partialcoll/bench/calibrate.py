@@ -29,7 +29,8 @@ def add_calibrate_args(p) -> None:
     p.add_argument("-i", "--iterations", type=int, default=100, help="ping-pong round trips per size (default 100)")
 
 
-def _median_time(fn, iters: int, reps: int = 3) -> float:
+def median_time(fn, iters: int, reps: int = 3) -> float:
+    """Median over reps of the mean time of iters calls (seconds)."""
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -58,7 +59,7 @@ def pingpong(comm, a: int, b: int, iterations: int) -> Optional[Tuple[float, flo
                 comm.Send(buf, a)
         comm.Barrier()
         once()
-        t = _median_time(once, iters) / 2          # a's counts; b answers, the others pass
+        t = median_time(once, iters) / 2          # a's counts; b answers, the others pass
         sizes.append(nbytes)
         times.append(comm.bcast(t, root=a))
     n, secs = np.array(sizes, float), np.array(times, float)
@@ -72,13 +73,13 @@ def engine_costs() -> Tuple[float, float]:
     with pc.Schedule(MPI.COMM_SELF) as s:
         s.nop()
         s.commit()
-        empty = _median_time(lambda: s.start().wait(), 500)
+        empty = median_time(lambda: s.start().wait(), 500)
     with pc.Schedule(MPI.COMM_SELF) as s:
         last = None
         for _ in range(64):
             last = s.nop(after=last)
         s.commit()
-        o = max(0.0, (_median_time(lambda: s.start().wait(), 500) - empty) / 63)
+        o = max(0.0, (median_time(lambda: s.start().wait(), 500) - empty) / 63)
     xs, ts = [], []
     for nbytes in (1 << 20, 4 << 20, 16 << 20):
         a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
@@ -86,7 +87,7 @@ def engine_costs() -> Tuple[float, float]:
             s.compute(MPI.SUM, a, b, out=b)
             s.commit()
             xs.append(nbytes)
-            ts.append(_median_time(lambda: s.start().wait(), max(5, 64 * (1 << 20) // nbytes)))
+            ts.append(median_time(lambda: s.start().wait(), max(5, 64 * (1 << 20) // nbytes)))
     return max(float(np.polyfit(xs, ts, 1)[0]), 0.0), o
 
 
