@@ -1,19 +1,20 @@
 """Rabenseifner's allreduce and "auto" against MPI_Allreduce under mpiexec, every mode
-(tests/mpi/rabenseifner_checks.py): one job per P in 1 - 9, and one test running
-P = 12, 13, 16, 24 (--quick: fewer op x dtype pairs, on few cores)."""
+(tests/mpi/rabenseifner_checks.py): one job of 9 ranks checking P = 1 - 9 in turn, and
+one of 24 ranks checking P = 12, 13, 16, 24 (--quick: fewer counts and rounds)."""
 import pytest
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", list(range(1, 10)))
-def test_rabenseifner(mpirun, nprocs):
-    mpirun("rabenseifner_checks.py", nprocs, timeout=300)
+def test_rabenseifner(mpirun):
+    """P = 1 - 9 in one launch of 9 ranks (sub-communicators in turn: starting the ranks
+    is most of a small check's time)."""
+    mpirun("rabenseifner_checks.py", 9, "--sizes=1,2,3,4,5,6,7,8,9", timeout=300)
 
 
 @pytest.mark.mpiexec
 def test_rabenseifner_large_p(mpirun):
-    for nprocs in (12, 13, 16, 24):
-        mpirun("rabenseifner_checks.py", nprocs, "--quick", timeout=300)
+    """P = 12, 13, 16 and 24 in one launch of 24 ranks (sub-communicators in turn)."""
+    mpirun("rabenseifner_checks.py", 24, "--quick", "--sizes=12,13,16,24", timeout=300)
 
 
 @pytest.mark.mpiexec

@@ -1,5 +1,5 @@
 """Rabenseifner's allreduce and "auto" against MPI_Allreduce (through mpi4py), every mode:
-python rabenseifner_checks.py [--quick]
+python rabenseifner_checks.py [--quick] [--sizes=P,Q,...]
 
 Full rounds: each op and each dtype at count 37 P + 5 (the kernels are every
 algorithm's; what this one adds is where the blocks are cut), float64 SUM and uint8 BXOR
@@ -7,7 +7,8 @@ at counts 0, 1, P - 1, P + 1, in place too, equal to MPI_Allreduce, the same bit
 Partial modes (solo, majority, probe, quorum, full) with late="fold" and skewed posts:
 the sum of every result and close()'s equals MPI_Allreduce of everything posted, on every
 rank. "auto" with what it chose, and why, the same on every rank. --quick (the large P,
-on few cores): counts 1, P + 1, 37 P + 5 and fewer rounds."""
+on few cores): counts 1, P + 1, 37 P + 5 and fewer rounds. --sizes=12,13,16,24 (under
+24 ranks): every check on the first 12, 13, 16 and 24 ranks in turn, one launch."""
 from __future__ import annotations
 
 import time
@@ -20,7 +21,30 @@ from _data import Bitwise, assert_matches, combos, values
 from _util import ARGS, run_module
 
 QUICK = "--quick" in ARGS
+SIZES = [int(x) for a in ARGS if a.startswith("--sizes=") for x in a[len("--sizes="):].split(",")]
 MODES = ("solo", "majority", "probe", "quorum", "full")
+
+
+def quiet_barrier(comm):
+    """A barrier that sleeps while it waits (MPICH's blocking calls spin, and the ranks
+    share few cores)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def communicators(world):
+    """world; with --sizes=P,Q,...: for each P a communicator of world's first P ranks,
+    in turn (the others wait), so that one launch checks several P."""
+    if not SIZES:
+        yield world
+        return
+    for p in SIZES:
+        sub = world.Split(0 if world.rank < p else MPI.UNDEFINED, world.rank)
+        if sub != MPI.COMM_NULL:
+            yield sub
+            sub.Free()
+        quiet_barrier(world)
 
 
 def quick_pairs():
@@ -34,6 +58,11 @@ def quick_pairs():
 
 
 def test_full_rounds_equal_mpi_allreduce(comm):
+    for sub in communicators(comm):
+        _full_rounds_equal_mpi_allreduce(sub)
+
+
+def _full_rounds_equal_mpi_allreduce(comm):
     p, bitwise = comm.size, Bitwise(comm)
     odd = 37 * p + 5
     counts = sorted({1, p + 1, odd} if QUICK else {0, 1, max(p - 1, 0), p + 1, odd})
@@ -54,6 +83,11 @@ def test_full_rounds_equal_mpi_allreduce(comm):
 
 
 def test_divisor(comm):
+    for sub in communicators(comm):
+        _divisor(sub)
+
+
+def _divisor(comm):
     """divisor=P: MPI_Allreduce's sum over P, each element divided once (exact sums)."""
     p = comm.size
     for count in (1, p + 1, 1001):
@@ -66,6 +100,11 @@ def test_divisor(comm):
 
 
 def test_every_mode_with_fold_loses_nothing(comm):
+    for sub in communicators(comm):
+        _every_mode_with_fold_loses_nothing(sub)
+
+
+def _every_mode_with_fold_loses_nothing(comm):
     """late="fold", skewed posts: at every rank the results plus close()'s add up to
     MPI_Allreduce of every value every rank posted (integers in float64: exact)."""
     p = comm.size
@@ -95,6 +134,11 @@ def test_every_mode_with_fold_loses_nothing(comm):
 
 
 def test_auto_runs_what_it_chose(comm):
+    for sub in communicators(comm):
+        _auto_runs_what_it_chose(sub)
+
+
+def _auto_runs_what_it_chose(comm):
     """"auto": every rank runs the same algorithm and says why; the result is MPI_Allreduce's."""
     p = comm.size
     for count in (3, (1 << 20) // 4 + 1):
