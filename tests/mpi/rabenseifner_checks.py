@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
+from partialcoll.algorithms import model
 from _data import Bitwise, assert_matches, combos, values
 from _util import ARGS, run_module
 
@@ -148,6 +149,16 @@ def _auto_runs_what_it_chose(comm):
         coll = pc.allreduce_init(count, np.float32, MPI.SUM, comm)
         chosen = comm.allgather((coll.algorithm, coll.algorithm_reason))
         assert all(c == chosen[0] for c in chosen), chosen
+        # a machine whose cache says otherwise (every rank but 0 here) still runs rank 0's choice
+        load = model.load
+        model.load = (lambda *a: model.DEFAULTS._replace(alpha=1.0, alpha_node=1.0, source="elsewhere")) \
+            if comm.rank else load
+        try:
+            other = pc.allreduce_init(count, np.float32, MPI.SUM, comm)
+        finally:
+            model.load = load
+        assert (other.algorithm, other.algorithm_reason) == chosen[0], (other.algorithm_reason, chosen[0])
+        other.close()
         assert coll.algorithm in repr(coll) and coll.algorithm_reason in repr(coll)
         assert_matches(coll.post(x).wait(timeout=120).data, ref, MPI.SUM, f"auto {coll.algorithm} P={p}")
         coll.close()
