@@ -7,7 +7,7 @@ at counts 0, 1, P - 1, P + 1, in place too, equal to MPI_Allreduce, the same bit
 Partial modes (solo, majority, probe, quorum, full) with late="fold" and skewed posts:
 the sum of every result and close()'s equals MPI_Allreduce of everything posted, on every
 rank. "auto" with what it chose, and why, the same on every rank. --quick (the large P,
-on few cores): counts 1, P + 1, 37 P + 5 and fewer rounds. --sizes=12,13,16,24 (under
+on few cores): counts 1, P + 1, 37 P + 5, four op x dtype pairs and fewer rounds. --sizes=12,13,16,24 (under
 24 ranks): every check on the first 12, 13, 16 and 24 ranks in turn, one launch."""
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ def _full_rounds_equal_mpi_allreduce(comm):
     odd = 37 * p + 5
     counts = sorted({1, p + 1, odd} if QUICK else {0, 1, max(p - 1, 0), p + 1, odd})
     for count in counts:                 # where the blocks are cut by element size: each dtype and op once
-        for dtype, op in (quick_pairs() if count == odd else [(np.float64, MPI.SUM), (np.uint8, MPI.BXOR)]):
+        few = [(np.float64, MPI.SUM), (np.uint8, MPI.BXOR)] + ([(np.int16, MPI.PROD), (np.float32, MPI.MAX)]
+                                                              if count == odd else [])
+        for dtype, op in (quick_pairs() if count == odd and not QUICK else few):
             x = values(dtype, op, count, comm.rank)
             ref = np.empty_like(x)
             comm.Allreduce(x, ref, op=op)
