@@ -2,13 +2,15 @@
 python rabenseifner_checks.py [--quick] [--sizes=P,Q,...]
 
 Full rounds: each op and each dtype at count 37 P + 5 (the kernels are every
-algorithm's; what this one adds is where the blocks are cut), float64 SUM and uint8 BXOR
-at counts 0, 1, P - 1, P + 1, in place too, equal to MPI_Allreduce, the same bits on every rank; the divisor.
-Partial modes (solo, majority, probe, quorum, full) with late="fold" and skewed posts:
-the sum of every result and close()'s equals MPI_Allreduce of everything posted, on every
-rank. "auto" with what it chose, and why, the same on every rank. --quick (the large P,
-on few cores): counts 1, P + 1, 37 P + 5, four op x dtype pairs and fewer rounds. --sizes=12,13,16,24 (under
-24 ranks): every check on the first 12, 13, 16 and 24 ranks in turn, one launch."""
+algorithm's; what this one adds is where the blocks are cut), float64 SUM and uint8
+BXOR at counts 0, 1, P - 1, P + 1, in place too: equal to MPI_Allreduce, the same bits
+on every rank; the divisor. Partial modes (solo, majority, probe, quorum, full) with
+late="fold" and skewed posts: the sum of every result and close()'s equals
+MPI_Allreduce of everything posted, on every rank. "auto": the same choice, and why, on
+every rank, rank 0's also where another rank's cache says otherwise.
+--quick (the large P, on few cores): counts 1, P + 1, 37 P + 5, four op x dtype pairs,
+fewer rounds. --sizes=12,13,16,24 (under 24 ranks): every check on the first 12, 13, 16
+and 24 ranks in turn, in one launch."""
 from __future__ import annotations
 
 import time
