@@ -3,7 +3,7 @@
     mpiexec -n 2 python bench/allreduce.py --json lat_p2.json
     mpiexec -n 4 python bench/allreduce.py
 
-For each algorithm (auto, recursive_doubling, ring) it runs partialcoll-bench's
+For each algorithm (auto, recursive_doubling, rabenseifner, ring) it runs partialcoll-bench's
 latency sweep (8 B to 16 MiB, powers of 4: -f 4), which measures MPI_Allreduce and the
 persistent allreduce (`pc.allreduce_init`, `post(x, out=y).wait()`) back to back on the
 same buffers, and prints latency ratios to MPI.
@@ -17,7 +17,7 @@ from mpi4py import MPI
 from partialcoll.bench import parser
 from partialcoll.bench.latency import latency
 
-ALGORITHMS = ("auto", "recursive_doubling", "ring")
+ALGORITHMS = ("auto", "recursive_doubling", "rabenseifner", "ring")
 
 
 def main():

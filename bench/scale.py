@@ -2,6 +2,7 @@
 
     python bench/scale.py table                       # every algorithm, P = 64, 256, 1024, 4096
     python bench/scale.py hops                        # the activation's hop count per mode
+    python bench/scale.py auto                        # what "auto" picks, against the bounds
     flock /tmp/pc-cpu.lock timeout 600 mpiexec -n 2 python bench/scale.py measure --json m2.json
     python bench/scale.py model m2.json m4.json m8.json   # fit, check, predict P = 1024
 
@@ -55,7 +56,8 @@ import numpy as np
 
 from partialcoll._buffers import SLOT_WORK, BufRef
 from partialcoll.activation import BUILDERS
-from partialcoll.algorithms import ALGORITHMS, choose
+from partialcoll.algorithms import ALGORITHMS, choose, model
+from partialcoll.bench.calibrate import median_time as _median_time
 from partialcoll.schedule import COMPUTE, RECV, SEND, TRIGGER, Schedule
 
 SIZES = (64, 256, 1024, 4096)
@@ -365,6 +367,51 @@ def _table_line(row: dict) -> str:
             f"{row['steps_how']} ({row['ranks']}{' sampled' if row['sampled'] else ''})")
 
 
+# -- "auto" against the bounds --------------------------------------------------------------
+AUTO_BYTES = (8, 64 << 10, 1 << 20, 25 << 20, 256 << 20)
+
+
+def network(q: Optional[model.Params] = None) -> model.Params:
+    """NETWORK's links between nodes (one rank per node), the engine's gamma and o from q
+    (default: the model's defaults)."""
+    q = q or model.DEFAULTS
+    return q._replace(alpha=NETWORK["alpha"], beta=NETWORK["beta"], alpha_node=NETWORK["alpha"],
+                      beta_node=NETWORK["beta"], source="network")
+
+
+def auto_row(p: int, nbytes: int, q: model.Params, ppn: int = 1) -> dict:
+    """What "auto" picks at (P, bytes) one rank per node, its predicted time against the
+    alpha-beta lower bound and MPICH's model, a partial round's time (the data's, plus the
+    flood's ceil(log2 P) hops of alpha + o), and, counted on the chosen algorithm's
+    dry-built schedules (sampled ranks), the data messages and bytes a rank sends."""
+    name, _ = model.best(p, nbytes, ppn, q)
+    t, bound, mpi = model.predict(name, p, nbytes, ppn, q), model.lower_bound(p, nbytes, q), \
+        model.predict("mpi", p, nbytes, ppn, q)
+    lg = math.ceil(math.log2(p))
+    rows = [census(build(name, r, p, nbytes, 1)) for r in sorted({0, 1, p // 2 + 1, p - 1})]
+    return {"P": p, "bytes": nbytes, "algorithm": name, "predicted_us": t * 1e6, "bound_us": bound * 1e6,
+            "over_bound": t / bound, "mpi_us": mpi * 1e6, "over_mpi": t / mpi,
+            "round_us": (t + lg * (q.alpha + q.o)) * 1e6,
+            "messages_max": max(r["messages"] for r in rows), "messages_limit": 2 * lg + 4,
+            "bytes_max": max(r["bytes"] for r in rows), "bytes_optimal": 2 * (p - 1) / p * nbytes}
+
+
+def auto_table(sizes: Sequence[int], byte_list: Sequence[int], q: model.Params) -> List[dict]:
+    print(f"# auto, one rank per node: {q.describe()}")
+    print(f"# {'P':>5} {'bytes':>10} {'algorithm':<18} {'predicted us':>13} {'bound us':>11} {'x bound':>8} "
+          f"{'MPICH us':>11} {'x MPICH':>8} {'round us':>11} {'msgs/rank':>9} {'limit':>6} {'x 2(P-1)n/P':>11}")
+    rows = []
+    for p in sizes:
+        for nbytes in byte_list:
+            r = auto_row(p, nbytes, q)
+            rows.append(r)
+            print(f"  {p:>5} {nbytes:>10} {r['algorithm']:<18} {r['predicted_us']:>13.1f} {r['bound_us']:>11.1f} "
+                  f"{r['over_bound']:>8.3f} {r['mpi_us']:>11.1f} {r['over_mpi']:>8.3f} {r['round_us']:>11.1f} "
+                  f"{r['messages_max']:>9} {r['messages_limit']:>6} {r['bytes_max'] / r['bytes_optimal']:>11.3f}",
+                  flush=True)
+    return rows
+
+
 # -- the activation ---------------------------------------------------------------------
 def activation_hops(p: int, mode: str, seed: int = 0, quorum: Optional[int] = None) -> dict:
     """Round 0's activation at every rank, from the posts that start it: hops (message
@@ -430,16 +477,6 @@ PINGPONG_SIZES = (8, 64, 512, 4096, 32768, 262144, 1 << 20, 4 << 20, 16 << 20)
 def _iters(nbytes: int, base: int) -> int:
     return max(6, min(base, base * 16384 // max(nbytes, 16384)))
 
-
-def _median_time(fn, iters: int, reps: int = 3) -> float:
-    """Median over reps of the mean time of iters calls (seconds)."""
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        out.append((time.perf_counter() - t0) / iters)
-    return sorted(out)[len(out) // 2]
 
 
 def measure(comm, base_iters: int = 200) -> dict:
@@ -562,33 +599,29 @@ def fit(m: dict) -> Params:
                   round=m["local"]["round_s"])
 
 
+def as_model(q: Params) -> model.Params:
+    """q as the library model's parameters: one kind of link (the node's is the network's)."""
+    return model.Params(alpha=q.alpha, beta=q.beta, gamma=q.gamma, o=q.o, alpha_node=q.alpha, beta_node=q.beta,
+                        source="bench")
+
+
 def formula(alg: str, p: int, n: float, q: Params, ppn: int = 2, local: Optional[Params] = None) -> float:
     """The analytic alpha-beta-gamma time of one allreduce of n bytes (docs/scaling.md):
     each step on the critical path costs alpha + bytes * beta, plus bytes * gamma where it
     reduces, plus o per receive and per reduction."""
-    a, b, g, o = q.alpha, q.beta, q.gamma, q.o
+    g, o = q.gamma, q.o
     if p == 1:
         return 0.0
-    if alg == "recursive_doubling":
-        pof2 = 1 << (p.bit_length() - 1)
-        t = math.log2(pof2) * (a + n * b + n * g + 2 * o)
-        return t + ((a + n * b + n * g + 2 * o) + (a + n * b + o) if p != pof2 else 0.0)
-    if alg == "ring":
-        s = n / p
-        return (p - 1) * (a + s * b + s * g + 2 * o) + (p - 1) * (a + s * b + o)
+    if alg in model.FLAT or alg == "mpi":     # the library's own model (one network, no nodes)
+        return model.predict(alg, p, n, 1, as_model(q))
     if alg == "tree":                # local: the links inside a region (default: q's)
         k = min(ppn, p)
         regions_n = -(-p // k)
         c = n / k
         lq = local or q
         inside = 2 * lq.alpha + 2 * (k - 1) * c * lq.beta + (k - 1) * (c * g + o) + 2 * o
-        top = choose("auto", int(c), regions_n) if regions_n > 1 else None
-        return inside + (formula(top, regions_n, c, q) if top else 0.0)
-    if alg == "mpi":                 # MPICH's MPI_Allreduce: recursive doubling up to 2 KiB, else
-        if n <= 2048:                # Rabenseifner's reduce-scatter (halving) + allgather (doubling)
-            return formula("recursive_doubling", p, n, q)
-        lg = math.ceil(math.log2(p))
-        return 2 * lg * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+        top = min((formula(a, regions_n, c, q) for a in model.FLAT), default=0.0) if regions_n > 1 else 0.0
+        return inside + top
     raise ValueError(f"no formula for {alg!r}")
 
 
@@ -679,7 +712,7 @@ def check(measurements: Sequence[dict], ref: Params) -> List[dict]:
 
 
 NETWORK = {"alpha": 5e-6, "beta": 8 / 25e9}          # 25 Gb/s links, 5 us latency
-FORMULAS = ("recursive_doubling", "ring", "tree", "mpi")  # what formula() knows
+FORMULAS = ("recursive_doubling", "rabenseifner", "ring", "tree", "mpi")  # what formula() knows
 
 
 def predict(ref: Params, p: int = 1024, sizes=(8, 1 << 20, 25 << 20), skew: str = "linear:1ms",
@@ -764,15 +797,18 @@ def print_model(measurements: Sequence[dict], out: Optional[str]) -> dict:
     shared = Params(**dict(vars(net), beta=net.beta * 8))
     print("# one allreduce at P = 1024 by algorithm (formula, us): one rank per node; tree: 128 nodes of 8 "
           "ranks (shared memory inside, a node's 8 top allreduces share its link)")
-    print(f"# {'bytes':>9} " + " ".join(f"{a:>18}" for a in ("recursive_doubling", "ring", "tree", "mpi (MPICH)")))
+    print(f"# {'bytes':>9} " + " ".join(f"{a:>18}" for a in ("recursive_doubling", "rabenseifner", "ring", "tree",
+                                                              "mpi (MPICH)")))
     alternatives = []
     for nbytes in (8, 65536, 1 << 20, 25 << 20):
         row = {"bytes": nbytes, "recursive_doubling": formula("recursive_doubling", 1024, nbytes, net) * 1e6,
+               "rabenseifner": formula("rabenseifner", 1024, nbytes, net) * 1e6,
                "ring": formula("ring", 1024, nbytes, net) * 1e6,
                "tree": formula("tree", 1024, nbytes, shared, ppn=8, local=ref) * 1e6,
                "mpi": formula("mpi", 1024, nbytes, net) * 1e6}
         alternatives.append(row)
-        print(f"  {nbytes:>9} " + " ".join(f"{row[a]:>18.1f}" for a in ("recursive_doubling", "ring", "tree", "mpi")))
+        print(f"  {nbytes:>9} " + " ".join(f"{row[a]:>18.1f}" for a in ("recursive_doubling", "rabenseifner", "ring",
+                                                                        "tree", "mpi")))
     result = {"fit_P": ref_m["P"], "alternatives": alternatives, "params": vars(ref), "check": rows, "predict": pred, "network": NETWORK}
     if out:
         with open(out, "w") as f:
@@ -792,6 +828,10 @@ def main(argv=None) -> None:
     t.add_argument("--max-nodes", type=int, default=1_500_000,
                    help="simulate the whole graph up to this many ops in all ranks (default 1.5M)")
     t.add_argument("--json")
+    au = sub.add_parser("auto", help='what "auto" picks at P = 64 .. 4096, 8 B .. 256 MiB, against the bounds')
+    au.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    au.add_argument("--bytes", default=",".join(map(str, AUTO_BYTES)))
+    au.add_argument("--json")
     h = sub.add_parser("hops", help="the activation's hop count per mode")
     h.add_argument("--sizes", default=",".join(map(str, SIZES)))
     h.add_argument("--json")
@@ -818,6 +858,8 @@ def main(argv=None) -> None:
         print(_table_header(nbytes, args.ppn))
         rows = table(sizes, nbytes, args.ppn, args.all_ranks, args.max_nodes,
                      args.algorithms.split(",") if args.algorithms else None)
+    elif args.command == "auto":
+        rows = auto_table(sizes, [int(b) for b in args.bytes.split(",")], network())
     else:
         rows = hops_table(sizes)
     if args.json:

@@ -17,6 +17,7 @@ def info() -> Dict[str, object]:
 
     from . import _device, _engine
     from ._version import __version__
+    from .algorithms import model
     buffers, path = _device.describe()
     cuda_aware = _engine.lib.pc_mpi_cuda_support()
     return {
@@ -34,4 +35,8 @@ def info() -> Dict[str, object]:
         "gpu_path": path,
         # MPIX_Query_cuda_support() of this MPI (None: the MPI has no such query)
         "mpi_cuda_aware": None if cuda_aware < 0 else bool(cuda_aware),
+        # what algorithm="auto" chooses by: the alpha-beta model's parameters on this machine
+        # (partialcoll-bench calibrate's cache, or the defaults); a collective uses rank 0's
+        # and says what it chose and why in repr() and .algorithm_reason
+        "auto_model": model.load().describe(),
     }

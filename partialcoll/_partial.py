@@ -33,7 +33,7 @@ from ._types import (OP_NAMES, as_dtype, check_comm, check_divisor, check_op_dty
                      integer, op_code)
 from .activation import BUILDERS
 from .activation.candidates import candidates
-from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, ps, tree
+from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, explain, model, ps, tree
 from .algorithms.recursive_doubling import allreduce_packed
 from .schedule import Schedule, _create_native, pair_messages
 
@@ -200,9 +200,12 @@ class PartialAllreduce(_propagate.Reporting):
             behind.
         late: what a late post's wait returns: "latest" (the latest completed round) or
             "fold" (every round completed since this rank's last result, folded).
-        algorithm: "auto", "recursive_doubling", "ring", "tree" or "ps" (PSLD's block
-            owners: each block of the vector is reduced by its owner, which receives it from
-            every rank and sends the result back).
+        algorithm: "auto", "recursive_doubling", "rabenseifner" (reduce-scatter by halving,
+            allgather by doubling), "ring", "tree" or "ps" (PSLD's block owners: each block
+            of the vector is reduced by its owner, which receives it from every rank and
+            sends the result back). "auto": the least predicted time in the alpha-beta model
+            (algorithms/model.py) with rank 0's parameters, so every rank runs the same;
+            ``algorithm`` then names the choice and ``algorithm_reason`` says why.
         groups: the tree's regions (one list per level, or one list): default the
             shared-memory nodes.
         divisor: every round's result is its reduction divided by this (op SUM of a real
@@ -269,12 +272,14 @@ class PartialAllreduce(_propagate.Reporting):
                 _check_workers(params)
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = as_problem(exc, "PartialAllreduce"), None
+        # with "auto", each rank's model parameters (its machine's calibration): all choose with rank 0's
         extra = agree(comm, "PartialAllreduce", problem, params,
-                      (_engine.node_needed(), int.from_bytes(os.urandom(8), "little")),
+                      (_engine.node_needed(), int.from_bytes(os.urandom(8), "little"),
+                       tuple(model.load()) if algorithm == "auto" else None),
                       "the same count, dtype, op, mode and options")
         # rank 0's random number: the collective's identity in its peer-error reports
         self._ident: int = extra[0][1]
-        if any(needed for needed, _ in extra):     # the idle policy auto learns this node (once)
+        if any(e[0] for e in extra):     # the idle policy auto learns this node (once)
             _engine.join_node(comm)
         assert params is not None
         self.count, self.dtype, self.mode = params["count"], as_dtype(dtype), mode
@@ -302,9 +307,11 @@ class PartialAllreduce(_propagate.Reporting):
         # the regions: those given, or one per shared-memory node (collective, agreed), found
         # where the tree is named or "auto" may pick it (every rank decides alike)
         groups = params["groups"]
-        if groups is None and (algorithm == "tree" or auto_may_choose_tree(algorithm, nbytes, size)):
+        costs = model.Params(*extra[0][2]) if algorithm == "auto" else model.DEFAULTS
+        if groups is None and (algorithm == "tree" or auto_may_choose_tree(algorithm, nbytes, size, costs)):
             groups = tree.host_groups(comm)
-        self.algorithm = choose(algorithm, nbytes, size, groups)
+        # the same choice on every rank: agreed arguments, agreed regions, rank 0's parameters
+        self.algorithm, self.algorithm_reason = explain(algorithm, nbytes, size, groups, costs, self.dtype.itemsize)
         self.groups = groups if self.algorithm == "tree" else params["groups"]
         self._traffic: Optional[np.ndarray] = None     # kept at close()
         self.size, self.rank = size, rank
@@ -825,7 +832,8 @@ class PartialAllreduce(_propagate.Reporting):
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "
-                f"late={self.late!r}, algorithm={self.algorithm!r}, size={self.size})")
+                f"late={self.late!r}, algorithm={self.algorithm!r}, size={self.size}) "
+                f"# algorithm: {self.algorithm_reason}")
 
 
 def close_all(collectives: Sequence[PartialAllreduce], timeout: Optional[float] = None) -> List[Result]:

@@ -145,39 +145,11 @@ def test_binomial_tree_covers_everyone_once(p):
 
 def test_auto_choice():
     assert choose("auto", 8, 4) == "recursive_doubling"
-    assert choose("auto", 16 << 20, 4) == "ring"
+    assert choose("auto", 16 << 20, 4) == "rabenseifner"     # by the model: tests/test_rabenseifner.py
     assert choose("ring", 8, 4) == "ring"
     assert choose("tree", 8, 4) == "tree"
     with pytest.raises(ValueError, match="unknown algorithm"):
         choose("no_such_algorithm", 8, 4)
-
-
-def test_auto_chooses_tree_where_regions_are_known():
-    """auto picks the tree where the regions are known and non-trivial (some level cuts the
-    ranks into several regions, one of them of several ranks) and the vector has more
-    than AUTO_TREE_BYTES (where it would pick ring); otherwise recursive doubling / ring
-    by size, as without regions."""
-    from partialcoll.algorithms import AUTO_TREE_BYTES, auto_may_choose_tree, nontrivial_regions
-    from partialcoll.algorithms.tree import normalize_groups
-    big, small = max(AUTO_TREE_BYTES + 1, 16 << 20), AUTO_TREE_BYTES
-    racks = normalize_groups([0, 0, 0, 0, 1, 1, 1, 1], 8)
-    assert choose("auto", big, 8, racks) == "tree"
-    assert choose("auto", AUTO_TREE_BYTES + 1, 8, racks) == "tree"
-    assert choose("auto", small, 8, racks) == choose("auto", small, 8)         # below the threshold
-    uneven = normalize_groups([0, 0, 1], 3)
-    assert choose("auto", big, 3, uneven) == "tree"
-    two_levels = normalize_groups([list(range(6)), [0, 0, 0, 1, 1, 1]], 6)    # one rank per host, 2 racks
-    assert choose("auto", big, 6, two_levels) == "tree"
-    for trivial in ([0] * 8, list(range(8))):          # one region; every rank its own region
-        levels = normalize_groups(trivial, 8)
-        assert not nontrivial_regions(levels)
-        assert choose("auto", big, 8, levels) == "ring"
-    assert choose("auto", big, 8, None) == "ring"
-    assert choose("ring", big, 8, racks) == "ring"     # a named algorithm is kept
-    assert nontrivial_regions(racks) and nontrivial_regions(two_levels)
-    # whether the regions could matter at all (so the caller looks up the nodes)
-    assert auto_may_choose_tree("auto", big, 8) and not auto_may_choose_tree("auto", small, 8)
-    assert not auto_may_choose_tree("ring", big, 8) and not auto_may_choose_tree("auto", big, 2)
 
 
 def test_dry_schedule_cannot_commit():

@@ -1,25 +1,19 @@
 """Allreduce schedules. The registry key is the name users pass as ``algorithm=``."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from . import ps, recursive_doubling, ring, tree
+from . import model, ps, rabenseifner, recursive_doubling, ring, tree
 
 ALGORITHMS: Dict[str, Callable] = {
     "recursive_doubling": recursive_doubling.allreduce,
     "ring": ring.allreduce,
+    "rabenseifner": rabenseifner.allreduce,
     "tree": tree.allreduce,          # takes groups=, seed= and rotation= (see tree.py)
     "ps": ps.allreduce,              # takes block_bytes=, assignment=, servers=, timers= (see ps.py)
 }
 # the algorithms whose blocks have owners (balance= moves blocks between them)
 OWNED = ("ps",)
-
-# "auto": recursive doubling up to this many bytes, ring above (measured: see docs/benchmarks.md).
-AUTO_RING_BYTES = 64 * 1024
-# "auto": the tree above this many bytes (where it would otherwise pick ring), where the
-# regions are known and non-trivial (measured across emulated hosts: docs/tree.md, "auto").
-AUTO_TREE_BYTES = AUTO_RING_BYTES
-
 
 def nontrivial_regions(levels: Optional[Sequence[Sequence[int]]]) -> bool:
     """Whether some level cuts the ranks into several regions, one of them of several
@@ -30,26 +24,43 @@ def nontrivial_regions(levels: Optional[Sequence[Sequence[int]]]) -> bool:
     return False
 
 
-def auto_may_choose_tree(algorithm: str, nbytes: int, size: int) -> bool:
-    """Whether choose() could pick the tree, given regions: the caller then finds them
-    (the shared-memory nodes, a collective call) when the user gave none."""
-    return algorithm == "auto" and nbytes > AUTO_TREE_BYTES and size > 2
+def auto_may_choose_tree(algorithm: str, nbytes: int, size: int, params: model.Params = model.DEFAULTS) -> bool:
+    """Whether choose() could pick the tree for some regions (nodes of 2, 4, ... ranks):
+    the caller then finds them (the shared-memory nodes, a collective call) when the user
+    gave none."""
+    if algorithm != "auto" or size <= 2 or nbytes <= 0:
+        return False
+    ppn = 2
+    while ppn < size:
+        if model.best(size, nbytes, ppn, params, tree_ok=True)[0] == "tree":
+            return True
+        ppn *= 2
+    return False
 
 
-def choose(algorithm: str, nbytes: int, size: int, groups=None) -> str:
-    """Resolve "auto" (and check a name) for a vector of nbytes on size ranks.
+def explain(algorithm: str, nbytes: int, size: int, groups=None, params: model.Params = model.DEFAULTS,
+            itemsize: int = 1) -> Tuple[str, str]:
+    """(the algorithm "auto" resolves to, and why) for a vector of nbytes on size ranks.
 
     groups: the regions, if known (tree.normalize_groups' form: the user's groups=, or the
-    shared-memory nodes). "auto" picks "tree" where they are non-trivial and nbytes >
-    AUTO_TREE_BYTES, i.e. in place of ring (the tree sends one vector across regions each
-    way, ring 1.75 with two contiguous regions; across slower links between regions that
-    is what counts); otherwise recursive doubling up to AUTO_RING_BYTES and ring above."""
-    if algorithm == "auto":
-        if auto_may_choose_tree(algorithm, nbytes, size) and nontrivial_regions(groups):
-            return "tree"
-        return "ring" if nbytes > AUTO_RING_BYTES and size > 1 else "recursive_doubling"
-    check_algorithm(algorithm)
-    return algorithm
+    shared-memory nodes): their innermost level gives the ranks per node, and the tree is
+    a candidate where they are non-trivial. params: the model's (the same on every rank:
+    the collective passes rank 0's). A named algorithm is checked and kept."""
+    if algorithm != "auto":
+        check_algorithm(algorithm)
+        return algorithm, "named"
+    if size <= 1 or nbytes <= 0:
+        return "recursive_doubling", "nothing to exchange"
+    ppn = model.ranks_per_node(groups, size)
+    tree_ok = nontrivial_regions(groups)
+    chunks = tree.default_chunks(max(nbytes // itemsize, 1), itemsize, groups) if tree_ok and groups else None
+    return model.best(size, nbytes, ppn, params, tree_ok, chunks)
+
+
+def choose(algorithm: str, nbytes: int, size: int, groups=None, params: model.Params = model.DEFAULTS) -> str:
+    """Resolve "auto" (and check a name) for a vector of nbytes on size ranks: the
+    algorithm of least predicted time (model.py; see explain())."""
+    return explain(algorithm, nbytes, size, groups, params)[0]
 
 
 def check_algorithm(algorithm: str) -> None:

@@ -3,6 +3,7 @@
     mpiexec -n 4 partialcoll-bench latency -m 8:16M --modes mpi,full,solo -z -c
     mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64            (the paper's method)
     mpiexec -n 8 partialcoll-bench skew --sync none -z -c                  (free-running, checked)
+    mpiexec -n 2 partialcoll-bench calibrate                               (the model "auto" uses)
 
 OSU's options (-m [MIN:]MAX, -i, -x, -z, -c) and nccl-tests' (-f factor, the count, type,
 algbw, busbw and #wrong columns); sizes step by powers of 2. `partialcoll-bench COMMAND
@@ -20,6 +21,7 @@ from typing import Callable, Dict, List, Optional
 from mpi4py import MPI
 
 from ._report import ValidationFailed, run_info, write_outputs
+from .calibrate import add_calibrate_args, calibrate
 from .latency import add_latency_args, latency
 from .skew import add_skew_args, skew
 
@@ -27,6 +29,8 @@ COMMANDS: Dict[str, tuple] = {
     "latency": (latency, add_latency_args, "allreduce latency over message sizes (OSU's osu_allreduce, "
                                            "nccl-tests' columns)"),
     "skew": (skew, add_skew_args, "eager-SGD Fig. 9: latency and NAP under a skew pattern"),
+    "calibrate": (calibrate, add_calibrate_args, "measure alpha, beta, gamma, o for algorithm='auto' and cache "
+                                                 "them for this machine"),
 }
 
 

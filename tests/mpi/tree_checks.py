@@ -159,21 +159,20 @@ def test_rotation(comm):
 
 
 def test_auto_with_groups(comm):
-    """algorithm="auto" with groups=: the tree where the regions are non-trivial and the
-    vector has more than AUTO_TREE_BYTES (equal to MPI_Allreduce, the same bits on every
-    rank); otherwise as without groups. Without groups= on one node: never the tree."""
-    from partialcoll.algorithms import AUTO_TREE_BYTES, choose
+    """algorithm="auto" with groups=: what the model picks with these regions and this
+    machine's parameters (the tree only where the regions are non-trivial), equal to
+    MPI_Allreduce, the same bits on every rank. Without groups= on one node: never the tree."""
+    from partialcoll.algorithms import explain, model
     p = comm.size
-    big = AUTO_TREE_BYTES // 8 + 3                   # float64 elements
+    big = (64 << 10) // 8 + 3                        # float64 elements
     for name in ("uneven", "levels", "one", "each"):
         groups = shapes(p)[name]
         for count in (big, 5):
             nbytes = count * 8
             coll = pc.PartialAllreduce(count, np.float64, MPI.SUM, comm, mode="full", groups=groups)
-            want = choose("auto", nbytes, p, tree.normalize_groups(groups, p))
-            assert coll.algorithm == want, (name, count, coll.algorithm, want)
-            pays = name in ("uneven", "levels") and p > 2 and nbytes > AUTO_TREE_BYTES
-            assert (coll.algorithm == "tree") == pays, (name, p, count, coll.algorithm)
+            want = explain("auto", nbytes, p, tree.normalize_groups(groups, p), model.load(), 8)
+            assert coll.algorithm == want[0] and coll.algorithm_reason == want[1], (name, count, coll.algorithm, want)
+            assert coll.algorithm != "tree" or name in ("uneven", "levels"), (name, p, count)
             for salt in range(2):
                 x = values(np.float64, MPI.SUM, count, comm.rank, salt)
                 ref = np.empty_like(x)
