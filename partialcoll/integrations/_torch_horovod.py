@@ -103,6 +103,12 @@ def size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
+def barrier(process_set=None, comm: Optional[MPI.Comm] = None) -> None:
+    """Every rank has reached it (hvd.barrier())."""
+    comm = _comm(comm, process_set)
+    _wait_collective(comm.Ibarrier(), "barrier", None, comm=comm)
+
+
 def _flat(host: torch.Tensor) -> np.ndarray:
     """A NumPy view of a contiguous host tensor, 0-d tensors as one element."""
     return host_view(host.reshape(-1))

@@ -333,9 +333,13 @@ class GradientSynchronizer:
 
 
 def _average_of(op, average: Optional[str], predivide: float) -> str:
-    """DistributedOptimizer's average= from Horovod's op= (Average: "world", Sum: "none"),
-    checked: an explicit average= must agree with op; gradient_predivide_factor needs
-    op=Average (as Horovod)."""
+    """DistributedOptimizer's average= from Horovod's op= (Average: "world", Sum: "none";
+    None: Average, or what average= says), checked: an explicit average= must agree with
+    an explicit op; gradient_predivide_factor needs op=Average (as Horovod)."""
+    if op is None:
+        op = Sum if average == "none" else Average
+    elif average is not None and (op == Sum) != (average == "none"):
+        raise ArgumentError(f"op={op!r} and average={average!r} disagree (op=Sum is average='none')")
     if op == Adasum:
         raise ArgumentError("op=Adasum is not offered by partialcoll: use op=Average or op=Sum")
     if op not in (Average, Sum):
@@ -346,10 +350,7 @@ def _average_of(op, average: Optional[str], predivide: float) -> str:
         raise ArgumentError(f"gradient_predivide_factor must be positive, not {predivide!r}")
     if average is None:
         return "world" if op == Average else "none"
-    check_average(average)
-    if op == Sum and average != "none" or op == Average and average == "none":
-        raise ArgumentError(f"op={op!r} and average={average!r} disagree (op=Sum is average='none')")
-    return average
+    return check_average(average)
 
 
 def _checked_named(optimizer: torch.optim.Optimizer, named_parameters) -> List[torch.nn.Parameter]:
@@ -407,8 +408,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Horovod's arguments, in Horovod's order: ``named_parameters`` (checked: a ValueError
     where names repeat or some of the optimizer's parameters are not named),
     ``compression`` (Compression.none, or Compression.fp16: gradients reduced in float16,
-    given back in their dtype), ``backward_passes_per_step``, ``op`` (Average, or Sum:
-    average="none"), ``gradient_predivide_factor`` (gradients divided by it before the
+    given back in their dtype), ``backward_passes_per_step``, ``op`` (Average, the default, or
+    Sum: average="none"), ``gradient_predivide_factor`` (gradients divided by it before the
     sum and multiplied by it after, op=Average only); ``num_groups``, ``groups``,
     ``sparse_as_dense`` and ``process_set`` are refused with the option to use instead.
     partialcoll's options are keyword-only: ``mode`` (default "full"), ``late``,
@@ -441,7 +442,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return object.__new__(cls)
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
-                 backward_passes_per_step: int = 1, op=Average, gradient_predivide_factor: float = 1.0,
+                 backward_passes_per_step: int = 1, op=None, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=None, *,
                  mode: str = "full", comm: MPI.Comm = MPI.COMM_WORLD, average: Optional[str] = None,
                  bucket_mb: float = 25.0, model_sync_every: Optional[int] = None,

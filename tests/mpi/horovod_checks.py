@@ -312,9 +312,12 @@ def test_partial_ddp_batchnorm_buffers():
     sync = BufferSync(list(bn.buffers()), comm)
     res = sync.sync()
     active = list(res.active)
-    assert res.posts == len(active) >= 1
-    assert torch.allclose(bn.running_mean, torch.full((4,), sum(active) / len(active)))
-    assert torch.allclose(bn.running_var, torch.full((4,), 10 + sum(active) / len(active)))
+    assert res.posts == len(active)
+    # a round that holds nobody's buffers (a solo round may complete before any post is
+    # read) leaves them as they were
+    mean = sum(active) / len(active) if active else float(comm.rank)
+    assert torch.allclose(bn.running_mean, torch.full((4,), mean))
+    assert torch.allclose(bn.running_var, torch.full((4,), 10 + mean))
     assert bn.num_batches_tracked.item() == comm.rank
     sync.coll.close()
     state.close()
