@@ -27,7 +27,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from mpi4py import MPI
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -68,6 +67,8 @@ TRAINERS = {
     "solo+speed": {"mode": "solo", "late": "fold", "speed": True},
     "solo+speed+avg": {"mode": "solo", "late": "fold", "speed": True, "average_models": True},
     "solo+speed+nap": {"mode": "solo", "late": "fold", "average": "nap", "speed": True, "average_models": True},
+    "solo+speed+rna": {"mode": "solo", "late": "fold", "average": "nap", "lr_scaling": "contributors",
+                       "speed": True, "average_models": True},
 }
 
 

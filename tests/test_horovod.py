@@ -26,6 +26,7 @@ def test_uncaught_exception_ends_the_job(mpirun, case, nprocs):
     assert len(failing) == 1, out[-3000:]
     assert "UNREACHABLE" not in out, out[-3000:]
     assert "RuntimeError: the user's code failed" in out, out[-3000:]
+    print(f"{case} P={nprocs}: every rank gone {ended - float(failing[0]):.2f} s after the raise")
     assert ended - float(failing[0]) < GONE_WITHIN_S, f"the job took {ended - float(failing[0]):.1f} s\n{out[-3000:]}"
 
 

@@ -180,7 +180,7 @@ class GradientSynchronizer:
     collective over the group).
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "solo",
+    def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "full",
                  comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
                  model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
                  hierarchy: Optional[str] = None, average_every: Optional[int] = None, regroup_every: int = 20,

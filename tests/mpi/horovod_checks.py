@@ -331,5 +331,29 @@ def test_partial_ddp_batchnorm_buffers():
     state3.close()
 
 
+@pytest.mark.mpi
+def test_speed_aware_sampler():
+    """Each rank's share of the epoch: equal before anything is measured, then in
+    proportion to the rates the ranks noted (rank r: r + 1), the parts disjoint and
+    together the whole dataset, the same permutation on every rank."""
+    comm = MPI.COMM_WORLD
+    n = 1000 + comm.size                          # not a multiple of the shares
+    sampler = hvd.SpeedAwareSampler(n, smoothing=0.0, seed=3)
+    sampler.set_epoch(0)
+    parts = comm.allgather(list(sampler))
+    assert sorted(len(p) for p in parts) in ([n // comm.size] * (comm.size - n % comm.size)
+                                             + [n // comm.size + 1] * (n % comm.size),)
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    sampler.note(10.0 * (comm.rank + 1))
+    sampler.set_epoch(1)
+    total = sum(range(1, comm.size + 1))
+    want = [n * (r + 1) / total for r in range(comm.size)]
+    parts = comm.allgather(list(sampler))
+    assert all(abs(len(p) - w) < 1 for p, w in zip(parts, want)), ([len(p) for p in parts], want)
+    assert len(sampler) == len(parts[comm.rank])
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    assert parts != [list(range(n))[sum(len(q) for q in parts[:r]):][:len(p)] for r, p in enumerate(parts)]
+
+
 if __name__ == "__main__":
     run_module(__file__)
