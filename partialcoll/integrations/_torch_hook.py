@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
-from ._torch_common import (Completer, buffer_of, host_view, check_average, contributor_scale, divisor, for_torch, fused_divisor,
+from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
                             np_dtype, settle, tensor_of, warn_drift)
 from ._torch_optim import GradientSynchronizer, ModelSync, average_models, close_with, start_averaging
 from ._torch_pg import init_process_group
@@ -34,38 +34,20 @@ _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algor
                  "hysteresis", "regroup_points", "buffer_sync_every")
 
 
-class BufferSync:
+class BufferSync(ModelSync):
     """The floating buffers of a module (BatchNorm's running statistics) averaged over the
     ranks through a solo partial allreduce, so no rank waits for another to have them:
     each sync posts this rank's buffers and takes the mean of what the round holds
     (``Result.posts``: the round's sum over the number of posts inside it, leftovers of
-    ranks that were late included). Integer buffers (num_batches_tracked) stay each
-    rank's. Collective to make over comm; the engine reads and writes the flat host
-    buffer from sync()'s post to its wait, on the calling thread."""
+    ranks that were late included; a round that holds none leaves them as they were).
+    Integer buffers (num_batches_tracked) stay each rank's. Collective to make over comm."""
 
     def __init__(self, buffers: List[torch.Tensor], comm: MPI.Comm) -> None:
-        self.buffers = [b for b in buffers if b.is_floating_point()]
-        self.flat = torch.empty(sum(b.numel() for b in self.buffers), dtype=torch.float64)
-        self.coll = PartialAllreduce(max(self.flat.numel(), 1), np.float64, MPI.SUM, comm, mode="solo",
-                                     late="latest")
-        self.last: Optional[Result] = None
+        super().__init__([b for b in buffers if b.is_floating_point()], comm, mode="solo", late="latest")
 
-    def sync(self) -> Result:
-        flat, off = self.flat, 0
-        with torch.no_grad():
-            for b in self.buffers:
-                flat[off:off + b.numel()].copy_(b.detach().reshape(-1))
-                off += b.numel()
-            x = host_view(flat)
-            res = self.coll.post(x, out=x).wait()
-            if res.posts >= 1:
-                mean = torch.from_numpy(np.asarray(res.data)) / res.posts
-                off = 0
-                for b in self.buffers:
-                    b.copy_(mean[off:off + b.numel()].view_as(b))
-                    off += b.numel()
-        self.last = res
-        return res
+    @property
+    def buffers(self) -> List[torch.Tensor]:
+        return self.params
 
 
 class _BucketColl:
@@ -216,10 +198,13 @@ class PartialHookState:
             if self.iter - self._synced_at >= every:
                 self._synced_at = self.iter
                 self.model_sync.sync()
+        if self.buffer_sync_every and self.buffer_sync is None and not any(b.is_floating_point()
+                                                                           for b in module.buffers()):
+            self.buffer_sync_every = 0           # nothing to average (the same model on every rank)
         if self.buffer_sync_every and module.training and torch.is_grad_enabled():
             if self.buffer_sync is None:         # collective, as model_sync's
                 self.buffer_sync = BufferSync(list(module.buffers()), self.comm)
-            if self.iter % self.buffer_sync_every == 0 and self.buffer_sync.buffers:
+            if self.iter % self.buffer_sync_every == 0:
                 self.buffer_sync.sync()
         if self.grouping is not None and module.training and torch.is_grad_enabled():
             self._hierarchy_step(self.grouping, [p for p in module.parameters() if p.requires_grad])

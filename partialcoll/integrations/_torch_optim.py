@@ -644,7 +644,7 @@ class ModelSync:
     Whose memory is whose: the flat host buffer is this object's; the engine reads and
     writes it from sync()'s post to its wait, on the thread that calls sync()."""
 
-    def __init__(self, params: Sequence[torch.Tensor], comm: MPI.Comm) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], comm: MPI.Comm, **options) -> None:
         self.params = list(params)
         dtypes = {p.dtype for p in self.params}
         exact = (torch.float32, torch.float64, torch.complex64, torch.complex128)
@@ -653,7 +653,9 @@ class ModelSync:
         else:
             wide = torch.complex128 if any(d.is_complex for d in dtypes) else torch.float64
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=wide)
-        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM, comm, mode="full")
+        # options: another mode (partial_ddp's buffers: solo); full by default
+        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM, comm,
+                                     **{"mode": "full", **options})
         self.last: Optional[Result] = None
 
     def sync(self) -> Result:
@@ -668,7 +670,7 @@ class ModelSync:
             if res.posts > 1:
                 flat /= res.posts
             off = 0
-            for p in self.params:
+            for p in self.params if res.posts else ():      # a round that holds nobody's: as they were
                 mean = flat[off:off + p.numel()].view_as(p)
                 p.copy_(mean.real if mean.is_complex() and not p.is_complex() else mean)
                 off += p.numel()
