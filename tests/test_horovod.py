@@ -15,7 +15,7 @@ GONE_WITHIN_S = 10.0
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("case,nprocs", [("mpi4py", 2), ("mpi4py", 3), ("pg", 3), ("pg", 4)])
+@pytest.mark.parametrize("case,nprocs", [("mpi4py", 3), ("pg", 2), ("pg", 4)])
 def test_uncaught_exception_ends_the_job(mpirun, case, nprocs):
     """The last rank raises while the others sit in an MPI call partialcoll does not own:
     the job is gone within 10 s of the raise (torch's process group would have waited 30
@@ -31,7 +31,7 @@ def test_uncaught_exception_ends_the_job(mpirun, case, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [3, 4])
+@pytest.mark.parametrize("nprocs", [2, 3])
 def test_normal_exit_is_a_close(mpirun, nprocs):
     """solo with rank 0 slower, no close(): the fast ranks exit first, their exit closes
     the collectives with their peers, rank 0 trains on and every rank ends normally; no
