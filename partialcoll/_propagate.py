@@ -18,9 +18,9 @@ are installed when the first collective is made, each chained to what was there:
   (their peers' rounds go on with this rank standing in; nothing is reported); a failure
   of that close is reported. After an uncaught exception or sys.exit() with another code,
   collectives still open are reported ("exit"). Other collectives still open are reported.
-- abort: after an uncaught exception is reported and printed (and at exit after
-  sys.exit() with a code other than 0 or None), MPI.COMM_WORLD.Abort() ends the job, as
-  ``python -m mpi4py`` does, so ranks waiting in MPI calls partialcoll does not own
+- abort: after an uncaught exception is reported and printed, MPI.COMM_WORLD.Abort()
+  ends the job, as ``python -m mpi4py`` does (not after sys.exit(n): a program may end
+  every rank with the same code on purpose), so ranks waiting in MPI calls partialcoll does not own
   (mpi4py's, a torch process group's) do not wait for their timeout; rc.abort_on_exception
   = False turns it off (environment PARTIALCOLL_ABORT_ON_EXCEPTION=0).
 
@@ -214,8 +214,8 @@ def _on_sigterm(signum, frame) -> None:
 def _at_exit() -> None:
     if _failed or _exit_code not in (None, 0):
         report("exit", "the process exited with the collective open (no close())")
-        if _abort_code or not _failed:
-            _abort(_abort_code or (_exit_code if isinstance(_exit_code, int) else 1))
+        if _abort_code:
+            _abort(_abort_code)
         return
     _close_at_exit()
     report("exit", "the process exited with the collective open (no close())")   # what close could not

@@ -53,8 +53,7 @@ class RC:
         close_timeout: default timeout in seconds of close() (default 300; None: forever), so a
             peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
         abort_on_exception: once partialcoll is in use (a collective made, or the torch
-            integration's init_process_group), an exception nobody caught (and sys.exit()
-            with a code other than 0 or None) ends the whole job with MPI.COMM_WORLD.Abort()
+            integration's init_process_group), an exception nobody caught ends the whole job with MPI.COMM_WORLD.Abort()
             after it is reported to the peers and printed, as ``python -m mpi4py`` does, so
             ranks waiting in MPI calls partialcoll does not own (mpi4py's, a torch process
             group's) do not hang (default True); environment
