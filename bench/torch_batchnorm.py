@@ -76,12 +76,10 @@ def run(trainer, args, comm):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--slow-ms", type=float, default=30.0)
-    parser.add_argument("--trainers", default="full,solo,solo+broadcast")
-    parser.add_argument("--json")
+    for name, kind, default in (("--steps", int, 80), ("--warmup", int, 5), ("--batch", int, 16),
+                                ("--slow-ms", float, 30.0), ("--trainers", str, "full,solo,solo+broadcast"),
+                                ("--json", str, None)):
+        parser.add_argument(name, type=kind, default=default)
     args = parser.parse_args()
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
