@@ -13,8 +13,16 @@ are installed when the first collective is made, each chained to what was there:
 - SIGTERM, only where its handler is the default one and the first collective is made
   on the main thread (only it may set handlers): report, restore the default, and raise
   the signal again (the process ends as it would have);
-- atexit: collectives still open when the interpreter exits (sys.exit(), no close())
-  are reported ("exit").
+- atexit: at a normal exit (the end of the script, sys.exit() with 0 or None), the
+  PartialAllreduces still open are closed cooperatively, together, as close_all() would
+  (their peers' rounds go on with this rank standing in; nothing is reported); a failure
+  of that close is reported. After an uncaught exception or sys.exit() with another code,
+  collectives still open are reported ("exit"). Other collectives still open are reported.
+- abort: after an uncaught exception is reported and printed, MPI.COMM_WORLD.Abort()
+  ends the job, as ``python -m mpi4py`` does (not after sys.exit(n): a program may end
+  every rank with the same code on purpose), so ranks waiting in MPI calls partialcoll does not own
+  (mpi4py's, a torch process group's) do not wait for their timeout; rc.abort_on_exception
+  = False turns it off (environment PARTIALCOLL_ABORT_ON_EXCEPTION=0).
 
 An exception the application catches is not reported: it may carry on (a bad buffer on
 one rank is an error there, and the collective still works after). A `with` block left
@@ -34,7 +42,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional, TypeVar, cast
+from typing import Any, Dict, NoReturn, Optional, TypeVar, cast
 
 REPORT_SECONDS = 1.0        # how long a report waits, in all, for its messages to leave
 _Self = TypeVar("_Self", bound="Reporting")
@@ -42,11 +50,22 @@ _Self = TypeVar("_Self", bound="Reporting")
 _open: "weakref.WeakSet" = weakref.WeakSet()
 _installed = False
 _previous: Dict[str, Any] = {}
+_failed = False             # an uncaught exception or SIGTERM was reported: exit is no close
+_exit_code: Any = None      # what sys.exit() was last called with
+_abort_code = 0             # an uncaught exception: abort the job at exit with this code
+ABORT_FALLBACK_SECONDS = 3.0
 
 
 def register(coll) -> None:
     """A collective was made: report on it if this rank fails (hooks installed once)."""
     _open.add(coll)
+    install()
+
+
+def install() -> None:
+    """Install the hooks (once): the first collective does, and so does the torch
+    integration's process group (an uncaught exception then ends the job even where no
+    collective of partialcoll's is open)."""
     if not _installed:
         _install()
 
@@ -129,10 +148,48 @@ def describe(exc: BaseException) -> str:
 
 
 def _excepthook(exc_type, exc, tb) -> None:
+    global _failed
+    _failed = True
     try:
         report(exc_type.__name__, describe(exc))
     finally:
         _previous["excepthook"](exc_type, exc, tb)
+        # abort once the hooks chained around this one have printed (torch's prints what
+        # this one wrote into its buffer only after it returns): at exit, or from a timer
+        # where the exit does not come (a thread that does not end)
+        _abort_later(1)
+
+
+def _abort_later(code: int) -> None:
+    global _abort_code
+    _abort_code = code
+    timer = threading.Timer(ABORT_FALLBACK_SECONDS, _abort, (code,))
+    timer.daemon = True
+    timer.start()
+
+
+def _abort(code: int) -> None:
+    """End the whole job as ``python -m mpi4py`` does (MPI.COMM_WORLD.Abort), unless
+    rc.abort_on_exception is off or MPI is not running."""
+    from ._rc import rc
+    if not rc.abort_on_exception:
+        return
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:       # noqa: BLE001 - a closed stream must not stop the abort
+            pass
+    mpi.COMM_WORLD.Abort(code if isinstance(code, int) and code else 1)
+
+
+def _exit(code: Any = None) -> NoReturn:
+    global _exit_code
+    _exit_code = code
+    _previous["exit"](code)
+    raise SystemExit(code)      # not reached: sys.exit raised
 
 
 def _threading_excepthook(args) -> None:
@@ -145,6 +202,8 @@ def _threading_excepthook(args) -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
+    global _failed
+    _failed = True
     try:
         report("SIGTERM", f"the process received signal {signum} (SIGTERM)")
     finally:
@@ -153,7 +212,31 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def _at_exit() -> None:
-    report("exit", "the process exited with the collective open (no close())")
+    if _failed or _exit_code not in (None, 0):
+        report("exit", "the process exited with the collective open (no close())")
+        if _abort_code:
+            _abort(_abort_code)
+        return
+    _close_at_exit()
+    report("exit", "the process exited with the collective open (no close())")   # what close could not
+
+
+def _close_at_exit() -> None:
+    """A normal exit closes the PartialAllreduces still open, together and cooperatively,
+    as close_all() would: the peers' rounds go on with this rank standing in, and their own
+    close (or exit) completes the final round. One that another thread still waits on
+    cannot be closed: it is reported instead. A close that fails reports itself."""
+    from ._partial import PartialAllreduce, close_all
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or mpi.Is_finalized():      # the application finalized MPI itself
+        return
+    colls = [c for c in list(_open) if isinstance(c, PartialAllreduce) and not c._closed
+             and not getattr(c, "_waiting", None)]
+    # close_all begins closing every one before waiting for any: their order may differ by rank
+    try:
+        close_all(colls)
+    except Exception as exc:    # noqa: BLE001 - reported by close_all; the exit goes on
+        print(f"partialcoll: closing the collectives at exit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _install() -> None:
@@ -168,4 +251,6 @@ def _install() -> None:
             signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:
         pass
+    _previous["exit"] = sys.exit
+    sys.exit = _exit            # what the exit code was, for atexit (a normal exit closes)
     atexit.register(_at_exit)   # after the engine's finalize: runs before it

@@ -52,6 +52,12 @@ class RC:
             between events, then the engine sleeps as above.
         close_timeout: default timeout in seconds of close() (default 300; None: forever), so a
             peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
+        abort_on_exception: once partialcoll is in use (a collective made, or the torch
+            integration's init_process_group), an exception nobody caught ends the whole job with MPI.COMM_WORLD.Abort()
+            after it is reported to the peers and printed, as ``python -m mpi4py`` does, so
+            ranks waiting in MPI calls partialcoll does not own (mpi4py's, a torch process
+            group's) do not hang (default True); environment
+            PARTIALCOLL_ABORT_ON_EXCEPTION ("0": off, for jobs whose other ranks carry on).
 
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
     failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
@@ -61,7 +67,7 @@ class RC:
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 20000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
                  "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
-                 "poll_max_us": 20000.0}
+                 "poll_max_us": 20000.0, "abort_on_exception": True}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
@@ -75,6 +81,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_IDLE")
         if env:
             self.idle = env
+        env = os.environ.get("PARTIALCOLL_ABORT_ON_EXCEPTION")
+        if env:
+            self.abort_on_exception = env.strip().lower() not in ("0", "false", "no", "off")
         env = os.environ.get("PARTIALCOLL_CLOSE_TIMEOUT")
         if env:
             self.close_timeout = None if env.lower() == "none" else float(env)

@@ -25,7 +25,8 @@ def _cuda() -> bool:
 
 # One job per process count runs the three check modules in turn: each rank imports torch
 # (seconds of CPU) once for all of them; a failure names its module's check and ranks.
-TORCH_CHECKS = ["torch_checks.py", "torch_contract_checks.py", "torch_rna_checks.py"]
+TORCH_CHECKS = ["torch_checks.py", "torch_contract_checks.py", "torch_rna_checks.py",
+                "horovod_checks.py"]   # Horovod's API (test/parallel/test_torch.py's cases)
 
 
 @pytest.mark.mpiexec

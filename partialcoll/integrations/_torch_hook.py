@@ -13,6 +13,7 @@ state's collectives are closed (a bucket rebuild, ``close()``) only after that t
 has been joined, so no close runs under one of its waits.
 """
 import time
+import warnings
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -24,13 +25,29 @@ from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
 from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
-                            np_dtype, settle, tensor_of)
+                            np_dtype, settle, tensor_of, warn_drift)
 from ._torch_optim import GradientSynchronizer, ModelSync, average_models, close_with, start_averaging
 from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
                  "model_sync_every", "accumulate", "hierarchy", "average_every", "regroup_every", "server", "window",
-                 "hysteresis", "regroup_points")
+                 "hysteresis", "regroup_points", "buffer_sync_every")
+
+
+class BufferSync(ModelSync):
+    """The floating buffers of a module (BatchNorm's running statistics) averaged over the
+    ranks through a solo partial allreduce, so no rank waits for another to have them:
+    each sync posts this rank's buffers and takes the mean of what the round holds
+    (``Result.posts``: the round's sum over the number of posts inside it, leftovers of
+    ranks that were late included; a round that holds none leaves them as they were).
+    Integer buffers (num_batches_tracked) stay each rank's. Collective to make over comm."""
+
+    def __init__(self, buffers: List[torch.Tensor], comm: MPI.Comm) -> None:
+        super().__init__([b for b in buffers if b.is_floating_point()], comm, mode="solo", late="latest")
+
+    @property
+    def buffers(self) -> List[torch.Tensor]:
+        return self.params
 
 
 class _BucketColl:
@@ -80,12 +97,22 @@ class PartialHookState:
     (over the group's members).
     """
 
-    def __init__(self, mode: str = "solo", comm: Optional[MPI.Comm] = None, average: str = "world",
+    def __init__(self, mode: str = "full", comm: Optional[MPI.Comm] = None, average: str = "world",
                  start_iter: int = 2, process_group: Optional[dist.ProcessGroup] = None,
                  model_sync_every: Optional[int] = None, hierarchy: Optional[str] = None,
                  average_every: Optional[int] = None, regroup_every: int = 20, server: int = 0, window: int = 8,
-                 hysteresis: int = 2, regroup_points: Optional[int] = None, **options) -> None:
+                 hysteresis: int = 2, regroup_points: Optional[int] = None, buffer_sync_every: Optional[int] = None,
+                 **options) -> None:
+        # what pickling keeps (PowerSGDState's way: the process group is not pickled; an
+        # unpickled state is made anew, collectively, over the default group)
+        self._args = dict(mode=mode, average=average, start_iter=start_iter, model_sync_every=model_sync_every,
+                          hierarchy=hierarchy, average_every=average_every, regroup_every=regroup_every,
+                          server=server, window=window, hysteresis=hysteresis, regroup_points=regroup_points,
+                          buffer_sync_every=buffer_sync_every, **options)
         self.mode, self.average, self.options = mode, check_average(average), options
+        self.buffer_sync_every = int(buffer_sync_every or 0)
+        self.buffer_sync: Optional[BufferSync] = None     # made at the first training forward
+        warn_drift(mode, options.get("late", "latest"), model_sync_every)
         self.start_iter, self.process_group = int(start_iter), process_group
         self.comm, self._owns_comm = _torch_comm.comm_of_group(process_group, comm)
         self.size = self.comm.Get_size()
@@ -109,6 +136,13 @@ class PartialHookState:
         self.flushed: List[Result] = []                   # results of collectives closed on a rebuild
         self._carry: Dict[int, torch.Tensor] = {}         # id(param) -> flushed data still to apply
         self._completer = Completer("partialcoll-ddp-hook")
+
+    def __getstate__(self) -> dict:
+        return {"args": self._args, "iter": self.iter}
+
+    def __setstate__(self, state: dict) -> None:
+        PartialHookState.__init__(self, **state["args"])     # collective, as making one
+        self.iter = state["iter"]
 
     # -- iterations (PowerSGD's maybe_increase_iter) -----------------------------------
     def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:
@@ -164,6 +198,14 @@ class PartialHookState:
             if self.iter - self._synced_at >= every:
                 self._synced_at = self.iter
                 self.model_sync.sync()
+        if self.buffer_sync_every and self.buffer_sync is None and not any(b.is_floating_point()
+                                                                           for b in module.buffers()):
+            self.buffer_sync_every = 0           # nothing to average (the same model on every rank)
+        if self.buffer_sync_every and module.training and torch.is_grad_enabled():
+            if self.buffer_sync is None:         # collective, as model_sync's
+                self.buffer_sync = BufferSync(list(module.buffers()), self.comm)
+            if self.iter % self.buffer_sync_every == 0:
+                self.buffer_sync.sync()
         if self.grouping is not None and module.training and torch.is_grad_enabled():
             self._hierarchy_step(self.grouping, [p for p in module.parameters() if p.requires_grad])
 
@@ -205,9 +247,11 @@ class PartialHookState:
         """Collective: flush every bucket's collective; returns the final results by bucket
         position (0 = the first bucket DDP reduced)."""
         self._completer.stop()
-        out = dict(enumerate(close_with([e.coll for e in self.colls.values()], self.model_sync)))
+        more = [self.buffer_sync.coll] if self.buffer_sync is not None else []
+        out = dict(enumerate(close_with([e.coll for e in self.colls.values()], self.model_sync, more)))
         self.colls.clear()
         self.model_sync = None
+        self.buffer_sync = None
         if self.grouping is not None:
             self.grouping.free()
             self.grouping = None
@@ -250,7 +294,7 @@ def partial_allreduce_hook(state: PartialHookState,
     return for_torch(state._completer.submit(finish, [buf.device]))
 
 
-def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.Comm] = None,
+def partial_ddp(module: torch.nn.Module, mode: str = "full", comm: Optional[MPI.Comm] = None,
                 average: str = "world", hook_options: Optional[dict] = None,
                 **ddp_options) -> Tuple[torch.nn.parallel.DistributedDataParallel, PartialHookState]:
     """The common case in one call: the ``partialcoll`` process group (if none is set up
@@ -261,19 +305,40 @@ def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.
         ...
         state.close()                                               # collective
 
-    Returns (the DDP module, its PartialHookState). Keyword arguments that
-    PartialAllreduce takes (late, max_staleness, seed, ...) and model_sync_every go to
-    the hook; the others (process_group, device_ids, bucket_cap_mb, ...) to
-    DistributedDataParallel."""
+    Returns (the DDP module, its PartialHookState). mode="full" (the default) is DDP's own
+    synchronous averaging. Keyword arguments that PartialAllreduce takes (late,
+    max_staleness, seed, ...), model_sync_every and buffer_sync_every go to the hook; the
+    others (process_group, device_ids, bucket_cap_mb, ...) to DistributedDataParallel.
+
+    Buffers (BatchNorm's running statistics): in the full mode DDP broadcasts them from
+    rank 0 at every forward, as without partialcoll. In the partial modes that broadcast
+    would make every rank wait for rank 0 at every step, so unless you pass
+    ``broadcast_buffers``/``forward_sync_buffers``, DDP's is turned off and the hook
+    averages the floating buffers through a solo partial round every ``buffer_sync_every``
+    iterations (default 1); passing ``broadcast_buffers=True`` (or
+    ``forward_sync_buffers=True``, or ``find_unused_parameters=True``) with a partial
+    mode warns: those collectives need every rank at every step."""
     hook = dict(hook_options or {})
     for key in _HOOK_OPTIONS:
         if key in ddp_options:
             hook[key] = ddp_options.pop(key)
+    has_buffers = any(b.is_floating_point() for b in module.buffers())
+    if mode != "full":
+        pacing = [k for k in ("broadcast_buffers", "forward_sync_buffers") if ddp_options.get(k) and has_buffers]
+        if ddp_options.get("find_unused_parameters"):
+            pacing.append("find_unused_parameters")
+        if pacing:
+            warnings.warn(f"partial_ddp(mode={mode!r}) with {'=True, '.join(pacing)}=True: DDP then runs a "
+                          "collective that needs every rank at every step, so the slowest rank paces the others "
+                          "and the partial mode gains nothing", UserWarning, stacklevel=2)
+        elif has_buffers and "broadcast_buffers" not in ddp_options and "forward_sync_buffers" not in ddp_options:
+            ddp_options["forward_sync_buffers"] = False
+            hook.setdefault("buffer_sync_every", 1)
     if not dist.is_initialized():
         init_process_group(comm)
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
     state = PartialHookState(mode=mode, comm=comm, average=average, process_group=ddp.process_group, **hook)
     ddp.register_comm_hook(state, partial_allreduce_hook)
-    if state.model_sync_every or state.hierarchy:
+    if state.model_sync_every or state.hierarchy or state.buffer_sync_every:
         ddp.register_forward_pre_hook(state.sync_hook)
     return ddp, state

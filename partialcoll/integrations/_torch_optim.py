@@ -45,24 +45,28 @@ from .._partial import PartialAllreduce, PartialRequest, Result, close_all
 from .._types import integer
 from ..averager import _wait_collective
 from ..hierarchical import SpeedGrouping, group_args
+from ._torch_horovod import Adasum, Average, Compression, Sum, wire_dtype
 from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
-                            np_dtype, settle, tensor_of)
+                            np_dtype, settle, tensor_of, warn_drift)
 
 
 class _Bucket:
     """Parameters whose gradients are reduced together, through two flat buffers of the
     bucket's own (module docstring: whose memory is whose)."""
 
-    def __init__(self, params: List[torch.nn.Parameter], coll_args: dict, average: str) -> None:
+    def __init__(self, params: List[torch.nn.Parameter], coll_args: dict, average: str,
+                 compression=None, predivide: float = 1.0) -> None:
         self.params = params
         p0 = params[0]
+        self.wire = wire_dtype(compression, p0.dtype)     # what the round reduces (Compression.fp16)
+        self.predivide = float(predivide)                 # Horovod's gradient_predivide_factor
         self.numel = sum(p.numel() for p in params)
         self.flats: List[Optional[torch.Tensor]] = [None, None]
         self._views: List[Optional[List[torch.Tensor]]] = [None, None]
         self.shown: Optional[int] = None      # the flat whose views are the params' .grad
         self.dst = 0                          # the flat the posted round's result lands in
         size = coll_args.get("comm", MPI.COMM_WORLD).Get_size()
-        like = torch.empty(0, dtype=p0.dtype, device=p0.device)
+        like = torch.empty(0, dtype=self.wire, device=p0.device)
         self.coll = PartialAllreduce(self.numel, np_dtype(like), MPI.SUM,
                                      divisor=fused_divisor(average, size, like), **coll_args)
         self.pending = 0                  # parameters of this step still to be accumulated
@@ -74,7 +78,7 @@ class _Bucket:
         views = self._views[i]
         if views is None:
             p0 = self.params[0]
-            flat = self.flats[i] = torch.zeros(self.numel, dtype=p0.dtype, device=p0.device)
+            flat = self.flats[i] = torch.zeros(self.numel, dtype=self.wire, device=p0.device)
             out, offset = [], 0
             for p in self.params:
                 out.append(flat[offset:offset + p.numel()].view_as(p))
@@ -98,6 +102,8 @@ class _Bucket:
         self.views(self.dst)
         flat_src, flat_dst = self.flats[src], self.flats[self.dst]
         assert flat_src is not None and flat_dst is not None      # views() made them
+        if self.predivide != 1.0:
+            flat_src.div_(self.predivide)
         x, land = buffer_of(flat_src)
         if not lend:
             out, land = buffer_of(flat_dst)
@@ -111,16 +117,21 @@ class _Bucket:
         assert self.request is not None   # post() came first
         res = self.request.wait()
         self.request = None
-        settle(res, self.land, average, size, self.coll.divisor, self.params[0].dtype)
+        settle(res, self.land, average, size, self.coll.divisor, self.wire)
         self.land = None
+        if self.predivide != 1.0:
+            flat = self.flats[self.dst]
+            assert flat is not None
+            flat.mul_(self.predivide)
         for p, view in zip(self.params, self.views(self.dst)):
-            p.grad = view
+            p.grad = view if view.dtype == p.dtype else view.to(p.dtype)
         self.shown = self.dst
         return res
 
 
 def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args: dict, average: str,
-                  first_bucket_mb: Optional[float] = None) -> List[_Bucket]:
+                  first_bucket_mb: Optional[float] = None, compression=None,
+                  predivide: float = 1.0) -> List[_Bucket]:
     """Buckets in reverse registration order (roughly the order backward produces the
     gradients): the first of at most first_bucket_mb (DDP's 1 MiB, so the first round
     starts early in backward), the others of at most bucket_mb; one dtype and device each."""
@@ -135,7 +146,7 @@ def _make_buckets(params: List[torch.nn.Parameter], bucket_mb: float, coll_args:
             size, limit = 0, bucket_mb * (1 << 20)
         groups[-1].append(p)
         size += nbytes
-    return [_Bucket(g, coll_args, average) for g in groups if g]
+    return [_Bucket(g, coll_args, average, compression, predivide) for g in groups if g]
 
 
 def _unique_params(params: Iterable[torch.nn.Parameter]) -> List[torch.nn.Parameter]:
@@ -169,13 +180,17 @@ class GradientSynchronizer:
     collective over the group).
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "solo",
+    def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "full",
                  comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
                  model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
                  hierarchy: Optional[str] = None, average_every: Optional[int] = None, regroup_every: int = 20,
                  server: int = 0, window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None,
-                 **options) -> None:
+                 compression=None, gradient_predivide_factor: float = 1.0, **options) -> None:
         self.params = _unique_params(params)
+        if self.params:
+            wire_dtype(compression, self.params[0].dtype)            # checked before anything collective
+        self._compression = compression
+        self._predivide = float(gradient_predivide_factor)
         self.comm, self.average = comm, check_average(average)
         self.steps = 0
         self.last: List[Result] = []
@@ -183,6 +198,7 @@ class GradientSynchronizer:
         self._carry: Optional[List[torch.Tensor]] = None
         self._t_last: Optional[float] = None
         self._bucket_args = (bucket_mb, dict(mode=mode, **options), first_bucket_mb)
+        warn_drift(mode, options.get("late", "latest"), model_sync_every, options.get("max_staleness"))
         self.hierarchy, self.average_every, self.every = self._agreed_options(
             comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points, model_sync_every)
         # made before the buckets (collective over comm): every rank that takes part at all has it
@@ -228,7 +244,8 @@ class GradientSynchronizer:
         bucket_mb, args, first = self._bucket_args
         self.size = comm.Get_size()
         args = group_args(args, comm, self.comm)     # comm: a speed group's, with hierarchy="auto"
-        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, **args), self.average, first)
+        self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, **args), self.average, first,
+                                     self._compression, self._predivide)
 
     @property
     def colls(self) -> List[PartialAllreduce]:
@@ -315,11 +332,62 @@ class GradientSynchronizer:
         return out
 
 
+def _average_of(op, average: Optional[str], predivide: float) -> str:
+    """DistributedOptimizer's average= from Horovod's op= (Average: "world", Sum: "none";
+    None: Average, or what average= says), checked: an explicit average= must agree with
+    an explicit op; gradient_predivide_factor needs op=Average (as Horovod)."""
+    if op is None:
+        op = Sum if average == "none" else Average
+    elif average is not None and (op == Sum) != (average == "none"):
+        raise ArgumentError(f"op={op!r} and average={average!r} disagree (op=Sum is average='none')")
+    if op == Adasum:
+        raise ArgumentError("op=Adasum is not offered by partialcoll: use op=Average or op=Sum")
+    if op not in (Average, Sum):
+        raise ArgumentError(f"op must be Average or Sum, not {op!r}")
+    if predivide != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if float(predivide) <= 0:
+        raise ArgumentError(f"gradient_predivide_factor must be positive, not {predivide!r}")
+    if average is None:
+        return "world" if op == Average else "none"
+    return check_average(average)
+
+
+def _checked_named(optimizer: torch.optim.Optimizer, named_parameters) -> List[torch.nn.Parameter]:
+    """The parameters to reduce, in order: named_parameters' (checked as Horovod checks
+    them: (name, parameter) tuples, unique names, every parameter of the optimizer named),
+    else the optimizer's param groups'."""
+    in_groups = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return in_groups
+    named = list(named_parameters)
+    if any(not isinstance(p, tuple) for p in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+                         "model.named_parameters().")
+    seen, dups = set(), []
+    for k, _ in named:
+        if k in seen and k not in dups:
+            dups.append(k)
+        seen.add(k)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s" % ", ".join(dups))
+    named_ids = {id(p) for _, p in named}
+    unnamed = [p for p in in_groups if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named "
+                         f"({len(unnamed)} of the optimizer's {len(in_groups)}, shapes "
+                         f"{', '.join(str(tuple(p.shape)) for p in unnamed[:4])}): their gradients would not be "
+                         "averaged and the ranks' models would drift apart")
+    return [p for _, p in named]
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps an optimizer instance (Horovod's DistributedOptimizer contract): gradients
     are averaged by partial allreduces, each bucket posted while backward runs::
 
-        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="solo")
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+        # the default, mode="full", averages every step as Horovod does; a partial mode:
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode="solo", late="fold")
         loss.backward(); opt.step()              # step() synchronizes, then steps
         ...
         loss.backward()
@@ -337,6 +405,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     scaler.step(opt)``. Every rank must wrap the same parameters in the same order.
     ``opt.last`` holds the latest step's Results.
 
+    Horovod's arguments, in Horovod's order: ``named_parameters`` (checked: a ValueError
+    where names repeat or some of the optimizer's parameters are not named),
+    ``compression`` (Compression.none, or Compression.fp16: gradients reduced in float16,
+    given back in their dtype), ``backward_passes_per_step``, ``op`` (Average, the default, or
+    Sum: average="none"), ``gradient_predivide_factor`` (gradients divided by it before the
+    sum and multiplied by it after, op=Average only); ``num_groups``, ``groups``,
+    ``sparse_as_dense`` and ``process_set`` are refused with the option to use instead.
+    partialcoll's options are keyword-only: ``mode`` (default "full"), ``late``,
+    ``average``, ``model_sync_every``, ... A partial mode with late="latest" and no
+    model_sync_every warns once (the models drift). The object is an instance of the
+    wrapped optimizer's class too (``isinstance(opt, torch.optim.SGD)``), as Horovod's.
+
     RNA's options: ``hierarchy="auto"`` with ``average_every=k`` (and ``regroup_every``,
     ``server``, ``window``, ``hysteresis``): hierarchical synchronization, see
     GradientSynchronizer. ``lr_scaling="contributors"``: each step runs with the
@@ -345,21 +425,48 @@ class DistributedOptimizer(torch.optim.Optimizer):
     the base rate restored after the step.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, mode: str = "solo",
-                 comm: MPI.Comm = MPI.COMM_WORLD, average: str = "world", bucket_mb: float = 25.0,
-                 backward_passes_per_step: int = 1, model_sync_every: Optional[int] = None,
+    _classes: Dict[type, type] = {}
+
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        # as Horovod: the wrapper is an instance of the wrapped optimizer's class (a subclass
+        # made once per class, DistributedOptimizer's methods first), so isinstance(opt,
+        # torch.optim.SGD) holds; the wrapped instance still does the work (self._optim)
+        base = type(optimizer)
+        if cls is DistributedOptimizer and isinstance(optimizer, torch.optim.Optimizer) \
+                and base is not torch.optim.Optimizer and not issubclass(base, DistributedOptimizer):
+            sub = DistributedOptimizer._classes.get(base)
+            if sub is None:
+                sub = type(f"Distributed{base.__name__}", (DistributedOptimizer, base), {"__module__": __name__})
+                DistributedOptimizer._classes[base] = sub
+            cls = sub
+        return object.__new__(cls)
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step: int = 1, op=None, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=None, *,
+                 mode: str = "full", comm: MPI.Comm = MPI.COMM_WORLD, average: Optional[str] = None,
+                 bucket_mb: float = 25.0, model_sync_every: Optional[int] = None,
                  first_bucket_mb: Optional[float] = 1.0, lr_scaling: Optional[str] = None, **options) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ArgumentError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
         if lr_scaling not in (None, "contributors"):
             raise ArgumentError(f"lr_scaling must be None or 'contributors', not {lr_scaling!r}")
+        average = _average_of(op, average, gradient_predivide_factor)
+        if num_groups or groups is not None:
+            raise ArgumentError("num_groups= and groups= are Horovod's tensor fusion: partialcoll fuses gradients "
+                                "into buckets of bucket_mb MiB (the first of first_bucket_mb)")
+        if sparse_as_dense:
+            raise ArgumentError("sparse_as_dense=True: sparse gradients are not reduced by partialcoll; make the "
+                                "embedding dense (sparse=False)")
+        if process_set is not None:
+            raise ArgumentError("process_set= is Horovod's; pass comm= (an MPI communicator of the processes)")
         self._optim = optimizer
         self._lr_scaling = lr_scaling
-        params = ([p for _, p in named_parameters] if named_parameters is not None else
-                  [p for group in optimizer.param_groups for p in group["params"]])
+        params = _checked_named(optimizer, named_parameters)
         self._sync = GradientSynchronizer(params, mode=mode, comm=comm, average=average, bucket_mb=bucket_mb,
                                           model_sync_every=model_sync_every, first_bucket_mb=first_bucket_mb,
-                                          **options)
+                                          compression=compression,
+                                          gradient_predivide_factor=gradient_predivide_factor, **options)
         self._passes = max(1, int(backward_passes_per_step))
         self._counts: Dict[int, int] = {}
         self._synchronized = False        # synchronize() ran, and no gradient arrived since
@@ -537,7 +644,7 @@ class ModelSync:
     Whose memory is whose: the flat host buffer is this object's; the engine reads and
     writes it from sync()'s post to its wait, on the thread that calls sync()."""
 
-    def __init__(self, params: Sequence[torch.Tensor], comm: MPI.Comm) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], comm: MPI.Comm, **options) -> None:
         self.params = list(params)
         dtypes = {p.dtype for p in self.params}
         exact = (torch.float32, torch.float64, torch.complex64, torch.complex128)
@@ -546,7 +653,9 @@ class ModelSync:
         else:
             wide = torch.complex128 if any(d.is_complex for d in dtypes) else torch.float64
         self.flat = torch.empty(sum(p.numel() for p in self.params), dtype=wide)
-        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM, comm, mode="full")
+        # options: another mode (partial_ddp's buffers: solo); full by default
+        self.coll = PartialAllreduce(self.flat.numel(), np_dtype(self.flat), MPI.SUM, comm,
+                                     **{"mode": "full", **options})
         self.last: Optional[Result] = None
 
     def sync(self) -> Result:
@@ -561,7 +670,7 @@ class ModelSync:
             if res.posts > 1:
                 flat /= res.posts
             off = 0
-            for p in self.params:
+            for p in self.params if res.posts else ():      # a round that holds nobody's: as they were
                 mean = flat[off:off + p.numel()].view_as(p)
                 p.copy_(mean.real if mean.is_complex() and not p.is_complex() else mean)
                 off += p.numel()
@@ -569,16 +678,21 @@ class ModelSync:
         return res
 
 
-def close_with(colls: List[PartialAllreduce], model_sync: Optional[ModelSync]) -> List[Result]:
-    """Collective: close colls and model_sync's collective together (close_all); returns
-    the results of colls."""
-    extra = [model_sync.coll] if model_sync is not None else []
+def close_with(colls: List[PartialAllreduce], model_sync: Optional[ModelSync],
+               more: Sequence[PartialAllreduce] = ()) -> List[Result]:
+    """Collective: close colls, model_sync's collective and more together (close_all);
+    returns the results of colls."""
+    extra = ([model_sync.coll] if model_sync is not None else []) + list(more)
     return close_all(colls + extra)[:len(colls)]
 
 
-def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average",
-                    timeout: Optional[float] = None) -> None:
-    """Make every rank's parameters identical: their average, or rank 0's (how="broadcast").
+def sync_parameters(params, comm: MPI.Comm = MPI.COMM_WORLD, how: str = "average",
+                    timeout: Optional[float] = None, root: int = 0) -> None:
+    """Make every rank's parameters identical: their average, or root's (how="broadcast").
+
+    params: tensors (``model.parameters()``), (name, tensor) pairs
+    (``model.named_parameters()``) or a dict of them (``model.state_dict()``: buffers and
+    0-d tensors such as BatchNorm's num_batches_tracked included, in the dict's order).
 
     Collective over comm, every rank with the same parameters in the same order: one
     nonblocking allreduce (or broadcast) per parameter, in place (float16 and bfloat16
@@ -591,7 +705,14 @@ def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WO
     if how not in ("average", "broadcast"):
         raise ArgumentError(f"how must be 'average' or 'broadcast', not {how!r}")
     timeout = as_timeout(timeout, "sync_parameters' timeout") if timeout is not None else None
-    params = list(params)
+    if not 0 <= integer(root, "root", 0) < comm.Get_size():
+        raise ArgumentError(f"root {root} is outside the communicator (size {comm.Get_size()})")
+    items = params.values() if isinstance(params, dict) else params
+    params = [p[1] if isinstance(p, tuple) else p for p in items]
+    wrong = sorted({type(p).__name__ for p in params if not isinstance(p, torch.Tensor)})
+    if wrong:
+        raise ArgumentError(f"sync_parameters takes tensors, (name, tensor) pairs or a dict of tensors, not "
+                            f"{', '.join(wrong)}")
     odd = sorted({str(p.dtype) for p in params if not (p.dtype.is_floating_point or p.dtype.is_complex)})
     if how == "average" and odd:
         raise ArgumentError(f"how='average' needs floating-point parameters, not {', '.join(odd)} "
@@ -601,12 +722,12 @@ def sync_parameters(params: Iterable[torch.Tensor], comm: MPI.Comm = MPI.COMM_WO
         for p in params:
             host, land = host_copy(p.detach(), write_back=True)
             wide = host.double() if how == "average" and host.dtype in (torch.float16, torch.bfloat16) else host
-            arr = host_view(wide)
+            arr = host_view(wide.reshape(-1))             # a 0-d tensor as one element
             if how == "average":
                 req = comm.Iallreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
             else:
                 arr = arr.view(np.uint8)
-                req = comm.Ibcast(arr, root=0)
+                req = comm.Ibcast(arr, root=root)
             _wait_collective(req, what, timeout, keep=(wide, arr), comm=comm, nbytes=arr.nbytes)
             if how == "average":
                 wide /= comm.size

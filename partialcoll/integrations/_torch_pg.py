@@ -23,8 +23,8 @@ Collectives:
   and rounded back. torch's functional collectives (DTensor, FSDP2) reach a Python
   group through its ``*_coalesced`` methods, which are here too.
 
-Every wait honours the group's timeout (``init_process_group(timeout=)``, torch's 30
-minutes by default): an MPI call that has not completed by then raises Timeout, and the
+Every wait honours the group's timeout (``init_process_group(timeout=)``; where none is
+passed, ``pc.rc.timeout``, 600 s unless set, rather than torch's 30 minutes): an MPI call that has not completed by then raises Timeout, and the
 group refuses further collectives (their order across ranks is lost). CUDA tensors are
 staged through pinned host memory (the engine's allreduce: through CuPy where it can use
 the GPU, ``_torch_common.buffer_of``).
@@ -47,7 +47,11 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from torch.distributed.constants import default_pg_timeout as _TORCH_DEFAULT_TIMEOUT
+
+from .. import _propagate
 from .._errors import ArgumentError, MPIError, StateError, Timeout
+from .._rc import rc
 from .._partial import PartialAllreduce, close_all
 from .._engine import comm_handle
 from .._status import busy_seconds, failed_peers_check, wait_request, wait_until
@@ -607,7 +611,16 @@ def _create(dist_opts, backend_options=None) -> ProcessGroupPartialcoll:
         raise ArgumentError(f"the partialcoll backend takes rank and size from MPI: this process is rank "
                             f"{comm.Get_rank()} of {comm.Get_size()}, but torch was given rank "
                             f"{dist_opts.group_rank} of {dist_opts.group_size}")
-    return ProcessGroupPartialcoll(comm, dist_opts.timeout, own=True)
+    timeout = dist_opts.timeout
+    if timeout == _TORCH_DEFAULT_TIMEOUT:        # none was passed: partialcoll's, not torch's 30 minutes
+        timeout = _default_timeout()
+    _propagate.install()
+    return ProcessGroupPartialcoll(comm, timeout, own=True)
+
+
+def _default_timeout() -> Optional[timedelta]:
+    """pc.rc.timeout as a process group's timeout (None: none)."""
+    return None if rc.timeout is None else timedelta(seconds=rc.timeout)
 
 
 def register_backend() -> None:
@@ -629,6 +642,9 @@ def init_process_group(comm: Optional[MPI.Comm] = None, backend: str = NAME,
     register_backend()
     _torch_comm.set_launch_env(comm)
     _torch_comm.set_world(comm)
-    kwargs: Dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-    store = _torch_comm.mpi_store(comm, timeout or timedelta(minutes=5))
+    _propagate.install()             # an uncaught exception ends the job (rc.abort_on_exception)
+    if timeout is None:              # pc.rc.timeout, not torch's 30 minutes
+        timeout = _default_timeout() or timedelta(days=365)
+    kwargs: Dict[str, Any] = {"timeout": timeout}
+    store = _torch_comm.mpi_store(comm, min(timeout, timedelta(minutes=5)))
     dist.init_process_group(backend, store=store, rank=comm.Get_rank(), world_size=comm.Get_size(), **kwargs)

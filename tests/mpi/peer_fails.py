@@ -77,6 +77,10 @@ if sys.argv[1] == "sigterm":
 import numpy as np  # noqa: E402 - after the fork: the parent imports no MPI
 from mpi4py import MPI  # noqa: E402
 
+# the survivors must outlive rank 0's failure to report it: turn off the abort that ends
+# the whole job after an uncaught exception (pc.rc.abort_on_exception, as python -m mpi4py)
+os.environ.setdefault("PARTIALCOLL_ABORT_ON_EXCEPTION", "0")
+
 import partialcoll as pc  # noqa: E402
 
 CASE = sys.argv[1]

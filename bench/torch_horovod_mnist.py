@@ -1,0 +1,156 @@
+"""Horovod's pytorch_mnist.py loop on scikit-learn's digits, with one persistent
+straggler: what does a Horovod user gain, and which configuration gets it?
+
+    flock /tmp/pc-bench.lock mpiexec -n 4 python bench/torch_horovod_mnist.py --epochs 8 --slow-ms 30
+
+The script is Horovod's example with its import changed (``import
+partialcoll.integrations.torch as hvd``): hvd.broadcast_parameters and
+hvd.broadcast_optimizer_state at the start, hvd.DistributedOptimizer, a sampler per rank,
+test metrics averaged with hvd.allreduce after every epoch (a synchronisation point, as
+in Horovod's loop). Rank 0 sleeps --slow-ms before every step (a persistent straggler).
+Trainers, side by side in one job, from the same initial model:
+
+  synch         DistributedOptimizer(opt, named_parameters) (the default: mode="full"),
+                DistributedSampler: Horovod's own behaviour
+  solo          mode="solo", late="fold", DistributedSampler: every rank the same number
+                of batches per epoch (the fast ranks idle at the epoch's end)
+  solo+speed    mode="solo", late="fold", SpeedAwareSampler: each rank's share of the
+                epoch in proportion to its measured speed
+
+Reported (rank 0): wall-clock of the training (evaluation excluded), held-out accuracy
+after each epoch, and the wall-clock at which each trainer first reached synch's final
+accuracy minus 1 point, as a fraction of synch's total.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import partialcoll.integrations.torch as hvd
+
+
+class Net(torch.nn.Module):
+    """Horovod's MNIST network, scaled to 8x8 digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 10, kernel_size=3, padding=1)
+        self.conv2 = torch.nn.Conv2d(10, 20, kernel_size=3, padding=1)
+        self.fc1 = torch.nn.Linear(20 * 2 * 2, 50)
+        self.fc2 = torch.nn.Linear(50, 10)
+
+    def forward(self, x):
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
+        x = x.view(-1, 20 * 2 * 2)
+        x = F.relu(self.fc1(x))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def data():
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    test, train = order[:360], order[360:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+
+
+TRAINERS = {
+    "synch": {},
+    "solo": {"mode": "solo", "late": "fold"},
+    "solo+speed": {"mode": "solo", "late": "fold", "speed": True},
+    "solo+speed+avg": {"mode": "solo", "late": "fold", "speed": True, "average_models": True},
+    "solo+speed+nap": {"mode": "solo", "late": "fold", "average": "nap", "speed": True, "average_models": True},
+    "solo+speed+rna": {"mode": "solo", "late": "fold", "average": "nap", "lr_scaling": "contributors",
+                       "speed": True, "average_models": True},
+}
+
+
+def metric_average(val, name):
+    return hvd.allreduce(torch.tensor(val), name=name).item()     # Horovod's example's helper
+
+
+def train(trainer, args, train_set, test_set):
+    torch.manual_seed(args.seed + hvd.rank())          # the ranks start apart: broadcast_parameters
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    options = dict(TRAINERS[trainer])
+    average_models = options.pop("average_models", False)
+    speed = options.pop("speed", False)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **options)
+    if speed:
+        sampler = hvd.SpeedAwareSampler(train_set, seed=args.seed)
+    else:
+        sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    x_test, y_test = test_set.tensors
+    acc, times, wall = [], [], 0.0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        hvd.barrier()
+        t0 = time.perf_counter()
+        model.train()
+        for x, y in loader:
+            if hvd.rank() == 0:
+                time.sleep(args.slow_ms / 1000)
+            opt.zero_grad()
+            F.nll_loss(model(x), y).backward()
+            opt.step()
+        # the epoch ends when every rank is done with it (Horovod's loop synchronises here)
+        if average_models:           # at the epoch's end, where every rank meets anyway
+            hvd.sync_parameters(model.parameters())
+        hvd.barrier()
+        wall += time.perf_counter() - t0
+        model.eval()
+        with torch.no_grad():
+            correct = (model(x_test).argmax(1) == y_test).float().mean().item()
+        acc.append(metric_average(correct, "avg_accuracy"))
+        times.append(wall)
+    opt.close()
+    return {"accuracy": acc, "wall_s": times}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--momentum", type=float, default=0.5)
+    parser.add_argument("--slow-ms", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--trainers", default="synch,solo,solo+speed")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    train_set, test_set = data()
+    out = {}
+    for trainer in args.trainers.split(","):
+        out[trainer] = train(trainer, args, train_set, test_set)
+    if hvd.rank() == 0:
+        base = out.get("synch")
+        print(f"# Horovod's MNIST loop on digits, P = {hvd.size()}, rank 0 {args.slow_ms:g} ms slower per step, "
+              f"{args.epochs} epochs")
+        print(f"{'trainer':<11} {'wall s':>7} {'final acc':>9} {'vs synch':>9} {'to synch-1pt':>13}  accuracy per epoch")
+        target = base["accuracy"][-1] - 0.01 if base else None
+        for trainer, r in out.items():
+            reach = next((t for a, t in zip(r["accuracy"], r["wall_s"]) if target is not None and a >= target), None)
+            frac = f"{reach / base['wall_s'][-1]:.2f}x" if reach is not None and base else "never"
+            r["to_target_x"] = reach / base["wall_s"][-1] if reach is not None and base else None
+            print(f"{trainer:<11} {r['wall_s'][-1]:>7.2f} {100 * r['accuracy'][-1]:>8.1f}% "
+                  f"{r['wall_s'][-1] / base['wall_s'][-1] if base else float('nan'):>8.2f}x {frac:>13}  "
+                  + " ".join(f"{100 * a:.1f}" for a in r["accuracy"]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"size": hvd.size(), "args": vars(args), "results": out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
