@@ -23,7 +23,7 @@
  *              standalone schedule (pc_unit.lock): guards everything of that unit. Held
  *              for one post, one progress step of the unit, one result copy: never
  *              across a wait. The progress thread only ever trylocks it.
- *   E.lock     the running list and the unit bookkeeping (pins, doomed): short sections,
+ *   E.lock     the running list and the unit bookkeeping (passes, doomed): short sections,
  *              no MPI call, no pass over data.
  *   E.wmtx     the progress thread's sleep (kicked, sleeping, nap_until_us)
  *   E.dmtx     completions: waiters sleep on E.done; the balancer on E.books
@@ -139,9 +139,11 @@ void report_free(pc_report *r);              /* no MPI call */
 typedef struct pc_unit {
     pthread_mutex_t lock;
     int waiters;             /* application threads blocked on lock (atomic): passes skip it */
-    int pins;                /* progress passes holding a pointer to the unit (E.lock) */
+    int passes;              /* progress passes holding a pointer to the unit (E.lock) */
+    int pins;                /* threads inside a call on the unit (atomic; unit_pin below) */
     int nrunning;            /* its schedules on the running list (E.lock; atomic reads) */
-    int doomed;              /* free once nothing runs, nothing pins it and its lock is free (E.lock) */
+    int doomed;              /* free once nothing runs, no pass holds it, nothing pins it and its
+                              * lock is free (E.lock; atomic reads) */
     int leaked;              /* MPI may still touch its memory: never freed (E.lock) */
     int withdraw;            /* abandoned: the next pass withdraws what has not started (unit) */
     void (*destroy)(struct pc_unit *);   /* frees the owner (registered by it) */
@@ -158,6 +160,23 @@ int unit_lock_within(pc_unit *u, double seconds);
 void unit_unlock(pc_unit *u);
 void unit_doom(pc_unit *u);                  /* E.lock taken; freed by reap_units() */
 void reap_units(void);                       /* no lock held: frees doomed, idle, unpinned units */
+
+/* ------------------------------------------------------------------ pins (progress.c)
+ * A unit's lifetime has one owner (the kernel's kref): every thread inside a C API call
+ * on a unit holds a pin for the whole call; free, close and abandon only mark the unit
+ * doomed (unit_doom: that drops the owner's own reference), and whoever lets go last,
+ * the last pin (unit_unpin), the last pass or the doomer, frees it once none of its
+ * schedules runs (reap_units). A pin is taken only by a thread that holds a reference
+ * already: the handle's owner (Python's object, which dooms the unit once and never
+ * while another of its threads is between reading the handle and pinning it), or a pin
+ * it holds itself. Pins are atomic and take no lock; unpinning a doomed unit reaps.
+ *
+ *     unit_pin(&c->owner.unit);  ... the call ...  unit_unpin(&c->owner.unit);
+ *
+ * Passes hold units through `passes` (under E.lock), not pins: a unit's retired
+ * schedules wait for the passes only (coll_reap_retired), never for the caller itself. */
+static inline void unit_pin(pc_unit *u) { __atomic_add_fetch(&u->pins, 1, __ATOMIC_ACQ_REL); }
+void unit_unpin(pc_unit *u);
 void report_flush(pc_unit *u, pc_report *r, double timeout_s);  /* no lock held: the sends leave */
 int report_peer_error(pc_unit *u, const pc_report *r, const int *err, int *rank, char *type, int tlen,
                       char *message, int mlen);     /* no lock held */
@@ -246,27 +265,34 @@ struct pc_coll {
     pc_collspec spec;
     int rank, size;
     size_t nbytes, itemsize;
+    /* Buffers (coll.c, "Buffers"; docs/engine.md, "Ownership"), all (unit): whichever
+     * thread holds the unit lock (a post, a progress step's TAKE and DELIVER, a take,
+     * close) reads and writes them; no other thread touches them. */
     void *buf[3];            /* the three internal buffers */
     void *acc, *work, *result;
-    void *work_slot;         /* what WORK ops address: work, or a user's out buffer */
-    void *result_ext;        /* result delivered straight into a user's buffer */
-    void *acc_ext;           /* acc lent by an in-place post: the user's x == out (or NULL) */
+    void *work_slot;         /* what WORK ops address: work, or user (the round runs there) */
+    void *user;              /* the one user buffer the engine holds, or NULL: the input
+                              * (input == IN_LENT), the round's buffer (work_slot == user) or
+                              * else the pending result */
+    int input;               /* where posted data no round has taken is: IN_NONE, IN_ACC,
+                              * IN_LENT (in user), IN_WORK (in work_slot) */
     void *mask_slot;         /* mask_words(P) words: active bits, closing bits, posts per rank */
     uint64_t *res_mask;      /* the same, of the pending result (folded rounds: OR, posts summed) */
-    int acc_full, work_filled, closing, triggered, taken, fold;
+    int closing, triggered, taken, fold;
     int finished;            /* (atomic) */
     int err;                 /* (atomic) */
     int64_t completed;       /* (atomic): rounds completed here */
     int64_t posts, armed_round, pending, res_round;
     int64_t taken_posts;     /* posts read by the rounds so far */
-    int64_t takes;           /* results taken (waits of distinct requests, close) */
+    int64_t takes;           /* requests whose result was taken (each once: Python's wait elects one
+                              * thread); posts - takes are outstanding (unit) */
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
     int64_t res_lo, res_hi, res_nap, res_posts;  /* ... of the pending result; NAP and posts summed */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
     int variants;
     pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;
-    int abandoned;
+    int abandoned;           /* (unit; atomic): the balancer's wait reads it */
     /* load-aware owners (spec.timed, spec.rebalance_every; coll.c "Owners"), all (unit) but epochs */
     int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
     int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */
