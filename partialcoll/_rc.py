@@ -52,6 +52,10 @@ class RC:
             between events, then the engine sleeps as above.
         close_timeout: default timeout in seconds of close() (default 300; None: forever), so a
             peer that died never hangs it; environment PARTIALCOLL_CLOSE_TIMEOUT.
+        telemetry: record who is slow in every round of the collectives created from now on
+            (default True; coll.stats(), docs/stragglers.md); environment
+            PARTIALCOLL_TELEMETRY ("0": off).
+        telemetry_rounds: how many of the last rounds each collective keeps (default 1024).
 
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
     failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
@@ -61,7 +65,7 @@ class RC:
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 20000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
                  "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
-                 "poll_max_us": 20000.0}
+                 "poll_max_us": 20000.0, "telemetry": True, "telemetry_rounds": 1024}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
@@ -75,6 +79,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_IDLE")
         if env:
             self.idle = env
+        env = os.environ.get("PARTIALCOLL_TELEMETRY")
+        if env is not None:
+            self.telemetry = env.lower() not in ("0", "false", "no", "off")
         env = os.environ.get("PARTIALCOLL_CLOSE_TIMEOUT")
         if env:
             self.close_timeout = None if env.lower() == "none" else float(env)
