@@ -3,6 +3,8 @@
     mpiexec -n 4 partialcoll-bench latency -m 8:16M --modes mpi,full,solo -z -c
     mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64            (the paper's method)
     mpiexec -n 8 partialcoll-bench skew --sync none -z -c                  (free-running, checked)
+    mpiexec -n 8 partialcoll-bench skew --report --json skew.json           (who is slow, per mode)
+    partialcoll-bench report skew.json --plot who.png
 
 OSU's options (-m [MIN:]MAX, -i, -x, -z, -c) and nccl-tests' (-f factor, the count, type,
 algbw, busbw and #wrong columns); sizes step by powers of 2. `partialcoll-bench COMMAND
@@ -21,12 +23,15 @@ from mpi4py import MPI
 
 from ._report import ValidationFailed, run_info, write_outputs
 from .latency import add_latency_args, latency
+from .report import add_report_args, report
 from .skew import add_skew_args, skew
 
 COMMANDS: Dict[str, tuple] = {
     "latency": (latency, add_latency_args, "allreduce latency over message sizes (OSU's osu_allreduce, "
                                            "nccl-tests' columns)"),
     "skew": (skew, add_skew_args, "eager-SGD Fig. 9: latency and NAP under a skew pattern"),
+    "report": (report, add_report_args, "who is slow: re-read the per-rank tables of a saved skew --report "
+                                        "--json (or a Stats.to_dict()) and draw one (--plot)"),
 }
 
 
