@@ -263,8 +263,9 @@ void sched_add_traffic(const pc_sched *s, int64_t *sent, int n);
 typedef struct pc_tele_rec {
     int64_t round;           /* the round (and post index) this slot holds; -1: none */
     double post_us;          /* post #round made here (0: not yet) */
-    double take_us;          /* round's TAKE here: this rank's view of its start (0: not yet) */
-    double done_us;          /* round completed here (0: not yet) */
+    double take_us;          /* round's TAKE here: this rank's view of its start (0: not yet;
+                              * post_us when the post came first: no clock read) */
+    double done_us;          /* a full round that this rank posted to: completed here (else 0) */
     double late_us;          /* post_us - take_us when the post came after the TAKE, else 0 */
     double wait_us;          /* a full round: done_us - post_us */
     int flags;               /* 1 completed, 2 full round, 4 this rank's data inside */
