@@ -452,7 +452,7 @@ class PartialAllreduce(_propagate.Reporting):
                 for v, sched in enumerate(scheds):
                     check(lib.pc_coll_set_sched(self._coll, kind, v, self._native_of(sched)))
             check(lib.pc_coll_begin(self._coll))
-            _stats.switch_on(self._coll)             # who is slow: partialcoll/_stats.py
+            _stats.switch_on(self, comm)             # who is slow: partialcoll/_stats.py
             if self._every:
                 self._balancer = balance_mod.Balancer(self, self._coll, self.balance, self.servers, self._owners,
                                                       self.seed, self._epsilon, self._every)
@@ -779,7 +779,7 @@ class PartialAllreduce(_propagate.Reporting):
         if self._balancer is not None:
             self._balancer.trim(result.round)
         self._traffic = self.traffic()
-        _stats.at_close(self)            # who is slow: gathered once more, for stats() after close
+        _stats.at_close(self)            # who is slow: this rank's record, for stats() after close
         try:
             check(_engine.lib.pc_coll_free(self._coll))
         except PartialcollError:
@@ -828,9 +828,9 @@ class PartialAllreduce(_propagate.Reporting):
         return sent
 
     def stats(self, local: bool = False) -> _stats.Stats:
-        """Who is slow (docs/stragglers.md). Collective (one allgather): every rank returns
-        the same view; after close(), the view gathered in close(). local=True: this rank's
-        own view, asking nobody."""
+        """Who is slow (docs/stragglers.md). Collective (one allgather, on the collective's
+        communicator; after close(), on the one it was created on): every rank returns the
+        same view. local=True: this rank's own view, asking nobody."""
         return _stats.of(self, local)
 
     def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:

@@ -35,8 +35,9 @@ class Stats:
     """Who is slow in a collective: per-rank telemetry of its rounds.
 
     rounds: rounds counted (closing rounds are not); full: of which full rounds.
-    late[r]: rounds rank r joined late or missed (its data not inside a partial round, or
-        the last to arrive at a full one).
+    late[r]: rounds rank r joined late or missed: the more of its posts that came after
+        their round read its input and of the rounds without any data of it, plus the full
+        rounds it was the last to arrive at.
     lateness_s[r]: mean, p50 and p99 of how late r's posts were, in seconds (a structured
         array: ``lateness_s["p99"][r]``), over the last rounds kept (``window``).
     waited_for_s[r]: seconds the other ranks spent waiting for r in full rounds.
@@ -170,12 +171,18 @@ def _dur(s: float) -> str:
 
 # ------------------------------------------------------------------ the engine's record
 
-def switch_on(c) -> None:
-    """At creation: keep the last rc.telemetry_rounds rounds (when rc.telemetry)."""
+def switch_on(coll, comm) -> None:
+    """At creation: keep the last rc.telemetry_rounds rounds (when rc.telemetry); comm is
+    the user's communicator, which stats() after close() gathers on."""
     from . import _engine
     from ._status import check
+    coll._stats_comm = comm
     if rc.telemetry:
-        check(_engine.lib.pc_coll_telemetry_on(c, int(rc.telemetry_rounds)))
+        rounds = rc.telemetry_rounds
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+            from ._errors import ArgumentError
+            raise ArgumentError(f"partialcoll.rc.telemetry_rounds must be an integer >= 1, not {rounds!r}")
+        check(_engine.lib.pc_coll_telemetry_on(coll._coll, rounds))
 
 
 def read(c, size: int, rank: int) -> Dict[str, Any]:
@@ -211,6 +218,8 @@ def build(records: Sequence[Dict[str, Any]], size: int, books: Books, gathered: 
     totals = max(records, key=lambda rec: rec["totals"][0])
     rounds, full = int(totals["totals"][0]), int(totals["totals"][1])
     late = np.array(totals["missed"], np.int64)
+    for r, rec in by_rank.items():     # joined late: its post came after the round read its input
+        late[r] = max(late[r], int(rec["totals"][3]))
     # the window: the rounds every record holds, completed everywhere
     sets = []
     for rec in records:
@@ -255,16 +264,18 @@ def build(records: Sequence[Dict[str, Any]], size: int, books: Books, gathered: 
                  rank, what, max(0, full - books.attributed) if gathered else 0)
 
 
-def gather(coll, comm, what: str = "") -> Stats:
+def gather(coll, comm, what: str = "", mine: Optional[Dict[str, Any]] = None) -> Stats:
     """Collective: every rank's record, one allgather on comm; the same Stats everywhere."""
-    mine = read(coll._native_coll(), coll.size, coll.rank)
+    if mine is None:
+        mine = read(coll._native_coll(), coll.size, coll.rank)
     records = comm.allgather(mine)
     return build(records, coll.size, books_of(coll), True, coll.rank, what)
 
 
-def local(coll, what: str = "") -> Stats:
+def local(coll, what: str = "", mine: Optional[Dict[str, Any]] = None) -> Stats:
     """This rank's own view: asks nobody."""
-    mine = read(coll._native_coll(), coll.size, coll.rank)
+    if mine is None:
+        mine = read(coll._native_coll(), coll.size, coll.rank)
     return build([mine], coll.size, Books(coll.size), False, coll.rank, what)
 
 
@@ -281,24 +292,21 @@ def books_of(coll) -> Books:
 
 
 def of(coll, local_only: bool = False) -> Stats:
-    """coll.stats(): after close(), the view gathered in close()."""
-    final = coll.__dict__.get("_stats_final")
-    if final is not None:
-        return final
+    """coll.stats(): before close(), gathered on the collective's own communicator; after
+    it, from the record close() kept, gathered on the user's communicator."""
+    kept = coll.__dict__.get("_stats_record")
+    if kept is None and getattr(coll, "_closed", False):
+        from ._errors import StateError
+        raise StateError("stats() of a collective dropped without close(): its record is gone")
     if local_only:
-        return local(coll, _what(coll))
-    return gather(coll, coll._comm, _what(coll))
+        return local(coll, _what(coll), kept)
+    return gather(coll, coll._stats_comm if kept is not None else coll._comm, _what(coll), kept)
 
 
 def at_close(coll) -> None:
-    """close(), before the native object goes: gather once more (close is collective,
-    and frees the communicator collectively next), so stats() works after close."""
-    if not rc.telemetry:
-        return
-    try:
-        coll._stats_final = gather(coll, coll._comm, _what(coll))
-    except Exception:                  # never let the report break close()
-        coll._stats_final = None
+    """close(), before the native object goes: keep this rank's record (no message: a
+    peer that failed cannot hang close()), so that stats() works after close()."""
+    coll._stats_record = read(coll._native_coll(), coll.size, coll.rank)
 
 
 def save(stats: Stats, path: str) -> None:
