@@ -32,18 +32,18 @@ LATENESS_DTYPE = np.dtype([("mean", np.float64), ("p50", np.float64), ("p99", np
 
 
 class Stats:
-    """Who is slow in a collective: per-rank telemetry of its rounds.
+    """Who is slow in a collective: per-rank telemetry of its rounds (``coll.stats()``).
 
-    rounds: rounds counted (closing rounds are not); full: of which full rounds.
-    late[r]: rounds rank r joined late or missed: the more of its posts that came after
-        their round read its input and of the rounds without any data of it, plus the full
-        rounds it was the last to arrive at.
-    lateness_s[r]: mean, p50 and p99 of how late r's posts were, in seconds (a structured
-        array: ``lateness_s["p99"][r]``), over the last rounds kept (``window``).
-    waited_for_s[r]: seconds the other ranks spent waiting for r in full rounds.
-    lateness[r, i]: r's lateness in the window's i-th round (NaN: not recorded).
-    gathered: True when every rank holds this same view (``coll.stats()``); False for
-        one rank's own view (``stats(local=True)``), where other ranks' lateness is NaN.
+    - ``rounds``: rounds counted (closing rounds are not); ``full``: how many were full.
+    - ``late[r]``: rounds rank r joined late or missed: the more of its posts that came
+      after their round read its input and of the rounds without any data of it, plus
+      the full rounds it was the last to arrive at.
+    - ``lateness_s[r]``: mean, p50 and p99 of how late r's posts were, in seconds (a
+      structured array: ``lateness_s["p99"][r]``), over the last rounds kept (``window``).
+    - ``waited_for_s[r]``: seconds the other ranks spent waiting for r in full rounds.
+    - ``lateness[r, i]``: r's lateness in the window's i-th round (NaN: not recorded).
+    - ``gathered``: True when every rank holds this same view (``coll.stats()``); False
+      for one rank's own view (``stats(local=True)``), where other ranks' lateness is NaN.
     """
 
     def __init__(self, size: int, rounds: int, full: int, late: np.ndarray, lateness: np.ndarray,
