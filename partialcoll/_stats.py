@@ -309,6 +309,43 @@ def at_close(coll) -> None:
     coll._stats_record = read(coll._native_coll(), coll.size, coll.rank)
 
 
+def merge(parts: Sequence[Stats], what: str = "") -> Stats:
+    """Several collectives of one job as one table (a DDP model's buckets: one round per
+    bucket and step): rounds, full and late the most of any part, waited_for_s summed,
+    the lateness windows side by side."""
+    if not parts:
+        return Stats(0, 0, 0, np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros(0, np.int64), np.zeros(0), True,
+                     None, what)
+    size = parts[0].size
+    lat = np.hstack([p.lateness for p in parts]) if parts else np.zeros((size, 0))
+    return Stats(size, max(p.rounds for p in parts), max(p.full for p in parts),
+                 np.max([p.late for p in parts], axis=0), lat, np.hstack([p.window for p in parts]),
+                 np.sum([p.waited_for_s for p in parts], axis=0), all(p.gathered for p in parts), parts[0].rank,
+                 what, sum(p.unattributed for p in parts))
+
+
+def ordered(colls) -> list:
+    """Collectives in the order every rank agrees on (their identity, rank 0's random
+    number), so that their stats() allgathers run in one order everywhere."""
+    return sorted(colls, key=lambda c: c._ident)
+
+
+def check_every(value, what: str = "report_every") -> Optional[int]:
+    """None, or an integer >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        from ._errors import ArgumentError
+        raise ArgumentError(f"{what} must be None or an integer >= 1, not {value!r}")
+    return int(value)
+
+
+def report(stats: Stats, step: int) -> None:
+    """The table through logging (logger "partialcoll", INFO), after step `step`."""
+    import logging
+    logging.getLogger("partialcoll").info("partialcoll: after step %d, %s", step, stats.table())
+
+
 def save(stats: Stats, path: str) -> None:
     with open(path, "w") as f:
         json.dump(stats.to_dict(), f)

@@ -90,3 +90,11 @@ def test_who_is_slow(mpirun, nprocs):
     """One rank delayed 20 ms +- 5 ms, nobody, two (20 and 10 ms), one phase-shifted, in
     every mode (tests/mpi/stats_checks.py)."""
     mpirun("stats_checks.py", nprocs, "20", timeout=300)
+
+
+@pytest.mark.mpiexec
+def test_ddp_hook_reports_the_slow_rank(mpirun):
+    """partial_ddp(report_every=5): the logged table names the rank that sleeps before
+    each backward, in the full and the solo mode (tests/mpi/torch_stats_checks.py)."""
+    pytest.importorskip("torch")
+    mpirun("torch_stats_checks.py", 3, timeout=300)

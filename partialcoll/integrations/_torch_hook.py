@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .. import _stats
 from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
@@ -30,7 +31,7 @@ from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
                  "model_sync_every", "accumulate", "hierarchy", "average_every", "regroup_every", "server", "window",
-                 "hysteresis", "regroup_points")
+                 "hysteresis", "regroup_points", "report_every")
 
 
 class _BucketColl:
@@ -71,6 +72,9 @@ class PartialHookState:
                  partial_ddp registers, also regroups and averages the groups' models)
     lr_scale()   RNA's linear scaling factor of the latest iteration's results (the
                  contributors' share): multiply the learning rate by it
+    stats()      who is slow over the buckets' collectives (collective; pc.Stats)
+    report_every=N: every N iterations, before the forward pass, log that table on logger
+                 "partialcoll" (INFO; collective: the ranks take the same numbers of steps)
 
     Collectives are keyed by the bucket's parameters, never by ``bucket.index()``: a
     bucket that changes (DDP rebuilt its buckets) gets a new collective, and the old
@@ -84,8 +88,10 @@ class PartialHookState:
                  start_iter: int = 2, process_group: Optional[dist.ProcessGroup] = None,
                  model_sync_every: Optional[int] = None, hierarchy: Optional[str] = None,
                  average_every: Optional[int] = None, regroup_every: int = 20, server: int = 0, window: int = 8,
-                 hysteresis: int = 2, regroup_points: Optional[int] = None, **options) -> None:
+                 hysteresis: int = 2, regroup_points: Optional[int] = None, report_every: Optional[int] = None,
+                 **options) -> None:
         self.mode, self.average, self.options = mode, check_average(average), options
+        self.report_every, self._reported = _stats.check_every(report_every), 0    # who is slow
         self.start_iter, self.process_group = int(start_iter), process_group
         self.comm, self._owns_comm = _torch_comm.comm_of_group(process_group, comm)
         self.size = self.comm.Get_size()
@@ -157,6 +163,9 @@ class PartialHookState:
     def sync_hook(self, module: torch.nn.Module, args) -> None:
         """Forward pre-hook of the DDP module: every model_sync_every iterations, average
         the parameters over the group (collective; training forward passes only)."""
+        if self.report_every and self.iter >= self._reported + self.report_every and self.colls:
+            self._reported = self.iter           # who is slow: the table every report_every steps
+            _stats.report(self.stats(), self.iter)
         every = self.model_sync_every
         if every and module.training and torch.is_grad_enabled():
             if self.model_sync is None:          # collective: every rank that trains gets here first
@@ -189,6 +198,11 @@ class PartialHookState:
             grouping.regroupings += 1
             self.size = grouping.group_comm.Get_size()
         self._forward_at = time.perf_counter()
+
+    def stats(self) -> _stats.Stats:
+        """Who is slow over the buckets' collectives (docs/stragglers.md; collective)."""
+        return _stats.merge([c.stats() for c in _stats.ordered(e.coll for e in self.colls.values())],
+                            "the DDP hook's buckets")
 
     @property
     def last_model_sync(self) -> Optional[Result]:
@@ -274,6 +288,6 @@ def partial_ddp(module: torch.nn.Module, mode: str = "solo", comm: Optional[MPI.
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
     state = PartialHookState(mode=mode, comm=comm, average=average, process_group=ddp.process_group, **hook)
     ddp.register_comm_hook(state, partial_allreduce_hook)
-    if state.model_sync_every or state.hierarchy:
+    if state.model_sync_every or state.hierarchy or state.report_every:
         ddp.register_forward_pre_hook(state.sync_hook)
     return ddp, state
