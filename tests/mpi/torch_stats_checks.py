@@ -3,7 +3,7 @@
 partial_ddp(report_every=5): every rank takes equal steps, but rank P - 1 sleeps 20 ms
 before each backward (the reference: the delay this check injects). The table logged on
 "partialcoll" after the first 5 steps names it first, in the full and the solo mode, and
-state.stats() (collective) does too.
+state.stats() (collective) does too; so does DistributedOptimizer.stats().
 """
 from __future__ import annotations
 
@@ -60,6 +60,29 @@ def test_ddp_report_names_the_slow_rank(comm, mode):
     first_row = tables[0].splitlines()[2].split()
     assert int(first_row[0]) == slow, f"{mode}: rank {slow} slept 20 ms per step\n{tables[0]}"
     assert stats.stragglers()[0] == slow, f"{mode}\n{stats}"
+
+
+def test_optimizer_stats_name_the_slow_rank(comm):
+    """DistributedOptimizer(mode="full").stats(): the rank sleeping 20 ms before each
+    backward is named first."""
+    from partialcoll.integrations.torch import DistributedOptimizer
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), mode="full", comm=comm)
+    slow = comm.size - 1
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    try:
+        for _ in range(6):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if comm.rank == slow:
+                time.sleep(0.02)
+            loss.backward()
+            opt.step()
+        stats = opt.stats()
+    finally:
+        opt.close()
+    assert stats.stragglers()[0] == slow and stats.full == stats.rounds, stats
 
 
 if __name__ == "__main__":
