@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .. import _stats
 from .._errors import ArgumentError, MPIError, StateError, Timeout
 from .._partial import PartialAllreduce, close_all
 from .._engine import comm_handle
@@ -236,6 +237,12 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupPartialcoll(rank={self._rank}, size={self._size})"
+
+    def stats(self) -> _stats.Stats:
+        """Who is slow over the group's engine allreduces held now (docs/stragglers.md;
+        collective over the group)."""
+        return _stats.merge([c.stats() for c in _stats.ordered(self._colls.values())],
+                            "the process group's allreduces")
 
     # -- helpers ---------------------------------------------------------------------------
     def _usable(self) -> None:
