@@ -572,7 +572,11 @@ class PartialAllreduce(_propagate.Reporting):
 
         out: optional array that receives the result (the full mode then runs the round in it).
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
-        or where x lives when out is None.
+        or where x lives when out is None. out is lent to the request until its wait
+        returns: the engine writes it only for this request, and never after. Several
+        outstanding posts may name one out: each wait writes its own request's result
+        into it (the engine runs a round in a caller's buffer only for a post made while
+        no other request of this collective is outstanding, as in a post+wait loop).
         """
         waiting = self._waiting
         waiting.append(None)             # inside the engine: see _abandon
