@@ -72,9 +72,10 @@ class PartialHookState:
                  partial_ddp registers, also regroups and averages the groups' models)
     lr_scale()   RNA's linear scaling factor of the latest iteration's results (the
                  contributors' share): multiply the learning rate by it
-    stats()      who is slow over the buckets' collectives (collective; pc.Stats)
-    report_every=N: every N iterations, before the forward pass, log that table on logger
-                 "partialcoll" (INFO; collective: the ranks take the same numbers of steps)
+    stats()      who is slow over the buckets' collectives (collective; pc.Stats); with
+                 report_every=N, every N iterations, before the forward pass, that table
+                 is logged on logger "partialcoll" (INFO; collective: the ranks take the
+                 same numbers of steps)
 
     Collectives are keyed by the bucket's parameters, never by ``bucket.index()``: a
     bucket that changes (DDP rebuilt its buckets) gets a new collective, and the old

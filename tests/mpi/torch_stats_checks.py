@@ -27,6 +27,18 @@ class _Grab(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _train(model, opt, slow: bool, steps: int) -> None:
+    """steps of SGD on one batch; a slow rank sleeps 20 ms before each backward."""
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if slow:
+            time.sleep(0.02)
+        loss.backward()
+        opt.step()
+
+
 @pytest.mark.parametrize("mode", ["full", "solo"])
 def test_ddp_report_names_the_slow_rank(comm, mode):
     torch.manual_seed(0)
@@ -39,15 +51,7 @@ def test_ddp_report_names_the_slow_rank(comm, mode):
     log.addHandler(grab)
     slow = comm.size - 1
     try:
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        x, y = torch.randn(8, 16), torch.randn(8, 1)
-        for _ in range(7):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(ddp(x), y)
-            if comm.rank == slow:
-                time.sleep(0.02)
-            loss.backward()
-            opt.step()
+        _train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), comm.rank == slow, 7)
         stats = state.stats()
     finally:
         log.removeHandler(grab)
@@ -70,15 +74,8 @@ def test_optimizer_stats_name_the_slow_rank(comm):
     model = torch.nn.Linear(16, 1)
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), mode="full", comm=comm)
     slow = comm.size - 1
-    x, y = torch.randn(8, 16), torch.randn(8, 1)
     try:
-        for _ in range(6):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            if comm.rank == slow:
-                time.sleep(0.02)
-            loss.backward()
-            opt.step()
+        _train(model, opt, comm.rank == slow, 6)
         stats = opt.stats()
     finally:
         opt.close()
