@@ -346,6 +346,36 @@ def report(stats: Stats, step: int) -> None:
     logging.getLogger("partialcoll").info("partialcoll: after step %d, %s", step, stats.table())
 
 
+def note_hop(coll, k: int, updates) -> None:
+    """A NeighborAllreduce iteration k taken here: an in-neighbour whose update is missing
+    or older than k was late (this rank's view; Hop has no rounds that all ranks share)."""
+    d = coll.__dict__
+    if "_hop_late" not in d:
+        d["_hop_late"] = np.zeros(coll.size, np.int64)
+        d["_hop_stale"] = np.zeros(coll.size, np.int64)
+        d["_hop_iterations"] = 0
+    d["_hop_iterations"] += 1
+    got = dict(updates)
+    for src in coll.sources:
+        it = got.get(src)
+        if it is None or it < k:
+            d["_hop_late"][src] += 1
+            d["_hop_stale"][src] += k - it if it is not None else 1
+    return None
+
+
+def hop_fields(coll) -> Dict[str, Any]:
+    """NeighborAllreduce.stats' who-is-slow keys: per rank (every rank of the communicator;
+    0 for those that are not in-neighbours) as this rank saw them."""
+    d = coll.__dict__
+    late = d.get("_hop_late", np.zeros(coll.size, np.int64))
+    stale = d.get("_hop_stale", np.zeros(coll.size, np.int64))
+    order = sorted(range(coll.size), key=lambda r: (-int(late[r]), -int(stale[r]), r))
+    return {"rounds": int(d.get("_hop_iterations", 0)), "late": [int(x) for x in late],
+            "stale_iterations": [int(x) for x in stale],
+            "stragglers": [r for r in order if late[r] > 0]}
+
+
 def save(stats: Stats, path: str) -> None:
     with open(path, "w") as f:
         json.dump(stats.to_dict(), f)

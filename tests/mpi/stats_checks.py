@@ -105,6 +105,26 @@ def test_late_without_being_slow(comm, mode, period=0.06, shift=0.02):
     assert stats.stragglers()[0] == s, f"{mode}: rank {s}'s steps were shifted by {shift} s\n{stats}"
 
 
+def test_neighbor_stats_name_the_slow_neighbour(comm):
+    """NeighborAllreduce (a two-way ring, staleness 2): the ring neighbours of the rank that
+    sleeps 20 ms before each post find its updates late most often (their own view)."""
+    s, r, P = _slow(comm), comm.rank, comm.size
+    adjacency = sorted({(r - 1) % P, (r + 1) % P} - {r})
+    g = comm.Create_dist_graph_adjacent(adjacency, adjacency, reorder=False)
+    coll = pc.NeighborAllreduce(2, np.float64, comm=g, max_staleness=2)
+    x = np.ones(2)
+    for _ in range(ROUNDS):
+        if r == s:
+            time.sleep(0.02)
+        coll.post(x).wait()
+    stats = coll.stats
+    coll.close()
+    g.Free()
+    assert stats["rounds"] == ROUNDS and len(stats["late"]) == P, stats
+    if s in adjacency:
+        assert stats["stragglers"][:1] == [s], f"rank {r}: its neighbour {s} was delayed: {stats}"
+
+
 def test_local_view_and_after_close(comm):
     """stats(local=True) asks nobody; stats() after close() gathers the kept records."""
     coll = _coll(comm, "full")
