@@ -119,7 +119,8 @@ int pc_coll_telemetry_on(pc_coll *c, int cap)
 /* totals: rounds, full rounds, posts, late posts, lateness (us, summed), wait (us, summed),
  * events lost (their round left the ring), cap; missed: P; ring: *n records of
  * PC_TELE_FIELDS doubles (round, post_us, take_us, done_us, late_us, wait_us, flags: 1 the
- * round completed here, 2 a full round, 4 this rank's data inside), oldest first, at most max */
+ * round completed here, 2 a full round, 4 this rank's data inside), oldest first: the
+ * newest max rounds */
 int pc_coll_telemetry(pc_coll *c, double *totals, int64_t *missed, double *ring, int max, int *n)
 {
     unit_pin(&c->owner.unit);
@@ -132,7 +133,8 @@ int pc_coll_telemetry(pc_coll *c, double *totals, int64_t *missed, double *ring,
     int k = 0;
     int64_t hi = -1;
     for (int i = 0; i < t->cap; i++) if (t->ring[i].round > hi) hi = t->ring[i].round;
-    for (int64_t m = hi - t->cap + 1; t->cap && m <= hi && k < max; m++) {
+    int64_t from = hi - (t->cap < max ? t->cap : max) + 1;      /* the newest max rounds */
+    for (int64_t m = from; t->cap && m <= hi && k < max; m++) {
         if (m < 0) continue;
         const pc_tele_rec *r = &t->ring[m % t->cap];
         if (r->round != m) continue;
