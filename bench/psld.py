@@ -273,6 +273,7 @@ def worker(args) -> None:
                 a = coll.assignment(round=i)
                 shares.append(max(float(np.count_nonzero(a == s)) / len(a) for s in slow))   # the busiest slow rank
                 counts.append(np.bincount(a, minlength=p)[serving].tolist())               # blocks per server
+        who = coll.stats() if coll is not None else None     # who is slow, as the rounds saw it
         every = comm.gather(ends if posting else None)
         cpus = comm.gather(cpu)
         if rank:
@@ -281,6 +282,10 @@ def worker(args) -> None:
         per = np.diff(np.concatenate([[0.0], t]))
         out = {"mean_ms": float(per[rounds // 2:].mean() * 1e3), "per_round_ms": [round(v * 1e3, 2) for v in per],
                "cpu_ms_per_round": {r: cpus[r] for r in range(p)}}      # per rank and thread, over all rounds
+        if who is not None:
+            out["who_is_slow"] = {"stragglers": who.stragglers()[:2],
+                                  "lateness_mean_ms": [round(float(v) * 1e3, 2) for v in who.lateness_s["mean"]],
+                                  "waited_for_s": [round(float(v), 3) for v in who.waited_for_s]}
         if shares:
             out["slow_share"] = shares[-1]
             below = [i for i, s in enumerate(shares) if s < 1 / (2 * p)]

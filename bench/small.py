@@ -57,6 +57,9 @@ def main():
     ap.add_argument("--rc", default="", help="partialcoll.rc options KEY=VALUE,...")
     ap.add_argument("--rounds", type=int, default=0, help="then time this many single calls of each peer")
     ap.add_argument("--floor", action="store_true", help="also time `self` and `exchange` (see above)")
+    ap.add_argument("--telemetry", action="store_true",
+                    help="each mode twice, interleaved: with the who-is-slow telemetry (pc.rc.telemetry) "
+                         "and without it ('MODE/off'): its cost")
     ap.add_argument("--json")
     args = ap.parse_args()
     for kv in filter(None, args.rc.split(",")):
@@ -69,6 +72,11 @@ def main():
     y = np.empty_like(x)
     ref = np.empty_like(x)
     colls = {m: pc.PartialAllreduce(n, np.float32, comm=comm, mode=m) for m in args.modes.split(",")}
+    if args.telemetry:                   # the same modes without telemetry (read at creation)
+        on, pc.rc.telemetry = pc.rc.telemetry, False
+        colls.update({m + "/off": pc.PartialAllreduce(n, np.float32, comm=comm, mode=m)
+                      for m in args.modes.split(",")})
+        pc.rc.telemetry = on
 
     def run_mpi(k=iters):
         for _ in range(k):

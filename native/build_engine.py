@@ -24,7 +24,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "pc_engine.h")
-UNITS = ("errors.c", "kernels.c", "mpi.c", "report.c", "sched.c", "coll.c", "progress.c", "idle.c", "waitsome.c", "mpiwait.c", "avg.c", "hop.c", "clock.c")
+UNITS = ("errors.c", "kernels.c", "mpi.c", "report.c", "sched.c", "coll.c", "progress.c", "idle.c", "waitsome.c", "mpiwait.c", "avg.c", "hop.c", "clock.c", "telemetry.c")
 
 
 def cdef_source() -> str:

@@ -263,6 +263,7 @@ static int coll_take(pc_owner *o)
     }
     c->input = IN_NONE;
     c->taken = 1;
+    tele_take(&c->tele, c->armed_round);   /* telemetry.c: this rank's view of the round's start */
     c->round_lo = c->taken_posts;      /* this rank's posts [round_lo, round_hi) are in the round */
     c->round_hi = c->taken_posts = c->posts;
     uint64_t *m = c->mask_slot;
@@ -283,6 +284,7 @@ static int coll_take(pc_owner *o)
 
 static int coll_round_end(pc_coll *c, int64_t n, int all_closing)
 {
+    tele_round(&c->tele, n, c->mask_slot, W_of(c), pc_coll_round_kind(c, n));   /* telemetry.c */
     c->res_round = n;
     if (all_closing && c->closing) STORE(c->finished, 1);
     STORE(c->completed, n + 1);
@@ -549,6 +551,7 @@ static void coll_destroy(pc_coll *c)
     }
     free(c->res_mask); free((void *)c->spec.identity);
     report_free(&c->rep);
+    tele_free(&c->tele);
     pthread_mutex_destroy(&c->owner.unit.lock);
     free(c);
 }
@@ -615,7 +618,7 @@ int pc_coll_create(const pc_collspec *spec, void *comm_handle, pc_coll **out)
     for (int i = 0; i < PC_SNAPS; i++) snaps &= (c->snap[i] = calloc(1, tb)) != NULL;
     c->retired_sent = calloc((size_t)size, sizeof(int64_t));
     c->parked = -1;
-    if (!c->meas || !c->agreed || !snaps || !c->retired_sent) {
+    if (!c->meas || !c->agreed || !snaps || !c->retired_sent || tele_init(&c->tele, rank, size)) {
         free(id);
         coll_destroy(c);
         return fail(PC_ERR_NOMEM, "out of memory");
@@ -680,6 +683,7 @@ static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 /* ... and ends here, once x is in place: count it, and start the round if eligible. */
 static int coll_post_end(pc_coll *c)
 {
+    tele_post(&c->tele, c->posts);     /* telemetry.c: before the post may start its round */
     c->posts++;
     int rc = coll_maybe_trigger(c);
     return rc == PC_OK && c->err ? coll_error(c) : rc;

@@ -315,6 +315,12 @@ int pc_hop_free(pc_hop *h, int *deferred);
  * (their pending and later calls fail with PC_ERR_PEER), and the report heard */
 int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s);
 int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen);
+/* Who is slow (telemetry.c, docs/who-is-slow.md): keep a ring of the last cap rounds
+ * (0: off, the default); read the totals (PC_TELE_TOTALS doubles), the rounds each rank
+ * missed (P) and the ring (*n records of PC_TELE_FIELDS doubles, oldest first, at most max) */
+enum { PC_TELE_TOTALS = 8, PC_TELE_FIELDS = 7 };
+int pc_coll_telemetry_on(pc_coll *c, int cap);
+int pc_coll_telemetry(pc_coll *c, double *totals, int64_t *missed, double *ring, int max, int *n);
 /* CDEF END */
 
 #endif

@@ -12,6 +12,7 @@
  *   mpiwait.c   waits for requests of MPI's own (mpi4py's) under the idle policy
  *   avg.c       asynchronous averaging through a server rank (owns schedules, like coll.c)
  *   hop.c       Hop's neighbour allreduce: channels, backup workers, staleness, tokens (owns schedules)
+ *   telemetry.c who is slow: a collective's rounds recorded per rank (coll.c calls it)
  *
  * Calls go one way: coll.c -> sched.c -> mpi.c, avg.c and hop.c -> sched.c; progress.c drives sched.c through
  * sched_progress() and owners (collectives) through the callbacks in pc_owner; sched.c
@@ -254,6 +255,38 @@ int sched_progress(pc_sched *s);             /* [pass] one step of s (unit lock 
 int sched_silent_peers(const pc_sched *s, int *ranks, int max);
 void sched_add_traffic(const pc_sched *s, int64_t *sent, int n);
 
+/* ------------------------------------------------------------------ telemetry (telemetry.c)
+ * Who is slow (docs/who-is-slow.md): one record per round in a ring of the last cap rounds,
+ * and running totals. All fields (unit lock): written by a post (application thread),
+ * TAKE and the round's end (whichever thread steps the unit); read by pc_coll_telemetry
+ * under the lock. Times are this rank's CLOCK_MONOTONIC, never compared across ranks. */
+typedef struct pc_tele_rec {
+    int64_t round;           /* the round (and post index) this slot holds; -1: none */
+    double post_us;          /* post #round made here (0: not yet) */
+    double take_us;          /* round's TAKE here: this rank's view of its start (0: not yet;
+                              * post_us when the post came first: no clock read) */
+    double done_us;          /* a full round that this rank posted to: completed here (else 0) */
+    double late_us;          /* post_us - take_us when the post came after the TAKE, else 0 */
+    double wait_us;          /* a full round: done_us - post_us */
+    int flags;               /* 1 completed, 2 full round, 4 this rank's data inside */
+} pc_tele_rec;
+
+typedef struct pc_tele {
+    int rank, size, cap;     /* cap 0: off (every hook returns at once) */
+    pc_tele_rec *ring;       /* round n in ring[n % cap] */
+    int64_t rounds, full;    /* rounds completed here (closing rounds not counted), full ones */
+    int64_t posts, late;     /* posts, and those after their round's TAKE */
+    double late_us, wait_us; /* summed lateness of the late posts; summed full-round waits */
+    int64_t lost;            /* events whose round had left the ring (totals only) */
+    int64_t *missed;         /* P: rounds each rank's data was not inside (from the masks) */
+} pc_tele;
+
+int tele_init(pc_tele *t, int rank, int size);
+void tele_free(pc_tele *t);
+void tele_post(pc_tele *t, int64_t n);       /* post #n, before it may trigger its round */
+void tele_take(pc_tele *t, int64_t n);       /* round n's TAKE */
+void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full);   /* round n completed */
+
 /* ------------------------------------------------------------------ collectives (coll.c) */
 /* Load-aware owners: epochs' snapshots kept (a decision may lag the rounds by up to
  * PC_SNAPS - 1 epochs before a round waits for it), and a decision received, not applied. */
@@ -318,6 +351,7 @@ struct pc_coll {
     int peer_heard;          /* (unit) ... or heard while a round before peer.upto runs here:
                               * that round completes, the next fails (coll_arm) */
     double peer_heard_us;    /* (unit) when: a round that has not completed 2 s later fails */
+    pc_tele tele;            /* (unit) who is slow: telemetry.c */
 };
 
 int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */

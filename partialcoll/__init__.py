@@ -30,6 +30,7 @@ from ._info import info
 from ._partial import (PartialAllreduce, PartialRequest, Result, allreduce_init, close_all, majority_allreduce,
                        probe_allreduce, quorum_allreduce, solo_allreduce)
 from ._rc import rc
+from ._stats import Stats
 from ._version import __version__
 from .activation.candidates import candidates
 from .schedule import Request, Schedule, ScheduleOp
@@ -42,7 +43,7 @@ __all__ = [
     "solo_allreduce", "majority_allreduce", "probe_allreduce", "quorum_allreduce", "allreduce_init",
     "Schedule", "ScheduleOp", "Request", "candidates", "speed_groups", "AsyncAverager", "AverageRequest",
     "HierarchicalAllreduce", "HierarchicalRequest",
-    "rc", "info", "finalize", "progress_mode",
+    "rc", "info", "finalize", "progress_mode", "Stats",
     "PartialcollError", "ArgumentError", "InvalidBufferError", "OpError", "StateError", "MPIError",
     "Timeout", "PeerError", "EngineError", "OutOfMemory", "__version__",
 ]

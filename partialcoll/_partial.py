@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine, _propagate
+from . import _device, _engine, _propagate, _stats
 from . import balance as balance_mod
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer
 from ._agree import agree, as_problem
@@ -494,6 +494,7 @@ class PartialAllreduce(_propagate.Reporting):
                 for v, sched in enumerate(scheds):
                     check(lib.pc_coll_set_sched(self._coll, kind, v, self._native_of(sched)))
             check(lib.pc_coll_begin(self._coll))
+            _stats.switch_on(self, comm)             # who is slow: partialcoll/_stats.py
             if self._every:
                 self._balancer = balance_mod.Balancer(self, self._coll, self.balance, self.servers, self._owners,
                                                       self.seed, self._epsilon, self._every)
@@ -824,6 +825,7 @@ class PartialAllreduce(_propagate.Reporting):
         if self._balancer is not None:
             self._balancer.trim(result.round)
         self._traffic = self.traffic()
+        _stats.at_close(self)            # who is slow: this rank's record, for stats() after close
         try:
             check(_engine.lib.pc_coll_free(self._coll))
         except PartialcollError:
@@ -870,6 +872,12 @@ class PartialAllreduce(_propagate.Reporting):
         check(_engine.lib.pc_traffic(self._native_coll(), _engine.ffi.NULL,
                                      _engine.ffi.cast("int64_t *", sent.ctypes.data), self.size))
         return sent
+
+    def stats(self, local: bool = False) -> _stats.Stats:
+        """Who is slow (docs/who-is-slow.md). Collective (one allgather, on the collective's
+        communicator; after close(), on the one it was created on): every rank returns the
+        same view. local=True: this rank's own view, asking nobody."""
+        return _stats.of(self, local)
 
     def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:
         if getattr(_engine, "lib", None) is not None:       # not at interpreter shutdown

@@ -58,6 +58,10 @@ class RC:
             ranks waiting in MPI calls partialcoll does not own (mpi4py's, a torch process
             group's) do not hang (default True); environment
             PARTIALCOLL_ABORT_ON_EXCEPTION ("0": off, for jobs whose other ranks carry on).
+        telemetry: record who is slow in every round of the collectives created from now on
+            (default True; coll.stats(), docs/who-is-slow.md); environment
+            PARTIALCOLL_TELEMETRY ("0": off).
+        telemetry_rounds: how many of the last rounds each collective keeps (default 1024).
 
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
     failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
@@ -67,7 +71,8 @@ class RC:
                  "sleep_max_us": 200.0, "deep_after_us": 20000.0,
                  "deep_sleep_us": 20000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
                  "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
-                 "poll_max_us": 20000.0, "abort_on_exception": True}
+                 "poll_max_us": 20000.0, "abort_on_exception": True, "telemetry": True,
+                 "telemetry_rounds": 1024}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
@@ -84,6 +89,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_ABORT_ON_EXCEPTION")
         if env:
             self.abort_on_exception = env.strip().lower() not in ("0", "false", "no", "off")
+        env = os.environ.get("PARTIALCOLL_TELEMETRY")
+        if env is not None:
+            self.telemetry = env.lower() not in ("0", "false", "no", "off")
         env = os.environ.get("PARTIALCOLL_CLOSE_TIMEOUT")
         if env:
             self.close_timeout = None if env.lower() == "none" else float(env)

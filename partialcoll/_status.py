@@ -247,6 +247,8 @@ class _Stall:
         where, silent = self.peers.silent() if self.peers is not None else ("", ())
         rank = f" at rank {self.peers.rank}" if self.peers is not None else ""
         heard = f": no message from {_ranks(silent)} in {where}" if silent else ""
+        if silent:                       # the words of coll.stats()'s table (docs/who-is-slow.md)
+            heard += f"; who is slow: {_ranks(silent)}, late in this round (coll.stats() has the table)"
         logging.getLogger("partialcoll").warning(
             "partialcoll: %s has waited %.1f s%s%s (stall warning after %g s: partialcoll.rc.stall_warning)",
             self.what, waited, rank, heard, limit)

@@ -349,6 +349,11 @@ class HierarchicalAllreduce:
         mean = self.grouping.average(np.ascontiguousarray(host, dtype=self.dtype), timeout)
         return _device.copy_out(backend, mean, None, arr)
 
+    def stats(self, local: bool = False):
+        """Who is slow in this rank's speed group since its last regrouping: the group's
+        PartialAllreduce.stats() (collective over group_comm; ranks are the group's)."""
+        return self._coll.stats(local)
+
     def close(self) -> Result:
         """Collective over comm: close the group's collective (its final result, with any
         carried one) and the averager."""

@@ -55,7 +55,7 @@ from typing import Dict, List, Optional, Tuple, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine, _propagate
+from . import _device, _engine, _propagate, _stats
 from ._agree import agree
 from ._buffers import as_buffer
 from ._errors import ArgumentError, MPIError, PartialcollError, PeerError, StateError, Timeout, as_timeout
@@ -291,6 +291,7 @@ class NeighborAllreduce(_propagate.Reporting):
         tk = self.max_gap is not None
         out["tokens_received"] = {d: int(tokens[i]) for i, d in enumerate(self.destinations)} if tk else {}
         out["tokens_granted"] = {s: int(granted[j]) for j, s in enumerate(self.sources)} if tk else {}
+        out.update(_stats.hop_fields(self))         # who is slow, as this rank saw its in-neighbours
         return out
 
     @property
@@ -418,6 +419,7 @@ class NeighborAllreduce(_propagate.Reporting):
             backend, out, like = req._device
             data = _device.copy_out(backend, data, out, like)
         req._result = NeighborResult(data, k, updates, active, int(info[1]), bool(info[2]))
+        _stats.note_hop(self, k, updates)          # who is slow: this rank's in-neighbours
         del self._pending[k]
 
     def close(self, timeout: Optional[float] = None) -> None:

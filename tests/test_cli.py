@@ -450,3 +450,25 @@ def test_ideal_model():
     free = simulate(d, "none", start_rule("majority", p, 0, 4, 2))
     aligned = simulate(d, "iteration", start_rule("majority", p, 0, 4, 2))
     assert free["waits"].mean() > aligned["waits"].mean()
+
+
+@pytest.mark.mpiexec
+def test_skew_report_and_report_command(tmp_path):
+    """skew --report prints the who-is-slow table after each partial mode (none for mpi);
+    --json keeps them; `report FILE --plot` reads them back and draws one."""
+    out, png = tmp_path / "skew.json", tmp_path / "who.png"
+    p = run(3, "skew", "--skew", "linear:2ms", "-i", "6", "-x", "1", "-r", "1", "--modes", "mpi,full,solo",
+            "--report", "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    heads = re.findall(r"^#   who is slow in PartialAllreduce mode=(\w+): (\d+) rounds", p.stdout, re.M)
+    assert sorted(m for m, _ in heads) == ["full", "solo"], p.stdout
+    tables = json.loads(out.read_text())["stats"]
+    assert sorted(t["mode"] for t in tables) == ["full", "solo"] and all(t["size"] == 3 for t in tables), tables
+    q = subprocess.run([*BENCH, "report", str(out), "--index", "0", "--plot", str(png)], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, **launch_env()))
+    assert q.returncode == 0, q.stdout + q.stderr
+    assert q.stdout.count("who is slow in PartialAllreduce") == 2, q.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = subprocess.run([*BENCH, "report", str(tmp_path / "nothing.json")], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, **launch_env()))
+    assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

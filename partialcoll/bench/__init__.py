@@ -4,6 +4,8 @@
     mpiexec -n 8 partialcoll-bench skew --skew linear:1ms -i 64            (the paper's method)
     mpiexec -n 8 partialcoll-bench skew --sync none -z -c                  (free-running, checked)
     mpiexec -n 2 partialcoll-bench calibrate                               (the model "auto" uses)
+    mpiexec -n 8 partialcoll-bench skew --report --json skew.json           (who is slow, per mode)
+    partialcoll-bench report skew.json --plot who.png
 
 OSU's options (-m [MIN:]MAX, -i, -x, -z, -c) and nccl-tests' (-f factor, the count, type,
 algbw, busbw and #wrong columns); sizes step by powers of 2. `partialcoll-bench COMMAND
@@ -23,6 +25,7 @@ from mpi4py import MPI
 from ._report import ValidationFailed, run_info, write_outputs
 from .calibrate import add_calibrate_args, calibrate
 from .latency import add_latency_args, latency
+from .report import add_report_args, report
 from .skew import add_skew_args, skew
 
 COMMANDS: Dict[str, tuple] = {
@@ -31,6 +34,8 @@ COMMANDS: Dict[str, tuple] = {
     "skew": (skew, add_skew_args, "eager-SGD Fig. 9: latency and NAP under a skew pattern"),
     "calibrate": (calibrate, add_calibrate_args, "measure alpha, beta, gamma, o for algorithm='auto' and cache "
                                                  "them for this machine"),
+    "report": (report, add_report_args, "who is slow: re-read the per-rank tables of a saved skew --report "
+                                        "--json (or a Stats.to_dict()) and draw one (--plot)"),
 }
 
 

@@ -68,6 +68,9 @@ def add_skew_args(p) -> None:
                    help="repetitions; the order of the modes is reversed every other one, so no mode "
                         "always runs first (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the skew pattern and of the candidates")
+    p.add_argument("--report", action="store_true",
+                   help="after each mode, print who is slow: the collective's per-rank table (coll.stats(); "
+                        "--json keeps every table, partialcoll-bench report re-reads them)")
     p.epilog = "columns:\n" + COLUMNS
 
 
@@ -217,7 +220,8 @@ def _run(comm, args, mode: str, count: int, dtype, quorum: int, d: np.ndarray, c
     final = coll.close()
     if final is not None:
         record(final, closing=True)
-    return {"lat": lat, "post": post, "done": done, "late": is_late, "nap": naps, "loop": loop,
+    who = coll.coll.stats().to_dict() if coll.coll is not None and pc.rc.telemetry else None
+    return {"stats": who, "lat": lat, "post": post, "done": done, "late": is_late, "nap": naps, "loop": loop,
             "wrong": checker.wrong if checker else 0, "errors": checker.errors if checker else [],
             "seen": checker.seen if checker else {}}
 
@@ -285,6 +289,7 @@ def skew(comm, args) -> dict:
               f"without skew; mode order alternates per repetition: {','.join(mode_list)} then reversed")
         print(table.head(notes))
     rows_out: List[dict] = []
+    reports: List[dict] = []
     for count in counts:
         nbytes = count * dtype.itemsize
         per_rep: List[Dict[str, dict]] = []
@@ -296,6 +301,12 @@ def skew(comm, args) -> dict:
                 recs = comm.gather(mine, root=0)
                 if comm.rank == 0:
                     rows[mode] = _summary(mode, recs, d, args, quorum)
+                    if mine["stats"] is not None:
+                        mine["stats"].update({"mode": mode, "bytes": nbytes, "repetition": rep})
+                        reports.append(mine["stats"])
+                        if args.report:
+                            print(_report_lines(mine["stats"], f"{mode}, {nbytes} B, repetition {rep + 1}"),
+                                  flush=True)
                 progress(f"{nbytes} B, repetition {rep + 1}/{args.repetitions}: {mode} done")
             per_rep.append(rows)
         if comm.rank == 0:
@@ -330,7 +341,13 @@ def skew(comm, args) -> dict:
             "bytes": rows_out[0]["bytes"], "sizes": args.sizes, "factor": args.factor, "notes": notes,
             "skipped_modes": skipped, "iterations": args.iterations, "warmup": args.warmup,
             "repetitions": args.repetitions, "seed": args.seed, "late": late, "quorum": quorum,
-            "candidates": args.candidates, "validated": bool(args.validate), "rows": rows_out, "plot": plot}
+            "candidates": args.candidates, "validated": bool(args.validate), "rows": rows_out, "stats": reports, "plot": plot}
+
+
+def _report_lines(stats: dict, what: str) -> str:
+    """A collective's who-is-slow table under '#' (the skew run's rounds, warm-up included)."""
+    table = pc.Stats.from_dict(stats).table()
+    return "\n".join(["# " + what + ":"] + ["#   " + line for line in table.splitlines()])
 
 
 def _aggregate(per_rep: List[Dict[str, dict]], mode_list: List[str], args) -> List[dict]:

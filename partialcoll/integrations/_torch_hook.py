@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .. import _stats
 from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
@@ -31,7 +32,7 @@ from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
                  "model_sync_every", "accumulate", "hierarchy", "average_every", "regroup_every", "server", "window",
-                 "hysteresis", "regroup_points", "buffer_sync_every")
+                 "hysteresis", "regroup_points", "buffer_sync_every", "report_every")
 
 
 class BufferSync(ModelSync):
@@ -88,6 +89,10 @@ class PartialHookState:
                  partial_ddp registers, also regroups and averages the groups' models)
     lr_scale()   RNA's linear scaling factor of the latest iteration's results (the
                  contributors' share): multiply the learning rate by it
+    stats()      who is slow over the buckets' collectives (collective; pc.Stats); with
+                 report_every=N, every N iterations, before the forward pass, that table
+                 is logged on logger "partialcoll" (INFO; collective: the ranks take the
+                 same numbers of steps)
 
     Collectives are keyed by the bucket's parameters, never by ``bucket.index()``: a
     bucket that changes (DDP rebuilt its buckets) gets a new collective, and the old
@@ -102,17 +107,19 @@ class PartialHookState:
                  model_sync_every: Optional[int] = None, hierarchy: Optional[str] = None,
                  average_every: Optional[int] = None, regroup_every: int = 20, server: int = 0, window: int = 8,
                  hysteresis: int = 2, regroup_points: Optional[int] = None, buffer_sync_every: Optional[int] = None,
+                 report_every: Optional[int] = None,
                  **options) -> None:
         # what pickling keeps (PowerSGDState's way: the process group is not pickled; an
         # unpickled state is made anew, collectively, over the default group)
         self._args = dict(mode=mode, average=average, start_iter=start_iter, model_sync_every=model_sync_every,
                           hierarchy=hierarchy, average_every=average_every, regroup_every=regroup_every,
                           server=server, window=window, hysteresis=hysteresis, regroup_points=regroup_points,
-                          buffer_sync_every=buffer_sync_every, **options)
+                          buffer_sync_every=buffer_sync_every, report_every=report_every, **options)
         self.mode, self.average, self.options = mode, check_average(average), options
         self.buffer_sync_every = int(buffer_sync_every or 0)
         self.buffer_sync: Optional[BufferSync] = None     # made at the first training forward
         warn_drift(mode, options.get("late", "latest"), model_sync_every)
+        self.report_every, self._reported = _stats.check_every(report_every), 0    # who is slow
         self.start_iter, self.process_group = int(start_iter), process_group
         self.comm, self._owns_comm = _torch_comm.comm_of_group(process_group, comm)
         self.size = self.comm.Get_size()
@@ -191,6 +198,9 @@ class PartialHookState:
     def sync_hook(self, module: torch.nn.Module, args) -> None:
         """Forward pre-hook of the DDP module: every model_sync_every iterations, average
         the parameters over the group (collective; training forward passes only)."""
+        if self.report_every and self.iter >= self._reported + self.report_every and self.colls:
+            self._reported = self.iter           # who is slow: the table every report_every steps
+            _stats.report(self.stats(), self.iter)
         every = self.model_sync_every
         if every and module.training and torch.is_grad_enabled():
             if self.model_sync is None:          # collective: every rank that trains gets here first
@@ -231,6 +241,11 @@ class PartialHookState:
             grouping.regroupings += 1
             self.size = grouping.group_comm.Get_size()
         self._forward_at = time.perf_counter()
+
+    def stats(self) -> _stats.Stats:
+        """Who is slow over the buckets' collectives (docs/who-is-slow.md; collective)."""
+        return _stats.merge([c.stats() for c in _stats.ordered(e.coll for e in self.colls.values())],
+                            "the DDP hook's buckets")
 
     @property
     def last_model_sync(self) -> Optional[Result]:
@@ -339,6 +354,6 @@ def partial_ddp(module: torch.nn.Module, mode: str = "full", comm: Optional[MPI.
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_options)
     state = PartialHookState(mode=mode, comm=comm, average=average, process_group=ddp.process_group, **hook)
     ddp.register_comm_hook(state, partial_allreduce_hook)
-    if state.model_sync_every or state.hierarchy or state.buffer_sync_every:
+    if state.model_sync_every or state.hierarchy or state.buffer_sync_every or state.report_every:
         ddp.register_forward_pre_hook(state.sync_hook)
     return ddp, state

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .. import _stats
 from .._agree import agree, as_problem
 from .._errors import ArgumentError, StateError, as_timeout
 from .._partial import PartialAllreduce, PartialRequest, Result, close_all
@@ -250,6 +251,10 @@ class GradientSynchronizer:
     @property
     def colls(self) -> List[PartialAllreduce]:
         return [b.coll for b in self.buckets]
+
+    def stats(self) -> _stats.Stats:
+        """Who is slow over the buckets' collectives (docs/who-is-slow.md; collective)."""
+        return _stats.merge([c.stats() for c in _stats.ordered(self.colls)], "the synchronizer's buckets")
 
     def in_flight(self) -> bool:
         return any(b.request is not None for b in self.buckets)
@@ -605,6 +610,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def last_model_sync(self) -> Optional[Result]:
         """The latest model_sync_every average's Result (GradientSynchronizer's)."""
         return self._sync.last_model_sync
+
+    def stats(self) -> _stats.Stats:
+        """Who is slow over the gradients' collectives (GradientSynchronizer's; collective)."""
+        return self._sync.stats()
 
 
 def start_averaging(grouping: SpeedGrouping, params: Sequence[torch.Tensor]) -> np.dtype:

@@ -50,6 +50,7 @@ from mpi4py import MPI
 from torch.distributed.constants import default_pg_timeout as _TORCH_DEFAULT_TIMEOUT
 
 from .. import _propagate
+from .. import _stats
 from .._errors import ArgumentError, MPIError, StateError, Timeout
 from .._rc import rc
 from .._partial import PartialAllreduce, close_all
@@ -240,6 +241,12 @@ class ProcessGroupPartialcoll(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcessGroupPartialcoll(rank={self._rank}, size={self._size})"
+
+    def stats(self) -> _stats.Stats:
+        """Who is slow over the group's engine allreduces held now (docs/who-is-slow.md;
+        collective over the group)."""
+        return _stats.merge([c.stats() for c in _stats.ordered(self._colls.values())],
+                            "the process group's allreduces")
 
     # -- helpers ---------------------------------------------------------------------------
     def _usable(self) -> None:

@@ -1,0 +1,86 @@
+"""Who is slow through the DDP hook: python torch_stats_checks.py
+
+partial_ddp(report_every=5): every rank takes equal steps, but rank P - 1 sleeps 20 ms
+before each backward (the reference: the delay this check injects). The table logged on
+"partialcoll" after the first 5 steps names it first, in the full and the solo mode, and
+state.stats() (collective) does too; so does DistributedOptimizer.stats().
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from partialcoll.integrations.torch import partial_ddp
+from _util import run_module
+
+
+class _Grab(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _train(model, opt, slow: bool, steps: int) -> None:
+    """steps of SGD on one batch; a slow rank sleeps 20 ms before each backward."""
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if slow:
+            time.sleep(0.02)
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("mode", ["full", "solo"])
+def test_ddp_report_names_the_slow_rank(comm, mode):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ddp, state = partial_ddp(model, mode=mode, report_every=5, start_iter=1)
+    grab = _Grab()
+    log = logging.getLogger("partialcoll")
+    old = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(grab)
+    slow = comm.size - 1
+    try:
+        _train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.01), comm.rank == slow, 7)
+        stats = state.stats()
+    finally:
+        log.removeHandler(grab)
+        log.setLevel(old)
+        state.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    tables = [line for line in grab.lines if "who is slow" in line]
+    assert tables, grab.lines
+    first_row = tables[0].splitlines()[2].split()
+    assert int(first_row[0]) == slow, f"{mode}: rank {slow} slept 20 ms per step\n{tables[0]}"
+    assert stats.stragglers()[0] == slow, f"{mode}\n{stats}"
+
+
+def test_optimizer_stats_name_the_slow_rank(comm):
+    """DistributedOptimizer(mode="full").stats(): the rank sleeping 20 ms before each
+    backward is named first."""
+    from partialcoll.integrations.torch import DistributedOptimizer
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), mode="full", comm=comm)
+    slow = comm.size - 1
+    try:
+        _train(model, opt, comm.rank == slow, 6)
+        stats = opt.stats()
+    finally:
+        opt.close()
+    assert stats.stragglers()[0] == slow and stats.full == stats.rounds, stats
+
+
+if __name__ == "__main__":
+    run_module(__file__)
