@@ -344,11 +344,11 @@ static void coll_epoch_end(pc_coll *c, int64_t n)
     notify_books();                    /* pc_coll_stats waits for it */
 }
 
-/* Free the retired schedules if no pass pins the collective (E.lock: pins). */
+/* Free the retired schedules if no pass holds the collective (E.lock: passes). */
 static void coll_reap_retired(pc_coll *c)
 {
     pthread_mutex_lock(&E.lock);
-    int free_now = c->owner.unit.pins == 0;
+    int free_now = c->owner.unit.passes == 0;
     pthread_mutex_unlock(&E.lock);
     if (!free_now) return;
     for (int i = 0; i < c->nretired; i++) {
@@ -656,7 +656,7 @@ static int coll_post_end(pc_coll *c)
     return rc == PC_OK && c->err ? coll_error(c) : rc;
 }
 
-int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
 {
     unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
@@ -698,7 +698,7 @@ out:
  *                         the post counts; if a TAKE emptied acc meanwhile, nothing
  *                         happens (*replaced = 0) and the caller posts the new data alone.
  * Only posts fill acc, and only TAKE empties it, so "still full" means "unchanged". */
-int pc_coll_acc_full(pc_coll *c, int *full)
+static int coll_acc_full(pc_coll *c, int *full)
 {
     unit_lock(&c->owner.unit);
     *full = c->acc_full;
@@ -707,7 +707,7 @@ int pc_coll_acc_full(pc_coll *c, int *full)
     return rc;
 }
 
-int pc_coll_user_buffers(pc_coll *c, void *bufs[3])
+static int coll_user_buffers(pc_coll *c, void *bufs[3])
 {
     unit_lock(&c->owner.unit);
     bufs[0] = c->acc_ext;
@@ -717,7 +717,7 @@ int pc_coll_user_buffers(pc_coll *c, void *bufs[3])
     return PC_OK;
 }
 
-int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
+static int coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
 {
     unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
@@ -756,7 +756,7 @@ static int coll_checked_error(pc_coll *c)
     return rc;
 }
 
-int pc_coll_test(pc_coll *c, int64_t index, int *done)
+static int coll_test(pc_coll *c, int64_t index, int *done)
 {
     coll_wait_arg a = {c, index};
     /* one pass here too, as MPI_Test progresses: the post did not wake a napping thread */
@@ -765,7 +765,7 @@ int pc_coll_test(pc_coll *c, int64_t index, int *done)
     return LOAD(c->err) && !coll_round_kept(c, index) ? coll_checked_error(c) : PC_OK;
 }
 
-int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
+static int coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
 {
     *round = -1;
     *n = 0;
@@ -810,7 +810,7 @@ static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_re
 
 /* Wait for round `index` (no lock held: the predicate reads atomics), then take the
  * result under the unit lock. */
-int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
+static int coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
 {
     coll_wait_arg a = {c, index};
     int rc = coll_reached(&a) ? PC_OK : wait_until(coll_reached, &a, timeout_s);
@@ -855,7 +855,7 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
 
 /* Start closing: from now on this rank triggers every round it is armed for, and a
  * round in which every rank is closing is the final one. */
-int pc_coll_close(pc_coll *c)
+static int coll_close(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
     int rc = PC_OK;
@@ -875,6 +875,7 @@ static int coll_idle(void *c) { return LOAD(((pc_coll *)c)->owner.unit.nrunning)
 int pc_coll_free(pc_coll *c)
 {
     if (!c) return PC_OK;
+    unit_pin(&c->owner.unit);
     /* The final round has delivered here, but its last sends may still be in flight (a
      * slow link; with inline progress nothing moves them between engine calls): the
      * peers are in the same round and receive them, so let them finish. */
@@ -887,7 +888,7 @@ int pc_coll_free(pc_coll *c)
         unit_doom(&c->owner.unit);
     }
     unit_unlock(&c->owner.unit);
-    if (rc == PC_OK) reap_units();
+    unit_unpin(&c->owner.unit);          /* the last one out frees it */
     return rc;
 }
 
@@ -903,16 +904,24 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
 {
     *deferred = 0;
     if (!c) return PC_OK;
+    unit_pin(&c->owner.unit);
     unit_lock(&c->owner.unit);
     if (!c->abandoned) {
         c->abandoned = 1;
         c->owner.unit.withdraw = 1;
         *deferred = !coll_idle(c);
+        if (!c->err) {                   /* a thread inside wait() or test() wakes, and raises */
+            c->errpeer = -1;
+            snprintf(c->errmsg, sizeof c->errmsg, "this partial collective was dropped on this rank (rank %d) "
+                     "while a request of it was outstanding", c->rank);
+            STORE(c->err, PC_ERR_STATE);
+            notify_done();
+        }
         unit_doom(&c->owner.unit);
         coll_books_stop(c);
     }
     unit_unlock(&c->owner.unit);
-    reap_units();
+    unit_unpin(&c->owner.unit);          /* the last one out frees it: here, a pass, or a waiter */
     if (*deferred) kick();
     return PC_OK;
 }
@@ -941,7 +950,7 @@ static void coll_send_report(pc_coll *c)
     if (c->armed && c->armed->running) sched_withdraw(c->armed);
 }
 
-int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
+static int coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
 {
     if (!c) return PC_OK;
     unit_lock(&c->owner.unit);
@@ -959,7 +968,7 @@ int pc_coll_abort(pc_coll *c, const char *type, const char *message, double time
     return PC_OK;
 }
 
-int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
+static int coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
 {
     return report_peer_error(&c->owner.unit, &c->rep, &c->err, rank, type, tlen, message, mlen);
 }
@@ -987,7 +996,7 @@ static int coll_epoch_out(void *p)
     return LOAD(a->c->epochs) > a->epoch || LOAD(a->c->finished) || LOAD(a->c->err) || a->c->abandoned;
 }
 
-int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)
+static int coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)
 {
     *got = 0;
     if (epoch >= 0) {
@@ -1016,7 +1025,7 @@ int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, in
     return rc;
 }
 
-int pc_coll_switched(pc_coll *c, int64_t k, int64_t *round)
+static int coll_switched(pc_coll *c, int64_t k, int64_t *round)
 {
     if (k < 0) return fail(PC_ERR_ARG, "pc_coll_switched: switch %lld", (long long)k);
     unit_lock(&c->owner.unit);
@@ -1025,7 +1034,7 @@ int pc_coll_switched(pc_coll *c, int64_t k, int64_t *round)
     return PC_OK;
 }
 
-int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
+static int coll_switch_to(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
 {
     pc_sched *s[2] = {s0, s1};
     for (int k = 0; k < 2; k++)
@@ -1059,4 +1068,123 @@ int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
     coll_reap_retired(c);
     unit_unlock(&c->owner.unit);
     return rc;
+}
+
+/* ------------------------------------------------------------------ the API: every entry pins
+ * Each call holds a pin on the collective while it runs (pc_internal.h, "pins"): a
+ * thread that abandons or frees it meanwhile only marks it, and the last one out frees. */
+int pc_coll_acc_full(pc_coll *c, int *full)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_acc_full(c, full);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_user_buffers(pc_coll *c, void *bufs[3])
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_user_buffers(c, bufs);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_post_replace(c, x, index, late, replaced);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_test(pc_coll *c, int64_t index, int *done)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_test(c, index, done);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_silent(c, ranks, max, round, n);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_wait_take(c, index, timeout_s, out, mask, info);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_post(c, x, out, index, late);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_close(pc_coll *c)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_close(c);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_abort(c, type, message, timeout_s);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_peer_error(c, rank, type, tlen, message, mlen);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_stats(c, epoch, timeout_s, sums, got);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_switched(pc_coll *c, int64_t k, int64_t *round)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_switched(c, k, round);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
+{
+    unit_pin(&c->owner.unit);
+    int rc = coll_switch_to(c, epoch, s0, s1);
+    unit_unpin(&c->owner.unit);
+    return rc;
+}
+
+int pc_coll_hold(pc_coll *c)
+{
+    unit_pin(&c->owner.unit);
+    return PC_OK;
+}
+
+int pc_coll_release(pc_coll *c)
+{
+    unit_unpin(&c->owner.unit);        /* may free c */
+    return PC_OK;
 }

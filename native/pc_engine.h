@@ -224,6 +224,12 @@ int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, ui
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
 int pc_coll_close(pc_coll *c);
+/* A reference for threads still inside calls on c: the owner that drops c (abandon)
+ * while other threads of it may be between reading the handle and their call holds one
+ * for them, and the last of them releases it; a dropped collective is freed by whoever
+ * lets go last (engine.md, "Ownership"). */
+int pc_coll_hold(pc_coll *c);
+int pc_coll_release(pc_coll *c);
 /* Load-aware owners (algorithm "ps", partialcoll/balance.py). Timers: n triples (send op,
  * receive op, owner) of blocks this rank sends away; the engine times each owner per
  * round, from the first send to it to the last result from it (its span), per block. */

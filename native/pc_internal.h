@@ -23,7 +23,7 @@
  *              standalone schedule (pc_unit.lock): guards everything of that unit. Held
  *              for one post, one progress step of the unit, one result copy: never
  *              across a wait. The progress thread only ever trylocks it.
- *   E.lock     the running list and the unit bookkeeping (pins, doomed): short sections,
+ *   E.lock     the running list and the unit bookkeeping (passes, doomed): short sections,
  *              no MPI call, no pass over data.
  *   E.wmtx     the progress thread's sleep (kicked, sleeping, nap_until_us)
  *   E.dmtx     completions: waiters sleep on E.done; the balancer on E.books
@@ -139,9 +139,11 @@ void report_free(pc_report *r);              /* no MPI call */
 typedef struct pc_unit {
     pthread_mutex_t lock;
     int waiters;             /* application threads blocked on lock (atomic): passes skip it */
-    int pins;                /* progress passes holding a pointer to the unit (E.lock) */
+    int passes;              /* progress passes holding a pointer to the unit (E.lock) */
+    int pins;                /* threads inside a call on the unit (atomic; unit_pin below) */
     int nrunning;            /* its schedules on the running list (E.lock; atomic reads) */
-    int doomed;              /* free once nothing runs, nothing pins it and its lock is free (E.lock) */
+    int doomed;              /* free once nothing runs, no pass holds it, nothing pins it and its
+                              * lock is free (E.lock; atomic reads) */
     int leaked;              /* MPI may still touch its memory: never freed (E.lock) */
     int withdraw;            /* abandoned: the next pass withdraws what has not started (unit) */
     void (*destroy)(struct pc_unit *);   /* frees the owner (registered by it) */
@@ -158,6 +160,23 @@ int unit_lock_within(pc_unit *u, double seconds);
 void unit_unlock(pc_unit *u);
 void unit_doom(pc_unit *u);                  /* E.lock taken; freed by reap_units() */
 void reap_units(void);                       /* no lock held: frees doomed, idle, unpinned units */
+
+/* ------------------------------------------------------------------ pins (progress.c)
+ * A unit's lifetime has one owner (the kernel's kref): every thread inside a C API call
+ * on a unit holds a pin for the whole call; free, close and abandon only mark the unit
+ * doomed (unit_doom: that drops the owner's own reference), and whoever lets go last,
+ * the last pin (unit_unpin), the last pass or the doomer, frees it once none of its
+ * schedules runs (reap_units). A pin is taken only by a thread that holds a reference
+ * already: the handle's owner (Python's object, which dooms the unit once and never
+ * while another of its threads is between reading the handle and pinning it), or a pin
+ * it holds itself. Pins are atomic and take no lock; unpinning a doomed unit reaps.
+ *
+ *     unit_pin(&c->owner.unit);  ... the call ...  unit_unpin(&c->owner.unit);
+ *
+ * Passes hold units through `passes` (under E.lock), not pins: a unit's retired
+ * schedules wait for the passes only (coll_reap_retired), never for the caller itself. */
+static inline void unit_pin(pc_unit *u) { __atomic_add_fetch(&u->pins, 1, __ATOMIC_ACQ_REL); }
+void unit_unpin(pc_unit *u);
 void report_flush(pc_unit *u, pc_report *r, double timeout_s);  /* no lock held: the sends leave */
 int report_peer_error(pc_unit *u, const pc_report *r, const int *err, int *rank, char *type, int tlen,
                       char *message, int mlen);     /* no lock held */

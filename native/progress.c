@@ -105,7 +105,7 @@ void unit_doom(pc_unit *u)
 {
     pthread_mutex_lock(&E.lock);
     if (!u->doomed) {
-        u->doomed = 1;
+        STORE(u->doomed, 1);
         u->next_doomed = E.doomed;
         E.doomed = u;
     }
@@ -129,7 +129,7 @@ void reap_units(void)
     pthread_mutex_lock(&E.lock);
     for (pc_unit **link = &E.doomed; *link;) {
         pc_unit *u = *link;
-        if (u->pins == 0 && u->nrunning == 0 && pthread_mutex_trylock(&u->lock) == 0) {
+        if (u->passes == 0 && LOAD(u->pins) == 0 && u->nrunning == 0 && pthread_mutex_trylock(&u->lock) == 0) {
             pthread_mutex_unlock(&u->lock);
             *link = u->next_doomed;
             u->next_doomed = dead;
@@ -140,6 +140,13 @@ void reap_units(void)
     }
     pthread_mutex_unlock(&E.lock);
     while (dead) { pc_unit *u = dead; dead = u->next_doomed; u->destroy(u); }
+}
+
+/* The last pin of a doomed unit frees it (pc_internal.h, "pins"): the doomer could not,
+ * as this thread was inside. */
+void unit_unpin(pc_unit *u)
+{
+    if (__atomic_sub_fetch(&u->pins, 1, __ATOMIC_ACQ_REL) == 0 && LOAD(u->doomed)) reap_units();
 }
 
 /* ------------------------------------------------------------------ running list */
@@ -201,7 +208,7 @@ int engine_pass(void)
         snap.s = p;
         snap.cap = cap;
     }
-    for (pc_sched *s = E.running; s; s = s->next) { snap.s[n++] = s; s->unit->pins++; }
+    for (pc_sched *s = E.running; s; s = s->next) { snap.s[n++] = s; s->unit->passes++; }
     pthread_mutex_unlock(&E.lock);
     int progressed = 0;
     for (int i = 0; i < n; i++) {
@@ -221,7 +228,7 @@ int engine_pass(void)
         pthread_mutex_unlock(&u->lock);
     }
     pthread_mutex_lock(&E.lock);
-    for (int i = 0; i < n; i++) snap.s[i]->unit->pins--;
+    for (int i = 0; i < n; i++) snap.s[i]->unit->passes--;
     int reap = E.doomed != NULL;
     pthread_mutex_unlock(&E.lock);
     if (reap) reap_units();
@@ -522,7 +529,7 @@ static int pin_all(void)
         pc_sched **p = realloc(snap.s, sizeof(pc_sched *) * (size_t)(E.nrunning + 8));
         if (p) { snap.s = p; snap.cap = E.nrunning + 8; }
     }
-    for (pc_sched *s = E.running; s && n < snap.cap; s = s->next) { snap.s[n++] = s; s->unit->pins++; }
+    for (pc_sched *s = E.running; s && n < snap.cap; s = s->next) { snap.s[n++] = s; s->unit->passes++; }
     pthread_mutex_unlock(&E.lock);
     return n;
 }
@@ -530,7 +537,7 @@ static int pin_all(void)
 static void unpin_all(int n)
 {
     pthread_mutex_lock(&E.lock);
-    for (int i = 0; i < n; i++) snap.s[i]->unit->pins--;
+    for (int i = 0; i < n; i++) snap.s[i]->unit->passes--;
     pthread_mutex_unlock(&E.lock);
 }
 

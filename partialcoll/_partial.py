@@ -76,6 +76,7 @@ _pc_wait1 = _engine.lib.pc_coll_wait1
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
+_LET_GO = threading.Lock()       # PartialAllreduce._let_go: one release per hold
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 _CLOSE_WHILE_WAITED = ("close() while another thread waits for a request of this PartialAllreduce: close it once "
                        "that wait is over (the thread that waits owns the requests until then)")
@@ -153,6 +154,8 @@ class PartialRequest:
                         f"round {self.index}")
         finally:
             coll._waiting.pop()
+            if coll._held is not None:
+                coll._let_go()
         return bool(done[0])
 
     def wait(self, timeout: Optional[float] = None) -> Result:
@@ -174,6 +177,8 @@ class PartialRequest:
                     result = coll._take_host(self._out, self._fout, self.index, timeout)
             finally:
                 waiting.pop()
+                if coll._held is not None:
+                    coll._let_go()
             self._result = result
         return result
 
@@ -313,6 +318,9 @@ class PartialAllreduce(_propagate.Reporting):
         # has begun: each side writes its own before it reads the other's (class docstring)
         self._waiting: list = []
         self._closing = False
+        # the native collective, held for the threads in _waiting by _abandon() when it
+        # dropped it under them; the last of them lets go of it (_let_go)
+        self._held = None
         self._mask_cache: dict = {}
         self._staging: Optional[_device.Staging] = None   # created by the first device buffer
         self._last_on_device = False
@@ -533,20 +541,31 @@ class PartialAllreduce(_propagate.Reporting):
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
         or where x lives when out is None.
         """
-        fb = self._fb
-        if fb[0] is x and fb[2] is out:
-            # the host arrays of the last post, checked then (an array's memory cannot move
-            # while a cffi view of it exists): the small-message path, bench/small.py
-            r = _post1(fb[4], fb[1], fb[3])
-            if r < 0:
-                self._check_post(-r)
-            index = r >> 1
-            self._fb_index = index
-            # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
-            req = _new_bare(PartialRequest)
-            req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
-            req._on_device, req._result, req._fout = False, None, fb[3]
-            return req
+        waiting = self._waiting
+        waiting.append(None)             # inside the engine: see _abandon
+        try:
+            fb = self._fb
+            if fb[0] is x and fb[2] is out:
+                # the host arrays of the last post, checked then (an array's memory cannot move
+                # while a cffi view of it exists): the small-message path, bench/small.py
+                r = _post1(fb[4], fb[1], fb[3])
+                if r < 0:
+                    self._check_post(-r)
+            else:
+                return self._post(x, out)
+        finally:
+            waiting.pop()
+            if self._held is not None:
+                self._let_go()
+        index = r >> 1
+        self._fb_index = index
+        # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
+        req = _new_bare(PartialRequest)
+        req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
+        req._on_device, req._result, req._fout = False, None, fb[3]
+        return req
+
+    def _post(self, x: Buffer, out: Optional[Buffer]) -> PartialRequest:
         if self._serves_only:
             raise ArgumentError(f"rank {self.rank} is a dedicated server (not in workers={self.workers}): "
                                 f"it never posts")
@@ -558,8 +577,13 @@ class PartialAllreduce(_propagate.Reporting):
                 out = self._check_input(out, "out buffer", writable=True)
             ffi = _engine.ffi
             self._forget_fb(out)
-            self._fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c)
-            return self.post(x, out)
+            self._fb = fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c)
+            r = _post1(c, fb[1], fb[3])
+            if r < 0:
+                self._check_post(-r)
+            index = r >> 1
+            self._fb_index = index
+            return PartialRequest(self, index, (r & 1) == 1, out, False, fb[3])
         c = self._native_coll()
         xdev = _device.backend_of(x)
         odev = None if out is None else _device.backend_of(out)
@@ -613,8 +637,9 @@ class PartialAllreduce(_propagate.Reporting):
             bufs = _engine.ffi.new("void *[3]")
             check(_engine.lib.pc_coll_user_buffers(self._native_coll(), bufs))
             held = {int(_engine.ffi.cast("uintptr_t", b)) for b in bufs} - {0}
-            for i in [i for i, o in outs.items() if i != index and o.ctypes.data not in held]:
-                del outs[i]
+            # list(): one call that copies under the GIL; a waiting thread pops its own entry
+            for i in [i for i, o in list(outs.items()) if i != index and o.ctypes.data not in held]:
+                outs.pop(i, None)
 
     def _forget_fb(self, out=None) -> None:
         """Post no more through _fb; its out (unless it is out) goes to _outs, as the engine
@@ -809,7 +834,11 @@ class PartialAllreduce(_propagate.Reporting):
         withdraws the armed round and frees its memory once nothing is in flight; what the
         engine may still touch of ours (out= buffers, staging) is kept until finalize, and so
         is the communicator: the peers' messages of rounds this rank left may still arrive,
-        and a freed communicator's context id goes to a later one, where they could match."""
+        and a freed communicator's context id goes to a later one, where they could match.
+
+        Another thread may be inside wait() or test() (or between reading the handle and
+        its engine call): the engine's object is then held for those threads, and freed
+        when the last of them lets go of it; their calls raise StateError."""
         self._stop_balancer()            # before the engine may free what it reads
         coll, self._coll, self._closed = getattr(self, "_coll", None), None, True
         comm, self._comm = getattr(self, "_comm", None), None
@@ -818,10 +847,27 @@ class PartialAllreduce(_propagate.Reporting):
             return
         deferred = _engine.ffi.new("int *")
         if coll is not None:
+            if getattr(self, "_waiting", None):
+                # held before the look at _waiting: a thread that leaves meanwhile finds it
+                # held and lets go (_let_go), or this thread does below
+                _engine.lib.pc_coll_hold(coll)
+                self._held = coll
             _engine.lib.pc_coll_abandon(coll, deferred)
+            if self._held is not None:
+                self._let_go()
         if deferred[0]:                  # messages still in flight: keep what they may touch
             _engine.keep_until_finalize(self._outs, self._staging, fb[2])
         _engine.keep_until_finalize(comm)
+
+    def _let_go(self) -> None:
+        """The last thread out of wait()/test() of a dropped collective releases what
+        _abandon() held for them (the engine frees it then)."""
+        with _LET_GO:
+            held = self._held
+            if held is None or self._waiting:
+                return
+            self._held = None
+        _engine.lib.pc_coll_release(held)
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "

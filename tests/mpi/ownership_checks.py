@@ -1,0 +1,228 @@
+"""Who owns a collective, a request's result and an out= buffer: python ownership_checks.py
+
+Run at P = 2 and 3 with PARTIALCOLL_IDLE=spin and the default (tests/test_ownership.py).
+Every result is checked against the sum of what the ranks posted (a reference computed
+here, never the library's own output), and a failure is a clear PartialcollError, never
+zeros, another round's data, a hang or a false Timeout:
+
+- a collective dropped (a ``with`` block left by an exception) while another thread of
+  the rank is inside ``wait()`` or ``test()`` of one of its requests: the engine must not
+  free it under that thread (it did: the waiter read freed memory, hung on its mutex or
+  raised a false Timeout);
+- two threads waiting on one request: both get the round's data and the same Result (the
+  second got the identity, with late="latest" and "fold");
+- one out= buffer named by two outstanding posts (full mode): the first wait gets its
+  own round's data (it got the second post's raw input), and nothing writes the buffer
+  once the last request naming it was waited for;
+- inline progress: ``wait(timeout=0)`` progresses, so a polling loop completes rounds;
+- a thread that prunes ``out=`` buffers while another thread's wait drops its own.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import partialcoll as pc
+from partialcoll import _engine
+from _util import run_module
+
+N = 3                                     # elements: small (the direct full-mode path)
+RUNS = 6
+
+
+class Boom(Exception):
+    """What the owner thread raises inside ``with coll:``."""
+
+
+def value(rank, k):
+    """What rank posts in its k-th post: distinct per rank, per post and per element."""
+    return (np.arange(N) + 1.0) * (rank + 1) + 100.0 * k
+
+
+def total(size, k):
+    return sum(value(r, k) for r in range(size))
+
+
+def _in_thread(fn):
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:        # noqa: BLE001 - checked by the caller
+            box["error"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def _judge(box, size, k, what):
+    """A waiter's outcome: the round's data, or a clear error that is not a Timeout."""
+    if "error" in box:
+        exc = box["error"]
+        assert isinstance(exc, pc.PartialcollError) and not isinstance(exc, pc.Timeout), \
+            f"{what}: {type(exc).__name__}: {exc}"
+        return
+    res = box["result"]
+    if isinstance(res, bool):
+        return
+    assert np.array_equal(res.data, total(size, res.round)), (what, res)
+
+
+@pytest.mark.parametrize("how", ["wait", "test", "drop"])
+def test_dropped_under_a_waiting_thread(comm, how):
+    """Rank 0's owner thread leaves ``with coll:`` by an exception while its other thread
+    waits (or polls test()) on round 0; the peers post 50 ms later. "drop": the owner
+    drops it without a report (what the with block, close_all and the torch hooks do
+    after theirs: _abandon), so nothing but the drop itself can end the wait."""
+    for run in range(RUNS):
+        coll = pc.allreduce_init(N, np.float64, comm=comm)
+        x = value(comm.rank, 0)
+        if comm.rank == 0:
+            req = coll.post(x)
+
+            def waiter():
+                if how == "wait":
+                    return req.wait(timeout=4.0)
+                deadline = time.monotonic() + 4.0
+                while not req.test():
+                    if time.monotonic() > deadline:
+                        raise pc.Timeout("test() never completed")
+                return req.wait(timeout=1.0)
+            if how == "drop":
+                def waiter():
+                    return req.wait(timeout=4.0)
+            t, box = _in_thread(waiter)
+            time.sleep(0.01 + 0.004 * run)
+            if how == "drop":
+                coll._abandon()
+            else:
+                try:
+                    with coll:
+                        raise Boom("dropped")
+                except Boom:
+                    pass
+            t.join(20.0)
+            assert not t.is_alive(), f"run {run}: the waiting thread hangs after the collective was dropped"
+            _judge(box, comm.size, 0, f"run {run}, rank 0's waiter")
+        else:
+            time.sleep(0.05)
+            try:
+                res = coll.post(x).wait(timeout=10.0)
+                assert np.array_equal(res.data, total(comm.size, 0)), res
+            except pc.PeerError:
+                pass                         # rank 0's report: the expected outcome
+            coll._abandon()
+        comm.Barrier()
+
+
+@pytest.mark.parametrize("late", ["latest", "fold"])
+@pytest.mark.parametrize("with_out", [True, False])
+def test_two_threads_wait_on_one_request(comm, late, with_out):
+    """Full mode: two threads wait on the same request; both get the round's data, the
+    same round and counts, and out holds the data after both returned."""
+    coll = pc.allreduce_init(N, np.float64, comm=comm, late=late)
+    y = np.empty(N)
+    for k in range(12):
+        req = coll.post(value(comm.rank, k), out=y if with_out else None)
+        start = threading.Barrier(2)
+
+        def one():
+            start.wait()
+            return req.wait(timeout=30.0)
+        ts = [_in_thread(one) for _ in range(2)]
+        for t, _ in ts:
+            t.join(60.0)
+        results = [box.get("result") for _, box in ts]
+        for t, box in ts:
+            assert not t.is_alive() and "error" not in box, box
+        want = total(comm.size, k)
+        for res in results:
+            assert res.round == k and res.rounds == 1 and res.posts == comm.size, (k, res)
+            assert np.array_equal(res.data, want), (k, late, res)
+        assert results[0].data is results[1].data or np.array_equal(results[0].data, results[1].data)
+        if with_out:
+            assert np.array_equal(y, want), (k, y, want)
+    coll.close(timeout=30)
+
+
+def test_one_out_for_two_posts(comm):
+    """Full mode, post(x0, out=y) then post(x1, out=y) before any wait: either the second
+    post raises StateError, or both are served: each wait gives its own round's data, and
+    y does not change once the last request naming it was waited for."""
+    coll = pc.allreduce_init(N, np.float64, comm=comm)
+    y = np.empty(N)
+    k = 0
+    for _ in range(6):
+        r0 = coll.post(value(comm.rank, k), out=y)
+        comm.Barrier()                    # round k completes here before the second post
+        time.sleep(0.002)
+        r1 = coll.post(value(comm.rank, k + 1), out=y)
+        a = r0.wait(timeout=30.0)
+        assert a.round == k and np.array_equal(a.data, total(comm.size, k)), (k, a.round, a.data)
+        b = r1.wait(timeout=30.0)
+        assert b.round == k + 1 and np.array_equal(b.data, total(comm.size, k + 1)), (k, b.round, b.data)
+        snap = y.copy()
+        comm.Barrier()
+        time.sleep(0.01)
+        assert np.array_equal(y, snap), "y written after every request naming it was waited for"
+        k += 2
+    coll.close(timeout=30)
+
+
+def test_keep_out_while_a_thread_waits(comm):
+    """post() prunes the out= buffers of requests the engine no longer holds while another
+    thread's wait drops its own entry: never "dictionary changed size during iteration"."""
+    coll = pc.PartialAllreduce(N, np.float64, comm=comm, mode="solo")
+    ys = [np.empty(N) for _ in range(8)]
+    errors = []
+    stop = threading.Event()
+    reqs: list = []
+
+    def drain():
+        while not stop.is_set() or reqs:
+            try:
+                req = reqs.pop(0)
+            except IndexError:
+                time.sleep(0)
+                continue
+            try:
+                req.wait(timeout=30.0)
+            except Exception as exc:       # noqa: BLE001 - reported below
+                errors.append(exc)
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    try:
+        for k in range(300):
+            reqs.append(coll.post(value(comm.rank, k), out=ys[k % 8]))
+    except Exception as exc:               # noqa: BLE001 - reported below
+        errors.append(exc)
+    stop.set()
+    t.join(60.0)
+    coll.close(timeout=30)
+    assert not errors, errors[:3]
+
+
+def test_inline_poll_with_zero_timeout(comm):
+    """wait(timeout=0) makes a progress pass: polling with it completes a round (inline
+    progress has no other thread to do it)."""
+    coll = pc.allreduce_init(N, np.float64, comm=comm)
+    for k in range(5):
+        req = coll.post(value(comm.rank, k))
+        deadline = time.monotonic() + 20.0
+        while True:
+            try:
+                res = req.wait(timeout=0)
+                break
+            except pc.Timeout:
+                assert time.monotonic() < deadline, f"round {k}: wait(timeout=0) never completed it"
+        assert np.array_equal(res.data, total(comm.size, k)), (k, res)
+    coll.close(timeout=30)
+
+
+if __name__ == "__main__":
+    run_module(__file__)
