@@ -87,7 +87,9 @@ def sanitize_flags():
     return [flag, "-g", "-O1", "-fno-omit-frame-pointer"], [flag]
 
 
-def make_ffibuilder() -> FFI:
+def make_ffibuilder(absolute: bool = False) -> FFI:
+    """The cffi builder. absolute: the sources by absolute path (a build into another
+    directory, ``python native/build_engine.py --out DIR``; setuptools wants them relative)."""
     mpicc = find_mpicc()
     inc, libdirs, libs = mpi_flags(mpicc)
     ffi = FFI()
@@ -96,7 +98,8 @@ def make_ffibuilder() -> FFI:
     ffi.set_source(
         "partialcoll._native",
         '#include "pc_engine.h"',
-        sources=[os.path.relpath(os.path.join(HERE, unit)) for unit in UNITS],
+        sources=[os.path.join(HERE, unit) if absolute else os.path.relpath(os.path.join(HERE, unit))
+                 for unit in UNITS],
         include_dirs=[HERE] + inc,
         library_dirs=libdirs,          # link time only: no rpath is recorded
         libraries=libs + ["dl"],      # dl: dlsym for MPIX_Query_cuda_support
@@ -109,4 +112,9 @@ def make_ffibuilder() -> FFI:
 ffibuilder = make_ffibuilder()
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    # python native/build_engine.py: the extension into the working directory (partialcoll/,
+    # an in-place build from the source tree); --out DIR: into DIR/partialcoll/ instead
+    if sys.argv[1:2] == ["--out"] and len(sys.argv) == 3:
+        make_ffibuilder(absolute=True).compile(tmpdir=sys.argv[2], verbose=True)
+    else:
+        ffibuilder.compile(verbose=True)
