@@ -278,7 +278,8 @@ int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_op
                  const int *edges, int pairs);
 int pc_avg_push_local(pc_avg *a, const void *push, void *reply);   /* the server's own push */
 int pc_avg_state(pc_avg *a, int64_t *keys, int64_t *pushes);
-int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);
+int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);   /* close(): withdraws, waits */
+int pc_avg_abandon(pc_avg *a, int *deferred);   /* dropped: no MPI call, the next pass withdraws */
 /* Hop's neighbour allreduce (hop.c, partialcoll/neighbor.py): channels on one
  * communicator, backup workers (need = n_in - backup of the in-neighbours), the local
  * staleness bound s, token queues (max_gap g, 0: none), depth R >= 1 + s + max(g, 1)
@@ -315,6 +316,11 @@ int pc_hop_free(pc_hop *h, int *deferred);
  * (their pending and later calls fail with PC_ERR_PEER), and the report heard */
 int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s);
 int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen);
+/* A reference for threads inside calls on h: Python's _free, dropping h while another
+ * of its threads may be between reading the handle and its call, holds one for them, and
+ * the last of them releases it (every pc_hop_* call pins h for its length). */
+int pc_hop_hold(pc_hop *h);
+int pc_hop_release(pc_hop *h);
 /* CDEF END */
 
 #endif

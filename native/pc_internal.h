@@ -226,7 +226,8 @@ struct pc_sched {
     int live;                /* this execution's data is moving: a plain schedule from its start,
                               * a round of a partial collective from its TAKE */
     int needs_trigger;       /* nothing but pre-posted receives can happen before the TRIGGER */
-    int running, remaining, draining;    /* (unit) */
+    int running;             /* (unit; atomic): an execution runs; Hop's entry predicate reads it */
+    int remaining, draining; /* (unit) */
     int err;                 /* (unit; atomic) */
     int64_t version;
     int64_t executions;      /* (unit; atomic): waits read it */
@@ -327,7 +328,7 @@ typedef struct {
     int started;             /* (E.lock; atomic) */
     int threaded, stop;      /* (E.lock; stop atomic) */
     int kicked;              /* (wmtx) */
-    int sleeping;            /* (wmtx) SLEEP_* */
+    int sleeping;            /* (wmtx; written atomically: wait_until looks without it) SLEEP_* */
     double nap_until_us;     /* (wmtx) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
     int64_t app_left_us;     /* when one last left such a wait (atomic) */
