@@ -89,12 +89,15 @@ def test_averager_del_makes_no_mpi_call(comm):
     calls = []
     lib = _engine.lib
 
+    # the engine calls that make no MPI call (they only mark: the next pass withdraws)
+    no_mpi = {"pc_avg_abandon", "pc_sched_abandon"}
+
     class Spy:
-        """lib, recording the engine calls that make MPI calls (MPI_Cancel underneath)."""
+        """lib, recording every engine call the garbage collection of the averager makes."""
 
         def __getattr__(self, name):
             fn = getattr(lib, name)
-            if name in ("pc_avg_free", "pc_sched_free"):
+            if name.startswith("pc_"):
                 def spy(*args):
                     calls.append(name)
                     return fn(*args)
@@ -107,7 +110,8 @@ def test_averager_del_makes_no_mpi_call(comm):
         gc.collect()
     finally:
         _engine.lib = lib
-    assert calls == [], f"__del__ called {calls}: MPI calls from the garbage collector"
+    assert calls and set(calls) <= no_mpi, f"__del__ called {calls}: MPI calls from the garbage collector"
+    # the server's clients are withdrawn and freed by the next passes, its peers unaffected
     comm.Barrier()
 
 
