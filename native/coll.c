@@ -57,21 +57,35 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * active bits, W of closing bits (W = ceil(P/64)) and one word per rank for its posts:
  * each rank writes only its own bits and word, so BOR assembles them exactly.
  *
- * An in-place post, post(x, out=x), lends x to the engine until its request is waited
- * for: acc is x itself (acc_ext), not a copy, so TAKE hands x to the round, which runs
- * in it, and the result is already where wait puts it: no pass over the data on this
- * rank, in every mode (the full mode's direct post is the same idea, for an armed round
- * that has not started). A late post lends nothing: the round that takes acc would be
- * a later one than the round its request waits for. Only the latest post's buffer is
- * ever lent (a later post folds acc into its own x, or into the internal acc if it
- * lends nothing); a wait whose out is still lent (the same buffer posted again) copies
- * it into the internal acc first. pc_coll_user_buffers says which user buffers the
- * engine still holds, so that Python keeps exactly those alive.
+ * Buffers (docs/engine.md, "Ownership": the table). The engine owns acc, work and result
+ * and holds at most one user buffer, `user`, lent by a post made while no other request
+ * was outstanding (every earlier one taken: nobody else names a buffer, nobody will copy
+ * a result into one). `input` says where posted data that no round has taken lives:
+ *
+ *   IN_NONE   nowhere (TAKE contributes the identity)
+ *   IN_ACC    acc (internal)
+ *   IN_LENT   user: an in-place post, post(x, out=x), not late, alone: acc is x itself
+ *   IN_WORK   work_slot: a full-mode post into an armed round that has not started
+ *             copied x straight into the round's buffer (out, then user, or work)
+ *
+ * and `user`, when set, is the input (IN_LENT), the round's buffer (work_slot == user:
+ * TAKE of IN_LENT, or IN_WORK), or else the pending result (DELIVER of a round that ran
+ * in it, latest). The moves: post (alone: IN_LENT or IN_WORK with user; else IN_ACC,
+ * folding a lent input into acc, which gives user back), TAKE (IN_* -> IN_NONE, the
+ * round runs in work or user), DELIVER (user's round -> user's result, latest; folded
+ * into result and given back, fold), the request's take (user given back, copied into
+ * result first where another request may still take that result), close (result
+ * internal). So a round runs in the caller's buffer and the result is where its wait puts
+ * it: no pass over the data on this rank for in-place and full-mode posts.
+ * pc_coll_user_buffers names user, so that Python keeps it alive.
  *
  * Threads: everything here runs under the collective's unit lock (c->owner.unit.lock):
  * a post's copy or fold, TAKE, DELIVER and result copies block only this collective.
  * completed, finished and err are also read without it (atomic) by waits.
  */
+/* close()'s take waits for "index" 2^62 (the final round, whichever it is) */
+#define PC_CLOSE_INDEX (1LL << 61)
+
 static inline int W_of(const pc_coll *c) { return (c->size + 63) / 64; }
 
 int pc_coll_mask_words(int size) { return size < 1 ? 0 : 2 * ((size + 63) / 64) + size; }
@@ -92,23 +106,34 @@ static void fill_identity(pc_coll *c, void *dst)
 
 static void swap_ptr(void **a, void **b) { void *t = *a; *a = *b; *b = t; }
 
-/* The pending result lives in a user's out= buffer (a full-mode round ran there): copy
- * it into the collective's own result buffer before anything else is folded into it.
- * The engine reads a user's buffer only while its request has not been waited for
- * (Python keeps those buffers alive) and never writes into it after its round. */
-static void result_internal(pc_coll *c)
+enum { IN_NONE = 0, IN_ACC = 1, IN_LENT = 2, IN_WORK = 3 };
+
+static inline int acc_holds(const pc_coll *c) { return c->input == IN_ACC || c->input == IN_LENT; }
+static inline void *acc_of(pc_coll *c) { return c->input == IN_LENT ? c->user : c->acc; }
+/* the user buffer holds the pending result (neither the input nor the round's buffer) */
+static inline int result_in_user(const pc_coll *c)
 {
-    if (!c->result_ext) return;
-    memcpy(c->result, c->result_ext, c->nbytes);
-    c->result_ext = NULL;
+    return c->user && c->input != IN_LENT && c->work_slot != c->user;
 }
 
-/* A lent acc goes back to the caller: its content moves into the internal acc. */
+/* The pending result lives in the user's buffer (a round ran there): copy it into the
+ * collective's own result buffer and give the user's back. The engine reads a user's
+ * buffer only while its request has not been taken (Python keeps it alive) and never
+ * writes into it after its round. */
+static void result_internal(pc_coll *c)
+{
+    if (!result_in_user(c)) return;
+    memcpy(c->result, c->user, c->nbytes);
+    c->user = NULL;
+}
+
+/* A lent input goes back to the caller: its content moves into the internal acc. */
 static void acc_internal(pc_coll *c)
 {
-    if (!c->acc_ext) return;
-    memcpy(c->acc, c->acc_ext, c->nbytes);
-    c->acc_ext = NULL;
+    if (c->input != IN_LENT) return;
+    memcpy(c->acc, c->user, c->nbytes);
+    c->user = NULL;
+    c->input = IN_ACC;
 }
 
 static int pc_coll_round_kind(pc_coll *c, int64_t n)
@@ -216,25 +241,27 @@ static int coll_take(pc_owner *o)
 {
     pc_coll *c = (pc_coll *)o;
     int64_t k = c->posts - c->taken_posts;   /* the posts whose data this round takes */
-    if (k > 1 && c->spec.accumulate != PC_ACC_SUM && !c->work_filled && (c->acc_ext || c->acc_full)) {
+    if (k > 1 && c->spec.accumulate != PC_ACC_SUM && acc_holds(c)) {
         /* the accumulator holds a sum (weighted for RNA) of k posts: make it their mean */
-        void *acc = c->acc_ext ? c->acc_ext : c->acc;
+        void *acc = acc_of(c);
         double d = c->spec.accumulate == PC_ACC_MEAN ? (double)k : (double)k * (double)(k + 1) / 2.0;
         int rc = pc_reduce_div(PC_OP_COPY, c->spec.dtype, acc, acc, acc, c->spec.count, d);
         if (rc) return rc;
     }
-    if (c->work_filled) {
-        c->work_filled = 0;            /* a direct post already placed the data */
-    } else if (c->acc_ext) {           /* the round runs in the lent buffer */
-        c->work_slot = c->acc_ext;
-        c->acc_ext = NULL;
-    } else if (c->acc_full) {
+    switch (c->input) {
+    case IN_WORK:                      /* a direct post already placed the data */
+        break;
+    case IN_LENT:                      /* the round runs in the lent buffer */
+        c->work_slot = c->user;
+        break;
+    case IN_ACC:
         swap_ptr(&c->acc, &c->work);
         c->work_slot = c->work;
-    } else if (!c->spec.never_posts) {  /* a dedicated server's schedules read nothing of it */
-        fill_identity(c, c->work);
+        break;
+    default:
+        if (!c->spec.never_posts) fill_identity(c, c->work);   /* a dedicated server's read nothing */
     }
-    c->acc_full = 0;
+    c->input = IN_NONE;
     c->taken = 1;
     c->round_lo = c->taken_posts;      /* this rank's posts [round_lo, round_hi) are in the round */
     c->round_hi = c->taken_posts = c->posts;
@@ -391,7 +418,10 @@ static int coll_deliver(pc_owner *o)
         result_internal(c);               /* never write into a completed request's buffer */
         int rc = pc_reduce_local(c->spec.redop, c->spec.dtype, c->result, src, c->result, c->spec.count);
         if (rc) return rc;
-        if (src != c->work) c->work_slot = c->work;
+        if (src != c->work) {             /* the round ran in user: folded, given back */
+            c->work_slot = c->work;
+            c->user = NULL;
+        }
         c->pending++;
         c->res_nap += nap;
         c->res_posts += posts;
@@ -404,11 +434,10 @@ static int coll_deliver(pc_owner *o)
     c->res_lo = c->round_lo;
     c->res_hi = c->round_hi;
     memcpy(c->res_mask, m, sizeof(uint64_t) * (size_t)pc_coll_mask_words(c->size));
-    if (src != c->work) {         /* the round ran in the user's out buffer */
-        c->result_ext = src;
+    if (src != c->work) {         /* the round ran in user: the result stays there */
         c->work_slot = c->work;
-    } else {
-        c->result_ext = NULL;
+    } else {                      /* an older result in user is not the latest any more */
+        if (result_in_user(c)) c->user = NULL;
         swap_ptr(&c->work, &c->result);
         c->work_slot = c->work;
     }
@@ -661,17 +690,21 @@ static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *
     unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
     if (rc) goto out;
-    int direct = c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
-                 && !c->acc_full && !c->work_filled && !(c->fold && c->pending > 0);
+    /* a user's buffer is used in place only where no other request is outstanding (every
+     * earlier one taken): no other request names it, nor will copy a result into it */
+    int alone = c->takes == c->posts;
+    int direct = alone && c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
+                 && c->input == IN_NONE && !(c->fold && c->pending > 0);
     if (direct) {                        /* full mode: x goes straight into the round's buffer */
         void *dst = out ? out : c->work;
         if (dst != x) memcpy(dst, x, c->nbytes);
         c->work_slot = dst;
-        c->work_filled = 1;
+        if (out) c->user = out;
+        c->input = IN_WORK;
     } else {
-        void *lend = out == x && !*late ? out : NULL;   /* in place: x itself becomes acc */
-        if (c->acc_full) {
-            void *acc = c->acc_ext ? c->acc_ext : c->acc;
+        void *lend = out == x && !*late && alone ? out : NULL;   /* in place: x itself becomes acc */
+        if (acc_holds(c)) {
+            void *acc = acc_of(c);
             /* RNA: the j-th post since the last TAKE weighs j (the first one is copied) */
             rc = c->spec.accumulate == PC_ACC_RNA
                  ? pc_axpy(c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count,
@@ -681,8 +714,9 @@ static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *
         } else if (!lend) {
             memcpy(c->acc, x, c->nbytes);
         }
-        c->acc_ext = lend;
-        c->acc_full = 1;
+        if (lend) c->user = lend;        /* alone: user was free */
+        else if (c->input == IN_LENT) c->user = NULL;   /* folded into acc: given back */
+        c->input = lend ? IN_LENT : IN_ACC;
     }
     rc = coll_post_end(c);
 out:
@@ -701,7 +735,7 @@ out:
 static int coll_acc_full(pc_coll *c, int *full)
 {
     unit_lock(&c->owner.unit);
-    *full = c->acc_full;
+    *full = acc_holds(c);
     int rc = c->err ? coll_error(c) : PC_OK;
     unit_unlock(&c->owner.unit);
     return rc;
@@ -710,9 +744,8 @@ static int coll_acc_full(pc_coll *c, int *full)
 static int coll_user_buffers(pc_coll *c, void *bufs[3])
 {
     unit_lock(&c->owner.unit);
-    bufs[0] = c->acc_ext;
-    bufs[1] = c->work_slot != c->work ? c->work_slot : NULL;
-    bufs[2] = c->result_ext;
+    bufs[0] = c->user;                 /* the only one */
+    bufs[1] = bufs[2] = NULL;
     unit_unlock(&c->owner.unit);
     return PC_OK;
 }
@@ -722,9 +755,10 @@ static int coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *lat
     unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
     *replaced = 0;
-    if (rc == PC_OK && c->acc_full) {
-        c->acc_ext = NULL;
+    if (rc == PC_OK && acc_holds(c)) {
+        if (c->input == IN_LENT) c->user = NULL;
         memcpy(c->acc, x, c->nbytes);
+        c->input = IN_ACC;
         *replaced = 1;
         rc = coll_post_end(c);
     }
@@ -778,10 +812,10 @@ static int coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
 
 /* Copy out the result (unit lock held): the latest round (latest), or the fold of the
  * rounds not yet taken (fold, and always after close). */
-static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_result *info)
+static void coll_take_result_locked(pc_coll *c, int64_t index, void *out, uint64_t *mask, pc_result *info)
 {
-    if (c->acc_ext == out) acc_internal(c);   /* out was posted again: it is the caller's now */
-    void *src = c->result_ext ? c->result_ext : c->result;
+    if (c->input == IN_LENT && c->user == out) acc_internal(c);   /* out is the caller's now */
+    void *src = result_in_user(c) ? c->user : c->result;
     int folding = c->fold || c->closing;
     int none = folding && c->pending == 0;
     if (none) fill_identity(c, out);
@@ -796,10 +830,10 @@ static void coll_take_result_locked(pc_coll *c, void *out, uint64_t *mask, pc_re
      * (a request not waited for yet, or a late post), so when it lives in a user's buffer,
      * which is the user's again from now on, keep a copy -- unless no such wait can come:
      * every post is taken and the next one waits for a later round (a post+wait loop). */
-    if (c->result_ext && !folding && (c->takes + 1 < c->posts || c->posts <= c->res_round))
+    if (result_in_user(c) && !folding && (c->takes + 1 < c->posts || c->posts <= c->res_round))
         result_internal(c);
-    c->takes++;
-    c->result_ext = NULL;     /* the result is in out now: the user's buffer is theirs again */
+    if (index < PC_CLOSE_INDEX) c->takes++;    /* a request's (each is taken once: Python's wait) */
+    if (result_in_user(c)) c->user = NULL;   /* the result is in out now: user is theirs again */
     info->finished = LOAD(c->finished);
     size_t mw = (size_t)pc_coll_mask_words(c->size);
     if (none) memset(mask, 0, sizeof(uint64_t) * mw);
@@ -817,14 +851,19 @@ static int coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out
     if (rc == PC_ERR_TIMEOUT)
         return fail(PC_ERR_TIMEOUT, "round %lld did not complete at rank %d "
                     "(%lld rounds completed here; the round waits for its initiator or for peers)",
-                    (long long)(index >= (1LL << 61) ? LOAD(c->completed) : index), c->rank,
+                    (long long)(index >= PC_CLOSE_INDEX ? LOAD(c->completed) : index), c->rank,
                     (long long)LOAD(c->completed));
     if (rc) return rc;
-    /* the lock within the timeout (and a grace): a wait never hangs on a thread stuck in MPI */
-    rc = unit_lock_within(&c->owner.unit, timeout_s < 0 ? -1 : timeout_s + 1.0);
-    if (rc) return rc;
+    /* the lock within the timeout and a grace: a wait never hangs on a thread stuck in MPI.
+     * The round has completed: not getting the lock is no slice that ran out (a Timeout
+     * the caller would wait again for), it is that stuck call: an MPI error */
+    if (unit_lock_within(&c->owner.unit, timeout_s < 0 ? -1 : timeout_s + 5.0)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", pc_last_error());
+        return fail(PC_ERR_MPI, "round %lld completed at rank %d, but %s", (long long)index, c->rank, why);
+    }
     if (c->err && !coll_round_kept(c, index)) rc = coll_error(c);
-    else coll_take_result_locked(c, out, mask, info);
+    else coll_take_result_locked(c, index, out, mask, info);
     unit_unlock(&c->owner.unit);
     return rc;
 }
@@ -907,7 +946,7 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
     unit_pin(&c->owner.unit);
     unit_lock(&c->owner.unit);
     if (!c->abandoned) {
-        c->abandoned = 1;
+        STORE(c->abandoned, 1);
         c->owner.unit.withdraw = 1;
         *deferred = !coll_idle(c);
         if (!c->err) {                   /* a thread inside wait() or test() wakes, and raises */
@@ -993,7 +1032,7 @@ typedef struct { pc_coll *c; int64_t epoch; } coll_epoch_arg;
 static int coll_epoch_out(void *p)
 {
     coll_epoch_arg *a = p;
-    return LOAD(a->c->epochs) > a->epoch || LOAD(a->c->finished) || LOAD(a->c->err) || a->c->abandoned;
+    return LOAD(a->c->epochs) > a->epoch || LOAD(a->c->finished) || LOAD(a->c->err) || LOAD(a->c->abandoned);
 }
 
 static int coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)

@@ -266,27 +266,34 @@ struct pc_coll {
     pc_collspec spec;
     int rank, size;
     size_t nbytes, itemsize;
+    /* Buffers (coll.c, "Buffers"; docs/engine.md, "Ownership"), all (unit): whichever
+     * thread holds the unit lock (a post, a progress step's TAKE and DELIVER, a take,
+     * close) reads and writes them; no other thread touches them. */
     void *buf[3];            /* the three internal buffers */
     void *acc, *work, *result;
-    void *work_slot;         /* what WORK ops address: work, or a user's out buffer */
-    void *result_ext;        /* result delivered straight into a user's buffer */
-    void *acc_ext;           /* acc lent by an in-place post: the user's x == out (or NULL) */
+    void *work_slot;         /* what WORK ops address: work, or user (the round runs there) */
+    void *user;              /* the one user buffer the engine holds, or NULL: the input
+                              * (input == IN_LENT), the round's buffer (work_slot == user) or
+                              * else the pending result */
+    int input;               /* where posted data no round has taken is: IN_NONE, IN_ACC,
+                              * IN_LENT (in user), IN_WORK (in work_slot) */
     void *mask_slot;         /* mask_words(P) words: active bits, closing bits, posts per rank */
     uint64_t *res_mask;      /* the same, of the pending result (folded rounds: OR, posts summed) */
-    int acc_full, work_filled, closing, triggered, taken, fold;
+    int closing, triggered, taken, fold;
     int finished;            /* (atomic) */
     int err;                 /* (atomic) */
     int64_t completed;       /* (atomic): rounds completed here */
     int64_t posts, armed_round, pending, res_round;
     int64_t taken_posts;     /* posts read by the rounds so far */
-    int64_t takes;           /* results taken (waits of distinct requests, close) */
+    int64_t takes;           /* requests whose result was taken (each once: Python's wait elects one
+                              * thread); posts - takes are outstanding (unit) */
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
     int64_t res_lo, res_hi, res_nap, res_posts;  /* ... of the pending result; NAP and posts summed */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */
     int variants;
     pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;
-    int abandoned;
+    int abandoned;           /* (unit; atomic): the balancer's wait reads it */
     /* load-aware owners (spec.timed, spec.rebalance_every; coll.c "Owners"), all (unit) but epochs */
     int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
     int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */

@@ -643,7 +643,7 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     double deadline = -1, now = 0;
     idle_state st;
     idle_reset(&st);
-    int polling = 0, rc = PC_OK;
+    int polling = 0, rc = PC_OK, passed = 0;   /* passed: a pass was made (a wait tests once) */
     unsigned polls = 0;
     /* where each rank of the node has a core, yield it on every pass for yield_us more
      * before sleeping; else a rank that computes may need it: sleep after spin_us */
@@ -654,7 +654,9 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
          * MPI test in a VM (an 8 B round is a few passes) */
         if (!polling || (++polls & 3) == 0) now = now_us();
         if (deadline < 0 && timeout_s >= 0) deadline = now + timeout_s * 1e6;
-        if (deadline >= 0 && now >= deadline) { rc = PC_ERR_TIMEOUT; break; }
+        /* the deadline only after one pass: wait(timeout=0) is a test, which progresses */
+        if (deadline >= 0 && now >= deadline && passed) { rc = PC_ERR_TIMEOUT; break; }
+        passed = 1;
         if (!E.threaded) {
             if (engine_pass()) idle_reset(&st);
             else idle_step(&st, engine_flags() & SF_BUSY);

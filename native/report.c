@@ -89,12 +89,15 @@ void report_flush(pc_unit *u, pc_report *r, double timeout_s)
     }
 }
 
-/* who failed and how, where the collective failed with PC_ERR_PEER (*err, read under
- * the unit's lock): pc_coll_peer_error, pc_hop_peer_error */
+/* who failed and how, where the collective failed with PC_ERR_PEER (*err, atomic):
+ * pc_coll_peer_error, pc_hop_peer_error. No report: answered without the lock; else the
+ * lock within a second (a thread stuck inside an MPI call on the unit, a dead peer, must
+ * not hang the wait that asks: it raises its Timeout instead) */
 int report_peer_error(pc_unit *u, const pc_report *r, const int *err, int *rank, char *type, int tlen,
                       char *message, int mlen)
 {
-    unit_lock(u);
+    if (LOAD(*err) != PC_ERR_PEER) return fail(PC_ERR_STATE, "no peer reported an error");
+    if (unit_lock_within(u, 1.0)) return PC_ERR_TIMEOUT;
     int rc = *err == PC_ERR_PEER ? PC_OK : fail(PC_ERR_STATE, "no peer reported an error");
     if (rc == PC_OK) {
         *rank = r->peer.rank;

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -127,9 +128,13 @@ class Result:
 
 
 class PartialRequest:
-    """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool."""
+    """The request of one post: ``wait(timeout=None)`` -> Result, ``test()`` -> bool.
 
-    __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout")
+    The request owns its result: any number of threads may wait on it or test it, in any
+    order; the first to wait takes the result from the engine (once), and every wait
+    returns that same Result, with the same data in out."""
+
+    __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout", "_claims")
 
     def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[Buffer],
                  on_device: bool = False, fout=None) -> None:
@@ -140,6 +145,7 @@ class PartialRequest:
         self._on_device = on_device
         self._result: Optional[Result] = None
         self._fout = fout                # out as a cffi buffer, made once by post()
+        self._claims: list = []          # threads in wait(): the first takes (list ops are atomic)
 
     def test(self) -> bool:
         """True once the round of this post has completed here (the result is then ready)."""
@@ -164,6 +170,13 @@ class PartialRequest:
         if result is None:
             if timeout is not None and (type(timeout) is not float or timeout != timeout):
                 timeout = as_timeout(timeout, "wait()'s timeout")
+            claims = self._claims
+            me = object()
+            claims.append(me)
+            if claims[0] is not me:       # another thread takes it: wait for its result
+                result = self._follow(me, timeout)
+                if result is not None:
+                    return result
             coll = self._coll
             waiting = coll._waiting
             waiting.append(None)          # the ownership rule: see PartialAllreduce
@@ -175,12 +188,31 @@ class PartialRequest:
                                         True)
                 else:
                     result = coll._take_host(self._out, self._fout, self.index, timeout)
+                self._result = result     # before the claim goes: a follower finds it
             finally:
+                claims.remove(me)
                 waiting.pop()
                 if coll._held is not None:
                     coll._let_go()
-            self._result = result
         return result
+
+    def _follow(self, me, timeout: Optional[float]) -> Optional[Result]:
+        """Another thread is taking this request's result: wait for it (None: that thread
+        left without it, a Timeout or an error, and this one takes it now)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        claims = self._claims
+        while True:
+            result = self._result
+            if result is not None:
+                claims.remove(me)
+                return result
+            if claims[0] is me:
+                return None
+            if deadline is not None and time.monotonic() >= deadline:
+                claims.remove(me)
+                raise Timeout(f"round {self.index} did not complete at rank {self._coll.rank} within {timeout} s "
+                              f"(another thread of this rank is waiting for it too)")
+            time.sleep(5e-5)
 
     Wait = wait
     Test = test
@@ -562,7 +594,7 @@ class PartialAllreduce(_propagate.Reporting):
         # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
         req = _new_bare(PartialRequest)
         req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
-        req._on_device, req._result, req._fout = False, None, fb[3]
+        req._on_device, req._result, req._fout, req._claims = False, None, fb[3], []
         return req
 
     def _post(self, x: Buffer, out: Optional[Buffer]) -> PartialRequest:
