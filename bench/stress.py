@@ -10,10 +10,12 @@ it (thread 0 owns A, thread 1 owns B); every thread waits for, tests and drops t
 requests of both:
 
 - post(x) with out=None, a fresh out=, or out= a buffer the thread lent before (a post
-  that names a buffer still lent raises StateError: counted as refused, not wrong);
+  that names a buffer still lent raises StateError: counted as refused, not wrong;
+  --fresh-out: never);
   x = [1, v], v a small integer, so data[0] of a result counts the posts inside it;
 - wait(timeout) or test() of a request any thread of the rank posted (several threads
-  may wait on one request at once: each must get the same Result and the same data);
+  may wait on one request at once: each must get the same Result and the same data;
+  --one-waiter: one thread at a time);
 - drop a request (never waited for: its data must come back in a later result);
 - close() of a collective, by its thread while others may be waiting (StateError,
   refused, while one is: the contract); in mode "solo" only, where no round needs this
@@ -136,7 +138,8 @@ def check_result(t: Tally, c: Coll, req, res, where: str) -> None:
 
 
 def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Coll], t: Tally,
-           abandon_at: Optional[tuple], timeout: float, solo: bool) -> None:
+           abandon_at: Optional[tuple], timeout: float, solo: bool, shared_waits: bool,
+           reuse_out: bool, close_p: float) -> None:
     rng = np.random.default_rng([seed, rank, epoch, tid])
     mine: Dict[str, np.ndarray] = {c.name: np.empty(COUNT) for c in colls}    # the out= this thread lends again
     private: Dict[str, list] = {c.name: [] for c in colls}                     # requests posted with it
@@ -144,8 +147,8 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
         c = colls[int(rng.integers(len(colls)))]
         r = rng.random()
         owner = tid < len(colls) and colls[tid] is c
-        if not owner and (r < 0.40 or r >= 0.97):
-            r = 0.40 + 0.57 * rng.random()     # the contract: only its owner thread posts and closes
+        if not owner and (r < 0.40 or r >= 0.995):
+            r = 0.40 + 0.595 * rng.random()     # the contract: only its owner thread posts and closes
         where = f"rank {rank} thread {tid} epoch {epoch} op {op}"
         with t.lock:
             t.ops += 1
@@ -165,7 +168,7 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
                 v = float(rng.integers(1, 9))
                 x = np.array([1.0, v])
                 kind = rng.random()
-                if kind < 0.25:
+                if kind < 0.25 and reuse_out:
                     out = mine[c.name]
                     try:
                         req = c.coll.post(x, out=out)
@@ -189,23 +192,33 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
                     with c.lock:
                         if not c.shared:
                             continue
-                        req = c.shared[int(rng.integers(len(c.shared)))]
+                        k = int(rng.integers(len(c.shared)))
+                        # one waiter at a time: taken off the list while this thread waits
+                        req = c.shared[k] if shared_waits else c.shared.pop(k)
                     mine_req = False
-                if rng.random() < 0.3:
-                    done = req.test()
-                    if not done:
-                        if mine_req:
-                            own.append(req)
-                        continue
-                    res = req.wait()
-                else:
-                    res = req.wait(timeout=float(rng.choice([0.0, 0.002, 0.02])))
+                try:
+                    if rng.random() < 0.3:
+                        done = req.test()
+                        res = req.wait() if done else None
+                    else:
+                        res = req.wait(timeout=float(rng.choice([0.0, 0.002, 0.02, 0.2])))
+                except pc.Timeout:
+                    res = None
+                    with t.lock:
+                        t.timeouts += 1
+                if res is None:
+                    if mine_req:
+                        own.append(req)
+                    elif not shared_waits:
+                        with c.lock:
+                            c.shared.append(req)
+                    continue
                 check_result(t, c, req, res, where)
                 if not mine_req:
                     with c.lock:
                         if req in c.shared:
                             c.shared.remove(req)
-            elif r < 0.97:                                  # drop a request
+            elif r < 0.995 or rng.random() >= close_p / 0.005:   # drop a request
                 with c.lock:
                     if c.shared:
                         c.shared.pop(int(rng.integers(len(c.shared))))
@@ -274,7 +287,8 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
             else:
                 gone.peer_gone = True
         threads = [threading.Thread(target=worker, args=(rank, k, args.seed, epoch, per_thread, colls, t,
-                                                         abandon_at, args.timeout, mode == "solo"))
+                                                         abandon_at, args.timeout, mode == "solo",
+                                                         not args.one_waiter, not args.fresh_out, args.close_p))
                    for k in range(args.threads)]
         for th in threads:
             th.start()
@@ -342,7 +356,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--epoch-ops", type=int, default=2000, help="operations per rank between re-creations")
     ap.add_argument("--abandon-p", type=float, default=0.25, help="probability that an epoch abandons a collective")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--one-waiter", action="store_true",
+                    help="at most one thread waits for or tests a request at a time")
     ap.add_argument("--timeout", type=float, default=60.0, help="the longest wait()/close(), seconds")
+    ap.add_argument("--close-p", type=float, default=0.005,
+                    help="probability that an operation of a collective's owner thread is its close() (solo)")
+    ap.add_argument("--fresh-out", action="store_true", help="never lend an out= buffer twice")
     ap.add_argument("--json", help="rank 0 writes the rows here")
     ap.add_argument("--dump-after", type=float, default=0, help="print every thread's stack after this many seconds")
     return ap

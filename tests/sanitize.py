@@ -41,11 +41,15 @@ def runtime(which: str) -> Optional[str]:
 
 
 def _key(which: str) -> str:
+    """The sources' hash: native/ and the package's Python files (the build copies both)."""
     h = hashlib.sha256(which.encode())
-    for name in sorted(os.listdir(NATIVE)):
-        if name.endswith((".c", ".h", ".py")):
-            with open(os.path.join(NATIVE, name), "rb") as f:
-                h.update(name.encode() + f.read())
+    for top in (NATIVE, os.path.join(ROOT, "partialcoll")):
+        for folder, dirs, files in sorted(os.walk(top)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith((".c", ".h", ".py", ".supp")) and name != "_native.c":
+                    with open(os.path.join(folder, name), "rb") as f:
+                        h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
 
 
