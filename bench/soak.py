@@ -152,6 +152,15 @@ def soak(comm, mode: str, args) -> dict:
     return {"ok": ok_all, "row": row}
 
 
+def finish(comm, name: str, rows: list, ok: bool, path) -> None:
+    """Rank 0 writes the rows to path (if given) and says OK or FAILED (also bench/stress.py)."""
+    if comm.rank == 0:
+        if path:
+            with open(path, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(f"# {name}", "OK" if ok else "FAILED", flush=True)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=100000, help="posts per rank per mode")
@@ -182,11 +191,7 @@ def main(argv=None) -> int:
         r = soak(comm, mode, args)
         ok = ok and r["ok"]
         rows.append(r["row"])
-    if comm.rank == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print("# soak", "OK" if ok else "FAILED", flush=True)
+    finish(comm, "soak", rows, ok, args.json)
     pc.finalize()
     return 0 if ok else 1
 

@@ -58,18 +58,12 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
+import soak
+from soak import mode_options
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
 LATES = ("latest", "fold")
 COUNT = 2
-
-
-def mode_options(mode: str, size: int) -> dict:
-    if mode == "probe":
-        return {"candidates": 2}
-    if mode == "quorum":
-        return {"quorum": max(1, (size + 1) // 2)}
-    return {}
 
 
 class Boom(Exception):
@@ -377,11 +371,7 @@ def run(comm, args) -> bool:
             r = run_config(comm, mode, late, args.ops, args)
             ok = ok and r["ok"]
             rows.append(r["row"])
-    if comm.rank == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print("# stress", "OK" if ok else "FAILED", flush=True)
+    soak.finish(comm, "stress", rows, ok, args.json)
     return ok
 
 
