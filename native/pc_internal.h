@@ -347,7 +347,7 @@ typedef struct {
     int deferred;            /* reports made where no MPI call could be (report_defer), not
                               * sent yet (atomic) */
     int reporter_on;         /* inline progress: the reporter thread runs (atomic; kick_report) */
-    pc_unit *doomed;         /* (E.lock) */
+    pc_unit *doomed;         /* (E.lock; written atomically: unit_unpin looks without it) */
     pc_sched *running;       /* (E.lock) */
 } pc_engine_state;
 extern pc_engine_state E;

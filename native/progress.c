@@ -107,7 +107,7 @@ void unit_doom(pc_unit *u)
     if (!u->doomed) {
         STORE(u->doomed, 1);
         u->next_doomed = E.doomed;
-        E.doomed = u;
+        STORE(E.doomed, u);          /* unit_unpin looks without E.lock */
     }
     pthread_mutex_unlock(&E.lock);
     long long pause = doom_pause_us();
@@ -131,7 +131,7 @@ void reap_units(void)
         pc_unit *u = *link;
         if (u->passes == 0 && LOAD(u->pins) == 0 && u->nrunning == 0 && pthread_mutex_trylock(&u->lock) == 0) {
             pthread_mutex_unlock(&u->lock);
-            *link = u->next_doomed;
+            __atomic_store_n(link, u->next_doomed, __ATOMIC_RELEASE);   /* may be E.doomed */
             u->next_doomed = dead;
             dead = u;
         } else {
@@ -146,7 +146,10 @@ void reap_units(void)
  * as this thread was inside. */
 void unit_unpin(pc_unit *u)
 {
-    if (__atomic_sub_fetch(&u->pins, 1, __ATOMIC_ACQ_REL) == 0 && LOAD(u->doomed)) reap_units();
+    /* once its pins reach 0 another thread's reap may free u at once: after the
+     * decrement this thread reads E only, never u (ThreadSanitizer saw the read of
+     * u->doomed here race with the progress thread's free of u) */
+    if (__atomic_sub_fetch(&u->pins, 1, __ATOMIC_ACQ_REL) == 0 && LOAD(E.doomed)) reap_units();
 }
 
 /* ------------------------------------------------------------------ running list */
