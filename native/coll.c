@@ -1112,109 +1112,28 @@ static int coll_switch_to(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
 /* ------------------------------------------------------------------ the API: every entry pins
  * Each call holds a pin on the collective while it runs (pc_internal.h, "pins"): a
  * thread that abandons or frees it meanwhile only marks it, and the last one out frees. */
-int pc_coll_acc_full(pc_coll *c, int *full)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_acc_full(c, full);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
+#define PINNED(api, inner, params, args) \
+    int api params                            \
+    {                                         \
+        unit_pin(&c->owner.unit);             \
+        int rc = inner args;                  \
+        unit_unpin(&c->owner.unit);           \
+        return rc;                            \
+    }
 
-int pc_coll_user_buffers(pc_coll *c, void *bufs[3])
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_user_buffers(c, bufs);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_post_replace(pc_coll *c, const void *x, int64_t *index, int *late, int *replaced)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_post_replace(c, x, index, late, replaced);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_test(pc_coll *c, int64_t index, int *done)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_test(c, index, done);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_silent(c, ranks, max, round, n);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_wait_take(c, index, timeout_s, out, mask, info);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_post(c, x, out, index, late);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_close(pc_coll *c)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_close(c);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_abort(c, type, message, timeout_s);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_peer_error(c, rank, type, tlen, message, mlen);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_stats(c, epoch, timeout_s, sums, got);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_switched(pc_coll *c, int64_t k, int64_t *round)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_switched(c, k, round);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
-
-int pc_coll_switch(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
-{
-    unit_pin(&c->owner.unit);
-    int rc = coll_switch_to(c, epoch, s0, s1);
-    unit_unpin(&c->owner.unit);
-    return rc;
-}
+PINNED(pc_coll_acc_full, coll_acc_full, (pc_coll *c, int *full), (c, full))
+PINNED(pc_coll_user_buffers, coll_user_buffers, (pc_coll *c, void *bufs[3]), (c, bufs))
+PINNED(pc_coll_post_replace, coll_post_replace, (pc_coll *c, const void *x, int64_t *index, int *late, int *replaced), (c, x, index, late, replaced))
+PINNED(pc_coll_test, coll_test, (pc_coll *c, int64_t index, int *done), (c, index, done))
+PINNED(pc_coll_silent, coll_silent, (pc_coll *c, int *ranks, int max, int64_t *round, int *n), (c, ranks, max, round, n))
+PINNED(pc_coll_wait_take, coll_wait_take, (pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info), (c, index, timeout_s, out, mask, info))
+PINNED(pc_coll_post, coll_post, (pc_coll *c, const void *x, void *out, int64_t *index, int *late), (c, x, out, index, late))
+PINNED(pc_coll_close, coll_close, (pc_coll *c), (c))
+PINNED(pc_coll_abort, coll_abort, (pc_coll *c, const char *type, const char *message, double timeout_s), (c, type, message, timeout_s))
+PINNED(pc_coll_peer_error, coll_peer_error, (pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen), (c, rank, type, tlen, message, mlen))
+PINNED(pc_coll_stats, coll_stats, (pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got), (c, epoch, timeout_s, sums, got))
+PINNED(pc_coll_switched, coll_switched, (pc_coll *c, int64_t k, int64_t *round), (c, k, round))
+PINNED(pc_coll_switch, coll_switch_to, (pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1), (c, epoch, s0, s1))
 
 int pc_coll_hold(pc_coll *c)
 {

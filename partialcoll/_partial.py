@@ -134,7 +134,7 @@ class PartialRequest:
     order; the first to wait takes the result from the engine (once), and every wait
     returns that same Result, with the same data in out."""
 
-    __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout", "_claims")
+    __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout", "_token")
 
     def __init__(self, coll: "PartialAllreduce", index: int, late: bool, out: Optional[Buffer],
                  on_device: bool = False, fout=None) -> None:
@@ -145,7 +145,7 @@ class PartialRequest:
         self._on_device = on_device
         self._result: Optional[Result] = None
         self._fout = fout                # out as a cffi buffer, made once by post()
-        self._claims: list = []          # threads in wait(): the first takes (list ops are atomic)
+        self._token: list = [True]       # the right to take the result: the wait that pops it (atomic)
 
     def test(self) -> bool:
         """True once the round of this post has completed here (the result is then ready)."""
@@ -170,11 +170,11 @@ class PartialRequest:
         if result is None:
             if timeout is not None and (type(timeout) is not float or timeout != timeout):
                 timeout = as_timeout(timeout, "wait()'s timeout")
-            claims = self._claims
-            me = object()
-            claims.append(me)
-            if claims[0] is not me:       # another thread takes it: wait for its result
-                result = self._follow(me, timeout)
+            token = self._token
+            try:
+                token.pop()
+            except IndexError:            # another thread takes it: wait for its result
+                result = self._follow(timeout)
                 if result is not None:
                     return result
             coll = self._coll
@@ -188,28 +188,31 @@ class PartialRequest:
                                         True)
                 else:
                     result = coll._take_host(self._out, self._fout, self.index, timeout)
-                self._result = result     # before the claim goes: a follower finds it
+                self._result = result     # the token stays taken: a follower finds the result
+            except BaseException:
+                token.append(True)        # no result: another waiter may take it now
+                raise
             finally:
-                claims.remove(me)
                 waiting.pop()
                 if coll._held is not None:
                     coll._let_go()
         return result
 
-    def _follow(self, me, timeout: Optional[float]) -> Optional[Result]:
+    def _follow(self, timeout: Optional[float]) -> Optional[Result]:
         """Another thread is taking this request's result: wait for it (None: that thread
-        left without it, a Timeout or an error, and this one takes it now)."""
+        left without it, a Timeout or an error, and this one took the token now)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        claims = self._claims
+        token = self._token
         while True:
             result = self._result
             if result is not None:
-                claims.remove(me)
                 return result
-            if claims[0] is me:
+            try:
+                token.pop()
                 return None
+            except IndexError:
+                pass
             if deadline is not None and time.monotonic() >= deadline:
-                claims.remove(me)
                 raise Timeout(f"round {self.index} did not complete at rank {self._coll.rank} within {timeout} s "
                               f"(another thread of this rank is waiting for it too)")
             time.sleep(5e-5)
@@ -571,7 +574,11 @@ class PartialAllreduce(_propagate.Reporting):
 
         out: optional array that receives the result (the full mode then runs the round in it).
         x and out may be NumPy or device (CuPy) arrays; the result lives where out lives,
-        or where x lives when out is None.
+        or where x lives when out is None. out is lent to the request until its wait
+        returns: the engine writes it only for this request, and never after. Several
+        outstanding posts may name one out: each wait writes its own request's result
+        into it (the engine runs a round in a caller's buffer only for a post made while
+        no other request of this collective is outstanding, as in a post+wait loop).
         """
         waiting = self._waiting
         waiting.append(None)             # inside the engine: see _abandon
@@ -594,7 +601,7 @@ class PartialAllreduce(_propagate.Reporting):
         # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
         req = _new_bare(PartialRequest)
         req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
-        req._on_device, req._result, req._fout, req._claims = False, None, fb[3], []
+        req._on_device, req._result, req._fout, req._token = False, None, fb[3], [True]
         return req
 
     def _post(self, x: Buffer, out: Optional[Buffer]) -> PartialRequest:
