@@ -840,57 +840,57 @@ static int hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *mess
  * waiting in pc_hop_wait while another drops the collective wakes with PC_ERR_STATE and
  * never touches freed memory. pc_hop_hold / pc_hop_release: a reference Python keeps
  * for its threads between reading the handle and their call (neighbor.py, _free). */
-#define PINNED(h, call) do { pc_unit *u_ = &(h)->owner.unit; unit_pin(u_); int rc_ = (call); unit_unpin(u_); \
+#define HOP_PINNED(h, call) do { pc_unit *u_ = &(h)->owner.unit; unit_pin(u_); int rc_ = (call); unit_unpin(u_); \
                              return rc_; } while (0)
 int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry)
 {
-    PINNED(h, hop_post(h, x, out, timeout_s, entry));
+    HOP_PINNED(h, hop_post(h, x, out, timeout_s, entry));
 }
 
 int pc_hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries)
 {
-    PINNED(h, hop_skip(h, iterations, timeout_s, skipped, entries));
+    HOP_PINNED(h, hop_skip(h, iterations, timeout_s, skipped, entries));
 }
 
 int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info)
 {
-    PINNED(h, hop_wait(h, k, timeout_s, updates, info));
+    HOP_PINNED(h, hop_wait(h, k, timeout_s, updates, info));
 }
 
 int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos)
 {
-    PINNED(h, hop_get_state(h, stats, tokens, granted, newest, pos));
+    HOP_PINNED(h, hop_get_state(h, stats, tokens, granted, newest, pos));
 }
 
 int pc_hop_close_begin(pc_hop *h, int64_t *last)
 {
-    PINNED(h, hop_close_begin(h, last));
+    HOP_PINNED(h, hop_close_begin(h, last));
 }
 
 int pc_hop_freeze(pc_hop *h, const int64_t *last, int64_t *posted)
 {
-    PINNED(h, hop_freeze(h, last, posted));
+    HOP_PINNED(h, hop_freeze(h, last, posted));
 }
 
 int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s)
 {
-    PINNED(h, hop_drain(h, every, timeout_s));
+    HOP_PINNED(h, hop_drain(h, every, timeout_s));
 }
 
 int pc_hop_serve(pc_hop *h, double seconds)
 {
-    PINNED(h, hop_serve(h, seconds));
+    HOP_PINNED(h, hop_serve(h, seconds));
 }
 
 int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s)
 {
     if (!h) return PC_OK;
-    PINNED(h, hop_abort(h, type, message, timeout_s));
+    HOP_PINNED(h, hop_abort(h, type, message, timeout_s));
 }
 
 int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen)
 {
-    PINNED(h, hop_peer_error(h, rank, type, tlen, message, mlen));
+    HOP_PINNED(h, hop_peer_error(h, rank, type, tlen, message, mlen));
 }
 
 int pc_hop_hold(pc_hop *h) { unit_pin(&h->owner.unit); return PC_OK; }
