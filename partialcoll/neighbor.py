@@ -64,8 +64,6 @@ from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import OP_NAMES, check_comm, check_op_dtype, dtype_code, integer, op_code
 
-_LET_GO = threading.Lock()       # NeighborAllreduce._let_go: one release per hold
-
 _WEIGHTS = {"mean": "PC_HOP_MEAN", "staleness": "PC_HOP_STALENESS", None: "PC_HOP_WEIGHTS_NONE"}
 _STATS = ("received", "used", "dropped", "skip_updates", "max_buffered", "buffers", "skipped", "completed", "early")
 
@@ -493,11 +491,8 @@ class NeighborAllreduce(_propagate.Reporting):
         deferred = _engine.ffi.new("int *")
         h, self._h = getattr(self, "_h", None), None
         if h is not None:
-            if getattr(self, "_waiting", None):
-                # another thread is inside wait() or test(): hold h for it (the engine wakes
-                # it with StateError); the last of those threads lets go (_let_go)
-                _engine.lib.pc_hop_hold(h)
-                self._held = h
+            # a thread inside wait() or test() keeps h (the engine wakes it with StateError)
+            _propagate.hold_for_waiters(self, h, _engine.lib.pc_hop_hold)
             _engine.lib.pc_hop_free(h, deferred)
             if self._held is not None:
                 self._let_go()
@@ -514,14 +509,7 @@ class NeighborAllreduce(_propagate.Reporting):
         self._free()
 
     def _let_go(self) -> None:
-        """The last thread out of wait()/test() of a dropped collective releases what
-        _free() held for them (the engine frees it then)."""
-        with _LET_GO:
-            held = self._held
-            if held is None or self._waiting:
-                return
-            self._held = None
-        _engine.lib.pc_hop_release(held)
+        _propagate.let_go(self, _engine.lib.pc_hop_release)
 
     def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:
         if getattr(_engine, "lib", None) is not None:       # not at interpreter shutdown
