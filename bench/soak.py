@@ -1,6 +1,9 @@
 """Soak: many rounds of every mode with random skew: nothing lost, agreement, memory flat.
 
 Run: flock /tmp/pc-bench.lock nice -n 10 mpiexec -n 4 python bench/soak.py          (10^5 rounds x 5 modes)
+     flock /tmp/pc-bench.lock nice -n 10 mpiexec -n 3 python bench/soak.py --ops 10000
+         (the ownership stress instead, bench/stress.py: --ops operations per rank for each
+          mode and late, four threads per rank; stress.py's other options follow --ops)
 
 Each rank posts `--rounds` times (post, then wait) on a persistent PartialAllreduce
 (float64 SUM, late="fold", --count elements) of each mode; before a post it is skewed with
@@ -149,6 +152,15 @@ def soak(comm, mode: str, args) -> dict:
     return {"ok": ok_all, "row": row}
 
 
+def finish(comm, name: str, rows: list, ok: bool, path) -> None:
+    """Rank 0 writes the rows to path (if given) and says OK or FAILED (also bench/stress.py)."""
+    if comm.rank == 0:
+        if path:
+            with open(path, "w") as f:
+                json.dump(rows, f, indent=1)
+        print(f"# {name}", "OK" if ok else "FAILED", flush=True)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=100000, help="posts per rank per mode")
@@ -160,10 +172,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--sample", type=int, default=10000, help="sample RSS every this many posts")
     ap.add_argument("--timeout", type=float, default=120.0, help="wait()/close() timeout, seconds")
     ap.add_argument("--json", help="rank 0 writes the rows here")
+    ap.add_argument("--ops", type=int, help="run bench/stress.py instead: operations per rank per mode and late")
     return ap
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--ops" in argv:                  # the threaded ownership stress (bench/stress.py)
+        import stress
+        return stress.main(argv)
     args = parser().parse_args(argv)
     comm = MPI.COMM_WORLD
     if comm.rank == 0:
@@ -174,11 +191,7 @@ def main(argv=None) -> int:
         r = soak(comm, mode, args)
         ok = ok and r["ok"]
         rows.append(r["row"])
-    if comm.rank == 0:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-        print("# soak", "OK" if ok else "FAILED", flush=True)
+    finish(comm, "soak", rows, ok, args.json)
     pc.finalize()
     return 0 if ok else 1
 

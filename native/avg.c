@@ -236,6 +236,32 @@ static int avg_idle(void *p)
     return 1;
 }
 
+/* Dropped without close() (the garbage collector's thread, or a with block left by an
+ * exception): no MPI call and no wait here. Each client stops re-arming; its running
+ * execution (the receive it keeps posted) is withdrawn by the next progress pass
+ * (pc_unit.withdraw -> avg_client_abandon: MPI_Cancel there, never here), and the engine
+ * frees each client once it no longer runs, the key table with the last of them.
+ * *deferred = 1: an execution still ran, so MPI may still use the communicator. */
+int pc_avg_abandon(pc_avg *a, int *deferred)
+{
+    *deferred = 0;
+    if (!a) return PC_OK;
+    for (int c = 0; c < a->size; c++) {
+        avg_client *cl = a->clients[c];
+        if (!cl) continue;
+        pc_unit *u = &cl->owner.unit;
+        unit_lock(u);
+        cl->stopped = 1;
+        if (cl->sched->running) { u->withdraw = 1; *deferred = 1; }
+        unit_doom(u);                    /* freed by whoever lets go of it last */
+        unit_unlock(u);
+    }
+    avg_unref(a);                        /* the handle's reference: the clients hold theirs */
+    reap_units();
+    if (*deferred) kick();
+    return PC_OK;
+}
+
 /* Stop serving: withdraw every client's schedule (its posted receive is cancelled; a
  * reply in flight completes), wait up to timeout_s for them to drain, then free (now, or
  * once drained: *deferred = 1). Every client must have had its last reply. */

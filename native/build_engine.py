@@ -12,6 +12,13 @@ compiler wrapper that matches the MPI mpi4py loads:
 The extension is linked by soname (``-lmpi``) without a run path, so at run time
 it binds to the ``libmpi`` that ``mpi4py.MPI`` has already loaded
 (``partialcoll._engine`` imports mpi4py first).
+
+``PARTIALCOLL_SANITIZE=address`` or ``=thread`` (environment, at install or at
+``python native/build_engine.py``) builds the engine with AddressSanitizer or
+ThreadSanitizer (``-fsanitize=...``, ``-g``, ``-O1``). Python itself is not built so:
+its processes load the sanitizer's runtime first, with ``LD_PRELOAD`` (docs/engine.md,
+"Sanitizer builds"; the suppressions for libmpi's and the interpreter's own internals
+are in ``native/sanitizer.supp``).
 """
 import os
 import re
@@ -65,20 +72,39 @@ def mpi_flags(mpicc: str):
     return inc, libdirs, libs or ["mpi"]
 
 
-def make_ffibuilder() -> FFI:
+SANITIZERS = ("address", "thread")
+
+
+def sanitize_flags():
+    """(compile args, link args) of PARTIALCOLL_SANITIZE, or of a plain optimised build."""
+    which = os.environ.get("PARTIALCOLL_SANITIZE", "").strip()
+    if not which:
+        return ["-O3"], []
+    if which not in SANITIZERS:
+        raise RuntimeError(f"partialcoll: PARTIALCOLL_SANITIZE={which!r}: use one of {', '.join(SANITIZERS)} "
+                           "(or leave it unset for the optimised build)")
+    flag = f"-fsanitize={which}"
+    return [flag, "-g", "-O1", "-fno-omit-frame-pointer"], [flag]
+
+
+def make_ffibuilder(absolute: bool = False) -> FFI:
+    """The cffi builder. absolute: the sources by absolute path (a build into another
+    directory, ``python native/build_engine.py --out DIR``; setuptools wants them relative)."""
     mpicc = find_mpicc()
     inc, libdirs, libs = mpi_flags(mpicc)
     ffi = FFI()
     ffi.cdef(cdef_source())
+    opt, link = sanitize_flags()
     ffi.set_source(
         "partialcoll._native",
         '#include "pc_engine.h"',
-        sources=[os.path.relpath(os.path.join(HERE, unit)) for unit in UNITS],
+        sources=[os.path.join(HERE, unit) if absolute else os.path.relpath(os.path.join(HERE, unit))
+                 for unit in UNITS],
         include_dirs=[HERE] + inc,
         library_dirs=libdirs,          # link time only: no rpath is recorded
         libraries=libs + ["dl"],      # dl: dlsym for MPIX_Query_cuda_support
-        extra_compile_args=["-O3", "-std=gnu11", "-ffp-contract=off", "-fwrapv", "-pthread"],
-        extra_link_args=["-pthread"],
+        extra_compile_args=opt + ["-std=gnu11", "-ffp-contract=off", "-fwrapv", "-pthread"],
+        extra_link_args=link + ["-pthread"],
     )
     return ffi
 
@@ -86,4 +112,9 @@ def make_ffibuilder() -> FFI:
 ffibuilder = make_ffibuilder()
 
 if __name__ == "__main__":
-    ffibuilder.compile(verbose=True)
+    # python native/build_engine.py: the extension into the working directory (partialcoll/,
+    # an in-place build from the source tree); --out DIR: into DIR/partialcoll/ instead
+    if sys.argv[1:2] == ["--out"] and len(sys.argv) == 3:
+        make_ffibuilder(absolute=True).compile(tmpdir=sys.argv[2], verbose=True)
+    else:
+        ffibuilder.compile(verbose=True)

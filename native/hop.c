@@ -561,7 +561,7 @@ static void send_and_grant(pc_hop *h, int64_t k)
     if (h->g) { h->owed = k + 1; flush_tokens(h); }
 }
 
-int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry)
+static int hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry)
 {
     int64_t k;
     int rc = enter(h, timeout_s, &k, entry);
@@ -581,7 +581,7 @@ int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *
     return rc;
 }
 
-int pc_hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries)
+static int hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries)
 {
     *skipped = 0;
     unit_lock(&h->owner.unit);
@@ -628,7 +628,7 @@ static int iteration_done(void *p)
 /* Take iteration k's result (written into its out buffer): updates (rank, iteration) x
  * info[0]; info[1]: when it completed (ns, CLOCK_MONOTONIC); info[2]: 1 if it completed
  * before this rank asked for it. timeout_s 0: test once (PC_ERR_TIMEOUT: not yet). */
-int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info)
+static int hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info)
 {
     hop_arg a = {h, k};
     unit_lock(&h->owner.unit);
@@ -673,7 +673,7 @@ int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_
 
 /* stats: PC_HOP_STATS counters; tokens received per out-neighbour, granted per
  * in-neighbour, newest update per in-neighbour; pos: last entered, last completed */
-int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos)
+static int hop_get_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos)
 {
     unit_lock(&h->owner.unit);
     memcpy(stats, h->stats, sizeof h->stats);
@@ -690,7 +690,7 @@ int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, i
 
 /* close(), 1: stop using what arrives, drop the pending iterations; *last: the last
  * iteration entered */
-int pc_hop_close_begin(pc_hop *h, int64_t *last)
+static int hop_close_begin(pc_hop *h, int64_t *last)
 {
     unit_lock(&h->owner.unit);
     h->closing = 1;
@@ -706,7 +706,7 @@ int pc_hop_close_begin(pc_hop *h, int64_t *last)
 /* close(), 2: given every rank's last iteration (P), post no receive beyond what a
  * neighbour sent or what is posted now; posted (2P, -1 preset): the last iteration this
  * rank posted a receive for, per source rank, then the last token, per destination rank */
-int pc_hop_freeze(pc_hop *h, const int64_t *last, int64_t *posted)
+static int hop_freeze(pc_hop *h, const int64_t *last, int64_t *posted)
 {
     unit_lock(&h->owner.unit);
     for (int j = 0; j < h->n_in; j++) {
@@ -737,7 +737,7 @@ static int drained(void *p)
 /* close(), 3: every rank's posted vectors (P x 2P): send fillers up to what each
  * out-neighbour posted, grant the tokens each in-neighbour posted receives for, receive
  * everything in flight; wait until every channel is idle */
-int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s)
+static int hop_drain(pc_hop *h, const int64_t *every, double timeout_s)
 {
     unit_lock(&h->owner.unit);
     int P = h->size;
@@ -772,7 +772,7 @@ int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s)
 static int never(void *p) { (void)p; return 0; }
 
 /* serve the engine for `seconds` (progress inline, or sleep while the thread does) */
-int pc_hop_serve(pc_hop *h, double seconds)
+static int hop_serve(pc_hop *h, double seconds)
 {
     int rc = wait_until(never, NULL, seconds);
     if (rc != PC_ERR_TIMEOUT) return rc;
@@ -789,13 +789,17 @@ int pc_hop_free(pc_hop *h, int *deferred)
     *deferred = 0;
     if (!h) return PC_OK;
     pc_unit *u = &h->owner.unit;
+    unit_pin(u);
     unit_lock(u);
     h->stopped = 1;
+    if (!h->err)      /* wakes a thread still waiting in it (dropped under that wait) */
+        hop_error(h, PC_ERR_STATE, -1, "this NeighborAllreduce was dropped on this rank (closed, or left by an "
+                  "exception, or garbage-collected)");
     *deferred = u->nrunning > 0;
     if (*deferred) u->withdraw = 1;
     unit_doom(u);
     unit_unlock(u);
-    reap_units();
+    unit_unpin(u);    /* the last one out frees it: this thread, a waiter's unpin, or a pass */
     if (*deferred) kick();
     return PC_OK;
 }
@@ -804,7 +808,7 @@ int pc_hop_free(pc_hop *h, int *deferred)
  * peers' calls fail with PC_ERR_PEER. timeout_s < 0: no MPI call here (a garbage
  * collector's thread), the next progress pass sends it; else it is sent now and its
  * messages get up to timeout_s to leave. Nothing is sent after a peer's report. */
-int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s)
+static int hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s)
 {
     if (!h) return PC_OK;
     unit_lock(&h->owner.unit);
@@ -825,7 +829,69 @@ int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeou
     return PC_OK;
 }
 
-int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen)
+static int hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen)
 {
     return report_peer_error(&h->owner.unit, &h->rep, &h->err, rank, type, tlen, message, mlen);
 }
+
+/* ------------------------------------------------------------------ entries: pinned
+ * Every call holds a pin on the collective for its whole length (pc_internal.h, "pins"):
+ * pc_hop_free only marks it, and the last thread out of a call frees it, so a thread
+ * waiting in pc_hop_wait while another drops the collective wakes with PC_ERR_STATE and
+ * never touches freed memory. pc_hop_hold / pc_hop_release: a reference Python keeps
+ * for its threads between reading the handle and their call (neighbor.py, _free). */
+#define HOP_PINNED(h, call) do { pc_unit *u_ = &(h)->owner.unit; unit_pin(u_); int rc_ = (call); unit_unpin(u_); \
+                             return rc_; } while (0)
+int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry)
+{
+    HOP_PINNED(h, hop_post(h, x, out, timeout_s, entry));
+}
+
+int pc_hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries)
+{
+    HOP_PINNED(h, hop_skip(h, iterations, timeout_s, skipped, entries));
+}
+
+int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info)
+{
+    HOP_PINNED(h, hop_wait(h, k, timeout_s, updates, info));
+}
+
+int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos)
+{
+    HOP_PINNED(h, hop_get_state(h, stats, tokens, granted, newest, pos));
+}
+
+int pc_hop_close_begin(pc_hop *h, int64_t *last)
+{
+    HOP_PINNED(h, hop_close_begin(h, last));
+}
+
+int pc_hop_freeze(pc_hop *h, const int64_t *last, int64_t *posted)
+{
+    HOP_PINNED(h, hop_freeze(h, last, posted));
+}
+
+int pc_hop_drain(pc_hop *h, const int64_t *every, double timeout_s)
+{
+    HOP_PINNED(h, hop_drain(h, every, timeout_s));
+}
+
+int pc_hop_serve(pc_hop *h, double seconds)
+{
+    HOP_PINNED(h, hop_serve(h, seconds));
+}
+
+int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s)
+{
+    if (!h) return PC_OK;
+    HOP_PINNED(h, hop_abort(h, type, message, timeout_s));
+}
+
+int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen)
+{
+    HOP_PINNED(h, hop_peer_error(h, rank, type, tlen, message, mlen));
+}
+
+int pc_hop_hold(pc_hop *h) { unit_pin(&h->owner.unit); return PC_OK; }
+int pc_hop_release(pc_hop *h) { unit_unpin(&h->owner.unit); return PC_OK; }

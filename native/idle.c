@@ -46,10 +46,11 @@ static struct {
     int64_t steal_ticks;
     double next_us, hold_until_us, hold_us, clean_since_us;
     double gap_ewma_us;          /* short idle periods, and the share of long ones: */
-    double long_share;           /* (atomic-ish: doubles, racy reads are harmless) */
+    double long_share;           /* (atomic, relaxed: ld/st below) */
     double busy_gap_us;          /* idle periods while a large message was in flight ... */
-    int busy_seen;               /* ... and whether any was seen (written by whichever thread
-                                  * completes messages, without mtx: racy like the two above) */
+    int busy_seen;               /* ... and whether any was seen (atomic, relaxed: written by
+                                  * whichever thread completes messages, without mtx; two
+                                  * updates at once may lose one sample of an average) */
     double run_delay, steal;
     int64_t throttled;
     char reason[160];
@@ -341,6 +342,10 @@ int idle_poll(void)
 /* How long polling may last at most (poll_max_us; 10 ms where it is not set). */
 static double poll_max(void) { return E.policy.poll_max_us > 0 ? E.policy.poll_max_us : 1e4; }
 
+/* Relaxed atomic loads and stores of the running averages (any thread, no lock) */
+static double ld(double *p) { double v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
+static void st(double *p, double v) { __atomic_store(p, &v, __ATOMIC_RELAXED); }
+
 /* An event came us after the previous one. Only idle periods count: gaps shorter than
  * spin_us are the events of one burst (a post and the round it arms, a round's
  * messages), which say nothing about how long the engine will wait for the next one.
@@ -353,10 +358,10 @@ void idle_note_gap(double us)
 {
     if (us < E.policy.spin_us) return;
     if (us < poll_max() / 2) {
-        I.gap_ewma_us = 0.875 * I.gap_ewma_us + 0.125 * us;
-        I.long_share = 0.875 * I.long_share;
+        st(&I.gap_ewma_us, 0.875 * ld(&I.gap_ewma_us) + 0.125 * us);
+        st(&I.long_share, 0.875 * ld(&I.long_share));
     } else {
-        I.long_share = 0.875 * I.long_share + 0.125;
+        st(&I.long_share, 0.875 * ld(&I.long_share) + 0.125);
     }
 }
 
@@ -365,8 +370,8 @@ void idle_note_gap(double us)
  * long (half of them or more): polling would mostly run out before the next event. */
 double idle_spin_bound_us(void)
 {
-    double b = 4 * I.gap_ewma_us, lo = E.policy.spin_us, hi = poll_max();
-    if (I.long_share >= 0.5) return lo;
+    double b = 4 * ld(&I.gap_ewma_us), lo = E.policy.spin_us, hi = poll_max();
+    if (ld(&I.long_share) >= 0.5) return lo;
     return b < lo ? lo : b > hi ? hi : b;
 }
 
@@ -378,8 +383,8 @@ double idle_spin_bound_us(void)
 void idle_note_busy_gap(double us)
 {
     if (us < E.policy.spin_us || us >= E.policy.busy_cap_us / 2) return;
-    I.busy_gap_us = I.busy_seen ? 0.875 * I.busy_gap_us + 0.125 * us : us;
-    I.busy_seen = 1;
+    st(&I.busy_gap_us, __atomic_load_n(&I.busy_seen, __ATOMIC_RELAXED) ? 0.875 * ld(&I.busy_gap_us) + 0.125 * us : us);
+    __atomic_store_n(&I.busy_seen, 1, __ATOMIC_RELAXED);
 }
 
 /* How long the engine may go on yielding for a large message after the last event: four
@@ -389,8 +394,8 @@ void idle_note_busy_gap(double us)
  * millisecond instead of busy_cap_us (10 ms of a core for every late peer). */
 double idle_busy_bound_us(void)
 {
-    double b = 4 * I.busy_gap_us, hi = E.policy.busy_cap_us;
-    return !I.busy_seen || b > hi ? hi : b;
+    double b = 4 * ld(&I.busy_gap_us), hi = E.policy.busy_cap_us;
+    return !__atomic_load_n(&I.busy_seen, __ATOMIC_RELAXED) || b > hi ? hi : b;
 }
 
 int pc_idle_state(pc_idle_info *out)

@@ -278,7 +278,8 @@ int pc_avg_serve(pc_avg *a, void *comm_handle, int client, int nops, const pc_op
                  const int *edges, int pairs);
 int pc_avg_push_local(pc_avg *a, const void *push, void *reply);   /* the server's own push */
 int pc_avg_state(pc_avg *a, int64_t *keys, int64_t *pushes);
-int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);
+int pc_avg_free(pc_avg *a, double timeout_s, int *deferred);   /* close(): withdraws, waits */
+int pc_avg_abandon(pc_avg *a, int *deferred);   /* dropped: no MPI call, the next pass withdraws */
 /* Hop's neighbour allreduce (hop.c, partialcoll/neighbor.py): channels on one
  * communicator, backup workers (need = n_in - backup of the in-neighbours), the local
  * staleness bound s, token queues (max_gap g, 0: none), depth R >= 1 + s + max(g, 1)
@@ -321,6 +322,11 @@ int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message,
 enum { PC_TELE_TOTALS = 8, PC_TELE_FIELDS = 7 };
 int pc_coll_telemetry_on(pc_coll *c, int cap);
 int pc_coll_telemetry(pc_coll *c, double *totals, int64_t *missed, double *ring, int max, int *n);
+/* A reference for threads inside calls on h: Python's _free, dropping h while another
+ * of its threads may be between reading the handle and its call, holds one for them, and
+ * the last of them releases it (every pc_hop_* call pins h for its length). */
+int pc_hop_hold(pc_hop *h);
+int pc_hop_release(pc_hop *h);
 /* CDEF END */
 
 #endif

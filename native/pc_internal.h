@@ -227,7 +227,8 @@ struct pc_sched {
     int live;                /* this execution's data is moving: a plain schedule from its start,
                               * a round of a partial collective from its TAKE */
     int needs_trigger;       /* nothing but pre-posted receives can happen before the TRIGGER */
-    int running, remaining, draining;    /* (unit) */
+    int running;             /* (unit; atomic): an execution runs; Hop's entry predicate reads it */
+    int remaining, draining; /* (unit) */
     int err;                 /* (unit; atomic) */
     int64_t version;
     int64_t executions;      /* (unit; atomic): waits read it */
@@ -368,7 +369,7 @@ typedef struct {
     int started;             /* (E.lock; atomic) */
     int threaded, stop;      /* (E.lock; stop atomic) */
     int kicked;              /* (wmtx) */
-    int sleeping;            /* (wmtx) SLEEP_* */
+    int sleeping;            /* (wmtx; written atomically: wait_until looks without it) SLEEP_* */
     double nap_until_us;     /* (wmtx) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
     int64_t app_left_us;     /* when one last left such a wait (atomic) */
@@ -380,7 +381,7 @@ typedef struct {
     int deferred;            /* reports made where no MPI call could be (report_defer), not
                               * sent yet (atomic) */
     int reporter_on;         /* inline progress: the reporter thread runs (atomic; kick_report) */
-    pc_unit *doomed;         /* (E.lock) */
+    pc_unit *doomed;         /* (E.lock; written atomically: unit_unpin looks without it) */
     pc_sched *running;       /* (E.lock) */
 } pc_engine_state;
 extern pc_engine_state E;

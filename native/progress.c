@@ -107,7 +107,7 @@ void unit_doom(pc_unit *u)
     if (!u->doomed) {
         STORE(u->doomed, 1);
         u->next_doomed = E.doomed;
-        E.doomed = u;
+        STORE(E.doomed, u);          /* unit_unpin looks without E.lock */
     }
     pthread_mutex_unlock(&E.lock);
     long long pause = doom_pause_us();
@@ -131,7 +131,7 @@ void reap_units(void)
         pc_unit *u = *link;
         if (u->passes == 0 && LOAD(u->pins) == 0 && u->nrunning == 0 && pthread_mutex_trylock(&u->lock) == 0) {
             pthread_mutex_unlock(&u->lock);
-            *link = u->next_doomed;
+            __atomic_store_n(link, u->next_doomed, __ATOMIC_RELEASE);   /* may be E.doomed */
             u->next_doomed = dead;
             dead = u;
         } else {
@@ -146,7 +146,10 @@ void reap_units(void)
  * as this thread was inside. */
 void unit_unpin(pc_unit *u)
 {
-    if (__atomic_sub_fetch(&u->pins, 1, __ATOMIC_ACQ_REL) == 0 && LOAD(u->doomed)) reap_units();
+    /* once its pins reach 0 another thread's reap may free u at once: after the
+     * decrement this thread reads E only, never u (ThreadSanitizer saw the read of
+     * u->doomed here race with the progress thread's free of u) */
+    if (__atomic_sub_fetch(&u->pins, 1, __ATOMIC_ACQ_REL) == 0 && LOAD(E.doomed)) reap_units();
 }
 
 /* ------------------------------------------------------------------ running list */
@@ -191,6 +194,23 @@ static int engine_flags(void)
 /* ------------------------------------------------------------------ passes */
 typedef struct { pc_sched **s; int cap; } snapshot;
 static __thread snapshot snap;
+static pthread_key_t snap_key;           /* frees a thread's snapshot when the thread ends */
+static pthread_once_t snap_once = PTHREAD_ONCE_INIT;
+static void snap_key_make(void) { pthread_key_create(&snap_key, free); }
+
+/* Room for cap units in this thread's snapshot (E.lock held); 0, or -1 out of memory.
+ * Application threads come and go (a framework's completion threads): the snapshot is
+ * freed with its thread, never kept past it. */
+static int snap_grow(int cap)
+{
+    pc_sched **p = realloc(snap.s, sizeof(pc_sched *) * (size_t)cap);
+    if (!p) return -1;
+    pthread_once(&snap_once, snap_key_make);
+    pthread_setspecific(snap_key, p);
+    snap.s = p;
+    snap.cap = cap;
+    return 0;
+}
 
 /* One progress pass over every running schedule (any thread, no lock held); 1 if
  * anything moved. */
@@ -201,13 +221,7 @@ int engine_pass(void)
     uint64_t pass = __atomic_add_fetch(&passes, 1, __ATOMIC_RELAXED);
     int n = 0;
     pthread_mutex_lock(&E.lock);
-    if (E.nrunning > snap.cap) {
-        int cap = 2 * E.nrunning + 8;
-        pc_sched **p = realloc(snap.s, sizeof(pc_sched *) * (size_t)cap);
-        if (!p) { pthread_mutex_unlock(&E.lock); return 0; }
-        snap.s = p;
-        snap.cap = cap;
-    }
+    if (E.nrunning > snap.cap && snap_grow(2 * E.nrunning + 8)) { pthread_mutex_unlock(&E.lock); return 0; }
     for (pc_sched *s = E.running; s; s = s->next) { snap.s[n++] = s; s->unit->passes++; }
     pthread_mutex_unlock(&E.lock);
     int progressed = 0;
@@ -360,15 +374,15 @@ static void sleep_as(double us, int how)
     pthread_mutex_lock(&E.wmtx);
     if (!E.kicked && !LOAD(E.stop)) {
         if (us < 0) {
-            if (me) E.sleeping = SLEEP_PARKED;
+            if (me) STORE(E.sleeping, SLEEP_PARKED);
             pthread_cond_wait(&E.work, &E.wmtx);
         } else {
             struct timespec ts;
-            if (me) { E.sleeping = how; E.nap_until_us = now_us() + us; }
+            if (me) { STORE(E.sleeping, how); E.nap_until_us = now_us() + us; }
             abs_deadline(&ts, us);
             pthread_cond_timedwait(&E.work, &E.wmtx, &ts);
         }
-        E.sleeping = SLEEP_AWAKE;
+        STORE(E.sleeping, SLEEP_AWAKE);
     }
     E.kicked = 0;            /* a kick ends one sleep */
     pthread_mutex_unlock(&E.wmtx);
@@ -525,10 +539,7 @@ static int pin_all(void)
 {
     int n = 0;
     pthread_mutex_lock(&E.lock);
-    if (E.nrunning > snap.cap) {
-        pc_sched **p = realloc(snap.s, sizeof(pc_sched *) * (size_t)(E.nrunning + 8));
-        if (p) { snap.s = p; snap.cap = E.nrunning + 8; }
-    }
+    if (E.nrunning > snap.cap) snap_grow(E.nrunning + 8);
     for (pc_sched *s = E.running; s && n < snap.cap; s = s->next) { snap.s[n++] = s; s->unit->passes++; }
     pthread_mutex_unlock(&E.lock);
     return n;

@@ -63,7 +63,7 @@ void sched_withdraw(pc_sched *s)
 static int sched_drain(pc_sched *s)
 {
     if (mpi_drain(&s->msgs) > 0) return 0;
-    s->running = 0;
+    STORE(s->running, 0);
     s->draining = 0;
     running_remove(s);
     if (!s->owner) STORE(s->executions, s->executions + 1);
@@ -147,7 +147,7 @@ static int op_fire(pc_sched *s, int i)
 void sched_check_done(pc_sched *s)
 {
     if (!s->running || s->err || s->remaining > 0) return;
-    s->running = 0;
+    STORE(s->running, 0);
     running_remove(s);
     STORE(s->executions, s->executions + 1);
     sched_publish(s);
@@ -202,7 +202,7 @@ int sched_begin(pc_sched *s, int64_t version)
     s->msgs.big = 0;
     s->live = s->owner == NULL;
     for (int i = 0; i < s->nops; i++) { s->ops[i].got = 0; s->ops[i].state = ST_IDLE; }
-    s->running = 1;
+    STORE(s->running, 1);
     running_add(s);
     for (int i = 0; i < s->nops && !s->err; i++) {
         pc_op *op = &s->ops[i];

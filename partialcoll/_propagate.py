@@ -142,6 +142,28 @@ class Reporting:
             self._abandon()
 
 
+_LET_GO = threading.Lock()       # let_go: one release per hold
+
+
+def hold_for_waiters(obj: Any, handle: Any, hold: Any) -> None:
+    """Before obj drops its native handle: where another thread is inside wait() or test()
+    (obj._waiting), hold the handle for those threads (the engine's pc_*_hold); the last
+    of them lets go (let_go). obj._held is the handle so held."""
+    if getattr(obj, "_waiting", None):
+        hold(handle)
+        obj._held = handle
+
+
+def let_go(obj: Any, release: Any) -> None:
+    """The last thread out of obj's wait()/test() releases what hold_for_waiters held."""
+    with _LET_GO:
+        held = obj._held
+        if held is None or obj._waiting:
+            return
+        obj._held = None
+    release(held)
+
+
 def describe(exc: BaseException) -> str:
     """The message a report carries for exc."""
     return str(exc) or repr(exc)

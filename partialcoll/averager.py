@@ -245,15 +245,18 @@ class AsyncAverager:
         self._comm = None
 
     def _abandon(self) -> None:
-        """Drop the averager on this rank only (no collective call)."""
+        """Drop the averager on this rank only (no collective call, and no MPI call: __del__
+        runs it, on whatever thread collects the object)."""
         self._closed = True
         client = getattr(self, "_client", None)
         if client is not None:
             client._abandon()
             self._client = None
         if getattr(self, "_server", None) is not None and getattr(_engine, "lib", None) is not None:
+            # no MPI call here (this may be the garbage collector's thread): the engine
+            # withdraws the server's receives on its next pass and frees them after
             deferred = _engine.ffi.new("int *")
-            _engine.lib.pc_avg_free(self._server, 0.0, deferred)
+            _engine.lib.pc_avg_abandon(self._server, deferred)
             self._server = None
             _engine.keep_until_finalize(self._push, self._reply, self._comm)
         elif getattr(self, "_comm", None) is not None:

@@ -199,6 +199,8 @@ class HierarchicalRequest:
     def __init__(self, owner: "HierarchicalAllreduce", request: PartialRequest) -> None:
         self._owner, self._request = owner, request
         self._result: Optional[Result] = None
+        if owner._regroups:
+            owner._pending.append(self)
 
     def test(self) -> bool:
         """True once the group's round of this post has completed here."""
@@ -208,9 +210,12 @@ class HierarchicalRequest:
         """Block until the group's round completed here; the Result."""
         if self._result is None:
             res = self._request.wait(timeout)
-            self._owner._last = time.perf_counter()     # the next step's compute starts here
-            carry, self._owner._carry = self._owner._carry, None
-            self._result = _fold(res, carry, self._owner._add)
+            owner = self._owner
+            owner._last = time.perf_counter()     # the next step's compute starts here
+            carry, owner._carry = owner._carry, None
+            self._result = _fold(res, carry, owner._add)
+            if self in owner._pending:
+                owner._pending.remove(self)
         return self._result
 
     Wait = wait
@@ -278,6 +283,10 @@ class HierarchicalAllreduce:
         self.grouping.averaging(count, self.dtype)
         self._add = np.add if op == MPI.SUM else None
         self._carry: Optional[Result] = None
+        # requests of the group's collective not waited for yet (a pipelined loop: post k,
+        # then wait k - 1): a regrouping takes their results before it closes the collective
+        self._pending: List[HierarchicalRequest] = []
+        self._regroups = regroup_every is not None
         self._posts = 0
         self._last: Optional[float] = None
         self._closed = False
@@ -327,7 +336,15 @@ class HierarchicalAllreduce:
 
     def _regroup(self) -> None:
         """Collective over comm: close the group's collective (its final result is carried
-        into the next result), adopt the proposed grouping, build the new collective."""
+        into the next result), adopt the proposed grouping, build the new collective.
+
+        Requests of the old collective still outstanding (a pipelined loop) get their
+        results first: every rank has made the same number of posts at a regrouping point,
+        so their rounds complete (a rank's own posts are in, and the others' too); a wait
+        after close() would have nothing left to take."""
+        for req in list(self._pending):
+            req.wait()
+        self._pending.clear()
         final = self._coll.close()
         self._carry = final if self._carry is None else _fold(final, self._carry, self._add)
         self.grouping.adopt(self.grouping.proposed)
@@ -360,6 +377,7 @@ class HierarchicalAllreduce:
         if self._closed:
             raise StateError("this HierarchicalAllreduce is closed")
         final = self._coll.close()
+        self._pending.clear()            # close() folded their rounds into final
         carry, self._carry = self._carry, None
         self.grouping.free()
         self._closed = True

@@ -190,6 +190,7 @@ class NeighborAllreduce(_propagate.Reporting):
         # each side writes its own before it reads the other's (module docstring: threads)
         self._waiting: list = []
         self._closing = False
+        self._held = None                # the native object, held by _free for threads in _waiting
         self._inbox: Optional[np.ndarray] = None          # pinned: a device post's update
         self._outboxes: Dict[int, np.ndarray] = {}         # pinned: device results, by k mod depth
         self._comm: Optional[MPI.Comm] = None
@@ -393,25 +394,28 @@ class NeighborAllreduce(_propagate.Reporting):
             raise StateError(f"iteration {req.iteration} was dropped by close() (rank {self.rank})")
         self._waiting.append(None)       # close() waits for no wait (module docstring: threads)
         try:
-            if self._closing or self._closed:
+            h = self._h                  # held for this thread by _free, where it drops h now
+            if self._closing or self._closed or h is None:
                 raise StateError(f"this NeighborAllreduce is closed (close() began before this wait for iteration "
                                  f"{req.iteration}; rank {self.rank})")
-            self._take_now(req, timeout)
+            self._take_now(h, req, timeout)
         finally:
             self._waiting.pop()
+            if self._held is not None:
+                self._let_go()
 
-    def _take_now(self, req: NeighborRequest, timeout: Optional[float]) -> None:
+    def _take_now(self, h, req: NeighborRequest, timeout: Optional[float]) -> None:
         ffi, lib, k = _engine.ffi, _engine.lib, req.iteration
         upd = ffi.new("int64_t[]", 2 * max(len(self.sources), 1))     # (rank, iteration) per update
         info = ffi.new("int64_t[3]")                                    # updates, completed ns, early
         what = f"NeighborAllreduce iteration {k} at rank {self.rank}"
         if timeout == 0.0:                                     # a test: one look
-            code = lib.pc_hop_wait(self._h, k, 0.0, upd, info)
+            code = lib.pc_hop_wait(h, k, 0.0, upd, info)
             if code == TIMEOUT_CODE:
                 return
             self._check(code, what)
         else:
-            self._wait(lambda seconds: lib.pc_hop_wait(self._h, k, seconds, upd, info), timeout, what)
+            self._wait(lambda seconds: lib.pc_hop_wait(h, k, seconds, upd, info), timeout, what)
         updates = tuple((int(upd[2 * u]), int(upd[2 * u + 1])) for u in range(int(info[0])))
         active = tuple(sorted([self.rank] + [src for src, _ in updates]))
         data = req._out
@@ -487,9 +491,14 @@ class NeighborAllreduce(_propagate.Reporting):
         if getattr(_engine, "lib", None) is None:
             return
         deferred = _engine.ffi.new("int *")
-        if getattr(self, "_h", None) is not None:
-            _engine.lib.pc_hop_free(self._h, deferred)
-        self._h, comm, self._comm = None, getattr(self, "_comm", None), None
+        h, self._h = getattr(self, "_h", None), None
+        if h is not None:
+            # a thread inside wait() or test() keeps h (the engine wakes it with StateError)
+            _propagate.hold_for_waiters(self, h, _engine.lib.pc_hop_hold)
+            _engine.lib.pc_hop_free(h, deferred)
+            if self._held is not None:
+                self._let_go()
+        comm, self._comm = getattr(self, "_comm", None), None
         if comm is None:
             return
         if closing and not self._abandoned and not deferred[0]:
@@ -500,6 +509,9 @@ class NeighborAllreduce(_propagate.Reporting):
     def _abandon(self) -> None:
         self._abandoned = True
         self._free()
+
+    def _let_go(self) -> None:
+        _propagate.let_go(self, _engine.lib.pc_hop_release)
 
     def _abort(self, exc_type: bytes, message: bytes, seconds: float) -> None:
         if getattr(_engine, "lib", None) is not None:       # not at interpreter shutdown

@@ -61,7 +61,7 @@ def pytest_report_header(config):
 
 # What a skip may need, after the README's install (pip install -e ".[test]"): each skip reason
 # names one of these; the summary counts them and lists any other skip as unexpected.
-SKIP_NEEDS = ("needs a GPU", "needs root", "needs the second MPI's environment")
+SKIP_NEEDS = ("needs a GPU", "needs root", "needs the second MPI's environment", "needs a sanitizer runtime")
 
 
 def _skip_reason(report) -> str:

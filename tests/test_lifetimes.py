@@ -1,0 +1,12 @@
+"""Lifetimes of NeighborAllreduce, AsyncAverager and HierarchicalAllreduce
+(tests/mpi/lifetimes_checks.py): a NeighborAllreduce dropped under another thread's wait,
+an AsyncAverager collected without close() (no MPI call from __del__), a pipelined
+HierarchicalAllreduce across regroupings."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize("nprocs,idle", [(2, "spin"), (3, None)])
+def test_lifetimes(mpirun, nprocs, idle):
+    mpirun("lifetimes_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_IDLE": idle} if idle else {})
