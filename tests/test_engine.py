@@ -83,4 +83,4 @@ def test_a_late_peer_is_not_waited_for_yielding(mpirun, nprocs):
     show progress, not busy_cap_us after every post of a rank whose peers are late: under
     idle "spin" here (the default policy runs it in the test above, with the other check
     of idle_checks.py)."""
-    mpirun("idle_checks.py", nprocs, "-k", "late_peer", timeout=120, env={"PARTIALCOLL_IDLE": "spin"})
+    mpirun("idle_checks.py", nprocs, select=["test_a_late_peer_is_not_waited_for_yielding"], timeout=120, env={"PARTIALCOLL_IDLE": "spin"})
