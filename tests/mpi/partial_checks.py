@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from _devices import KIND, on_buffers
+from _reference import candidates
 from _util import ARGS, expect_raises, run_module
 
 MODES = ARGS[0].split(",") if ARGS else ["solo"]
@@ -66,7 +67,10 @@ def check_membership(comm, coll, log, mode):
             elif mode == "quorum":
                 assert res.nap >= k, (n, res.active, k)
             elif mode in ("majority", "probe"):
-                cand = coll.candidates_of(n)
+                # the reference, not the engine's own pc_candidates (a choice that ignored
+                # the seed or the round would agree with itself)
+                cand = candidates(coll.seed, n, p, options(comm, mode).get("candidates", 1))
+                assert cand == coll.candidates_of(n), (n, cand, coll.candidates_of(n))
                 assert set(cand) & set(res.active), (mode, n, cand, res.active)
                 if mode == "majority":
                     assert cand[0] in res.active
