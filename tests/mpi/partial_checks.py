@@ -69,7 +69,7 @@ def check_membership(comm, coll, log, mode):
             elif mode in ("majority", "probe"):
                 # the reference, not the engine's own pc_candidates (a choice that ignored
                 # the seed or the round would agree with itself)
-                cand = candidates(coll.seed, n, p, options(comm, mode).get("candidates", 1))
+                cand = candidates(coll.seed, n, p, coll.candidates if mode == "probe" else 1)
                 assert cand == coll.candidates_of(n), (n, cand, coll.candidates_of(n))
                 assert set(cand) & set(res.active), (mode, n, cand, res.active)
                 if mode == "majority":
@@ -219,15 +219,22 @@ def test_staleness(comm, mode):
                                **options(comm, mode))
     rng = np.random.default_rng(comm.rank)
     total = np.zeros(2, np.int64)
+    covered = []                 # the staleness rounds inside each result: every one, once
     for i in range(40):
         time.sleep(rng.uniform(0, 0.004) * (comm.rank + 1))
         res = coll.post(np.ones(2, np.int64)).wait()
         assert res.round - i <= s, f"post {i} got round {res.round}: more than {s} rounds behind"
-        if (res.round + 1) % s == 0 and res.round == i:
-            assert res.active == tuple(range(comm.size)), "a staleness round must be full"
+        full = [n for n in range(res.round - res.rounds + 1, res.round + 1) if (n + 1) % s == 0]
+        if full:                 # a full round's active set is everyone: so is the fold's
+            assert res.active == tuple(range(comm.size)), f"rounds {full} are staleness rounds: {res}"
+        covered += full
         total += res.data
+    last = res.round
     total += coll.close().data
     assert (total == 40 * comm.size).all()
+    # fold: this rank's results cover every round up to the last once, so every staleness
+    # round up to it was checked here (at least 39 // s of them: the last post's round >= 39)
+    assert covered == [n for n in range(last + 1) if (n + 1) % s == 0] and len(covered) >= 39 // s, covered
 
 
 def nap_until_told(side, ranks, limit):
