@@ -83,6 +83,8 @@ def test_public_surface():
             check(3)
         except pc.OutOfMemory as exc:
             assert isinstance(exc, MemoryError) and isinstance(exc, pc.PartialcollError)
+        else:
+            raise SystemExit("check(3), the engine's out-of-memory code, raised nothing")
         for kw in ({"mode": "solo", "candidates": 3}, {"mode": "full", "quorum": 1},
                    {"mode": "majority", "candidates": 2}, {"mode": "quorum", "quorum": True}):
             try:
