@@ -65,11 +65,11 @@ def check_row(row, nprocs, itemsize):
     assert row["p50_us"] <= row["p90_us"] <= row["p99_us"], row
 
 
-def check_run_info(data, nprocs, command):
+def check_run_info(data, nprocs, command, warmup):
     assert data["P"] == nprocs and command in data["command_line"]
     assert data["mpi_library"] and re.match(r"\d+\.\d+$", data["mpi_version"]), data
     assert datetime.datetime.fromisoformat(data["date"]).tzinfo is not None
-    assert data["warmup"] >= 0 and data["mpi4py"]
+    assert data["warmup"] == warmup and data["mpi4py"]
 
 
 @pytest.mark.mpiexec
@@ -83,7 +83,7 @@ def test_latency_every_mode_checked(tmp_path, nprocs):
     assert exits(p) == {r: 0 for r in range(nprocs)}, p.stderr
     assert p.stdout.startswith("# partialcoll"), p.stdout
     data = json.loads(out.read_text())
-    check_run_info(data, nprocs, "latency")
+    check_run_info(data, nprocs, "latency", 2)
     sizes = [8, 16, 32, 64, 128, 256, 512]
     assert [(r["bytes"], r["mode"]) for r in data["rows"]] == [(b, m) for b in sizes for m in ALL_MODES]
     small = 4 * (nprocs + 1)              # below this, partial modes cannot carry per-rank counts
@@ -165,7 +165,7 @@ def test_skew_checked_every_mode(tmp_path, nprocs, sync):
     assert titles[:6] == ["size", "count", "type", "mode", "iters", "latency us"] and titles[-1] == "#wrong"
     assert "P90 us" in titles and "busbw GB/s" in titles and len(lines) == len(ALL_MODES)
     data = json.loads(out.read_text())
-    check_run_info(data, nprocs, "skew")
+    check_run_info(data, nprocs, "skew", 2)
     assert data["sync"] == sync and data["late"] == "fold" and data["validated"] and data["repetitions"] == 2
     rows = {r["mode"]: r for r in data["rows"]}
     assert set(rows) == set(ALL_MODES)
