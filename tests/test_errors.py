@@ -165,10 +165,13 @@ def test_timeout_names_silent_peers():
     """A Timeout names the peers not heard from (Timeout.ranks); close() has a default
     timeout (pc.rc.close_timeout); with the failure query hidden nothing is reported failed."""
     p = run_py("""
+        import os
         import numpy as np
         from mpi4py import MPI
         import partialcoll as pc
         assert pc.rc.close_timeout == 300.0
+        os.environ["PARTIALCOLL_CLOSE_TIMEOUT"] = "1.5"      # read when rc is made
+        assert type(pc.rc)().close_timeout == 1.5
         s = pc.Schedule(MPI.COMM_SELF)
         s.recv(np.zeros(1), 0)                 # no send: never heard from
         s.commit()

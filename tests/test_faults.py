@@ -171,8 +171,9 @@ def test_failure_in_process(mpirun, nprocs):
     """The failures that leave rank 0 running, each in every mode: an exception leaves
     `with` blocks (PeerError at every survivor); a thread of rank 0 that made and used
     collectives dies of an exception (PeerError); rank 0 drops its collectives without
-    close() (PeerError, "dropped"); rank 0 closes early and its close()
-    times out (PeerError, exc_type Timeout); rank 0 never posts: solo, probe and quorum go
+    close() (PeerError, "dropped"); rank 0 closes early and its close(),
+    without timeout=, times out after pc.rc.close_timeout (1.5 s; PeerError, exc_type
+    Timeout); rank 0 never posts: solo, probe and quorum go
     on without it, majority and full time out (2 s) naming the ranks not heard from (0
     among them), after the stall inspector (0.5 s) logged them, and rank 0 hears of it."""
     out = mpirun("peer_fails.py", nprocs, "inproc", timeout=120,
