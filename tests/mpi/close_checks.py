@@ -57,7 +57,34 @@ def post_in_pattern(comm, colls, count, pattern):
                 received[k] += res.data
                 if res.rounds == 1:
                     seen[k][res.round] = int(res.data[0])
+                    ROUNDS_SEEN.append((k, res.round, res.active, res.closing))
     return received, seen
+
+
+ROUNDS_SEEN: list = []      # (collective, round, active, closing) of the single-round results here
+
+
+def check_closing(comm, final):
+    """After a round that shows a closing bit, every later round is full (each rank is in
+    it: active, or closing and standing in); `closing` never loses a rank once named, and
+    names every rank in the final round. Returns whether a closing bit was seen."""
+    everyone = set(range(comm.size))
+    rounds = {}
+    for theirs in comm.allgather([r for r in ROUNDS_SEEN if r[0] == 0]):
+        for _, n, active, closing in theirs:
+            rounds[n] = (set(active), set(closing))
+    ROUNDS_SEEN.clear()
+    assert set(final.closing) == everyone, final
+    first = min((n for n, (_, closing) in rounds.items() if closing), default=None)
+    before = set()
+    for n in sorted(rounds):
+        active, closing = rounds[n]
+        assert before <= closing, f"round {n}: closing {sorted(closing)} lost some of {sorted(before)}"
+        before = closing
+        if first is not None and n > first:
+            assert active | closing == everyone, f"round {n} after closing bits in round {first}: not full " \
+                                                 f"(active {sorted(active)}, closing {sorted(closing)})"
+    return first is not None
 
 
 def posted_total(comm, pattern, scale=1):
@@ -89,6 +116,10 @@ def test_uneven_posts(comm, count, mode, late, pattern):
     final = coll.close(timeout=60)
     received += final.data
     check_flushed(comm, pattern, late, received, seen)
+    closing_seen = check_closing(comm, final)
+    if pattern == "increasing" and comm.size > 1:
+        # rank 0 is done after 3 posts, the last rank waits for 3 + 2 (P - 1) rounds
+        assert closing_seen, "no round showed a closing bit: the check saw nothing"
     if late == "latest":
         check_latest_nothing_lost(comm, pattern, seen, final)
 
@@ -119,6 +150,7 @@ def test_close_all_uneven_posts(comm, mode, pattern):
     colls = [pc.PartialAllreduce(1, np.int64, MPI.SUM, comm, mode=mode, late="fold", **options(mode, comm.size))
              for _ in range(2)]
     received, seen = post_in_pattern(comm, colls, 1, pattern)
+    ROUNDS_SEEN.clear()
     for k, final in enumerate(pc.close_all(colls, timeout=60)):
         check_flushed(comm, pattern, "fold", received[k] + final.data, seen[k], scale=k + 1)
 
