@@ -69,9 +69,19 @@ def _skip_reason(report) -> str:
     return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
 
 
+# In-rank checks that skipped inside a job that passed (a check that needs two ranks at
+# P = 1, one that runs at one P only): (job, P, check), listed in the summary.
+INRANK_SKIPS: list = []
+
+
 def pytest_terminal_summary(terminalreporter):
     """One line on what was skipped and why: a GPU, root, the second MPI, or anything else
-    (which the README's install should have made unnecessary)."""
+    (which the README's install should have made unnecessary); and the in-rank checks that
+    skipped where they cannot run (each runs in another job)."""
+    if INRANK_SKIPS:
+        names = sorted({name.split("[", 1)[0] for _, _, name in INRANK_SKIPS})
+        terminalreporter.write_sep("-", f"{len(INRANK_SKIPS)} in-rank skips (a check at a P or in a mode "
+                                        f"it does not run in; it runs in another job): {', '.join(names)}")
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if getattr(r, "when", None)]
     if not skipped:
         return
@@ -193,6 +203,8 @@ def run_mpi(script: Union[str, Sequence[str]], nprocs: int, *args: str, timeout:
         checks = failed_checks(out)
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{want} ranks passed"
                     + (f"\nfailed checks: {checks}" if checks else "") + f"\n{out[-8000:]}")
+    INRANK_SKIPS.extend((os.path.basename(paths[0]), nprocs, name)
+                        for name in sorted(set(re.findall(r"CHECK (\S+) skipped rank=0 ", out))))
     if select:
         ran = {name.split("[", 1)[0]: ranks for name, ranks in checks_run(out).items()}
         if set(ran) != set(select) or any(len(r) != want for r in ran.values()):
