@@ -430,7 +430,7 @@ class NeighborAllreduce(_propagate.Reporting):
         """Collective over the graph: drain every channel (with fillers for receives posted
         beyond what was sent) and free the communicator. Pending requests are dropped."""
         self._check_open()
-        timeout = as_timeout(rc.timeout if timeout is None else timeout, "close() timeout")
+        timeout = as_timeout(rc.close_timeout if timeout is None else timeout, "close() timeout")
         self._closing = True             # no wait() starts from now on (module docstring) ...
         if self._waiting:                # ... and none may be under way
             self._closing = False

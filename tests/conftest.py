@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Union
 import pytest
 
 import hosts as hosts_mod
-from mpi._launch import checks_argv, failed_checks, is_check_module
+from mpi._launch import checks_argv, checks_run, failed_checks, is_check_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -69,9 +69,19 @@ def _skip_reason(report) -> str:
     return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
 
 
+# In-rank checks that skipped inside a job that passed (a check that needs two ranks at
+# P = 1, one that runs at one P only): (job, P, check), listed in the summary.
+INRANK_SKIPS: list = []
+
+
 def pytest_terminal_summary(terminalreporter):
     """One line on what was skipped and why: a GPU, root, the second MPI, or anything else
-    (which the README's install should have made unnecessary)."""
+    (which the README's install should have made unnecessary); and the in-rank checks that
+    skipped where they cannot run (each runs in another job)."""
+    if INRANK_SKIPS:
+        names = sorted({name.split("[", 1)[0] for _, _, name in INRANK_SKIPS})
+        terminalreporter.write_sep("-", f"{len(INRANK_SKIPS)} in-rank skips (a check at a P or in a mode "
+                                        f"it does not run in; it runs in another job): {', '.join(names)}")
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if getattr(r, "when", None)]
     if not skipped:
         return
@@ -141,7 +151,8 @@ def _output(exc_out) -> str:
 
 def run_mpi(script: Union[str, Sequence[str]], nprocs: int, *args: str, timeout: float = 180,
             env: dict | None = None, hosts=None, ppn: Optional[int] = None, mpiexec_args: Optional[list] = None,
-            expect_passed: Optional[int] = None, keep_going: bool = False) -> str:
+            expect_passed: Optional[int] = None, keep_going: bool = False,
+            select: Optional[Sequence[str]] = None) -> str:
     """Run tests/mpi/<script> on nprocs ranks; fail with its output unless every rank passed.
 
     script: a script, or a list of check modules run in one job (one in-rank pytest session,
@@ -152,15 +163,19 @@ def run_mpi(script: Union[str, Sequence[str]], nprocs: int, *args: str, timeout:
     at its end, so a rank that died silently is caught too (expect_passed: how many
     ranks must pass, when some are meant to die; keep_going: the job outlives a dead
     rank, see launch()). hosts (tests/hosts.Hosts): spread the
-    ranks over emulated hosts, ppn per host (default: the hosts' own).
+    ranks over emulated hosts, ppn per host (default: the hosts' own). select: the names of
+    the only checks to run (pytest's -k in every rank); the job fails unless exactly those
+    ran, each passing on every rank.
     """
     paths = [os.path.join(HERE, "mpi", s) for s in ([script] if isinstance(script, str) else script)]
     checks = all(is_check_module(path) for path in paths)
     if len(paths) > 1 and not checks:
         pytest.fail(f"only check modules (X_checks.py) run together in one job: {script}")
+    if select and not checks:
+        pytest.fail(f"select= chooses checks of check modules (X_checks.py): {script}")
     if checks and importlib.util.find_spec("pytest_mpi") is None:
         pytest.fail("the in-rank checks run under pytest-mpi, which is not installed: pip install -e '.[test]'")
-    argv = [sys.executable, *(checks_argv(paths, args) if checks else [paths[0], *args])]
+    argv = [sys.executable, *(checks_argv(paths, args, select) if checks else [paths[0], *args])]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **launch_env())
     if hosts is not None:
         timeout *= HOSTS_TIMEOUT_FACTOR
@@ -188,6 +203,12 @@ def run_mpi(script: Union[str, Sequence[str]], nprocs: int, *args: str, timeout:
         checks = failed_checks(out)
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}, {passed}/{want} ranks passed"
                     + (f"\nfailed checks: {checks}" if checks else "") + f"\n{out[-8000:]}")
+    INRANK_SKIPS.extend((os.path.basename(paths[0]), nprocs, name)
+                        for name in sorted(set(re.findall(r"CHECK (\S+) skipped rank=0 ", out))))
+    if select:
+        ran = {name.split("[", 1)[0]: ranks for name, ranks in checks_run(out).items()}
+        if set(ran) != set(select) or any(len(r) != want for r in ran.values()):
+            pytest.fail(f"asked for the checks {sorted(select)}, ran {sorted(ran.items())}\n{out[-8000:]}")
     return out
 
 

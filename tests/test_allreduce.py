@@ -13,8 +13,9 @@ def test_allreduce_every_op_dtype_count(mpirun, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("nprocs", [3, 4])
 def test_allreduce_large(mpirun, nprocs):
     """count 2^20 + 3: every dtype and every op (the small counts pair them all), recursive
-    doubling and ring, against MPI_Allreduce."""
+    doubling and ring, against MPI_Allreduce; at P = 3 (folded into a power of two) and 4:
+    the chunking of large counts does not depend on P, the small counts run at every P."""
     mpirun("allreduce_checks.py", nprocs, "--large", timeout=400)

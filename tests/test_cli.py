@@ -65,11 +65,11 @@ def check_row(row, nprocs, itemsize):
     assert row["p50_us"] <= row["p90_us"] <= row["p99_us"], row
 
 
-def check_run_info(data, nprocs, command):
+def check_run_info(data, nprocs, command, warmup):
     assert data["P"] == nprocs and command in data["command_line"]
     assert data["mpi_library"] and re.match(r"\d+\.\d+$", data["mpi_version"]), data
     assert datetime.datetime.fromisoformat(data["date"]).tzinfo is not None
-    assert data["warmup"] >= 0 and data["mpi4py"]
+    assert data["warmup"] == warmup and data["mpi4py"]
 
 
 @pytest.mark.mpiexec
@@ -83,7 +83,7 @@ def test_latency_every_mode_checked(tmp_path, nprocs):
     assert exits(p) == {r: 0 for r in range(nprocs)}, p.stderr
     assert p.stdout.startswith("# partialcoll"), p.stdout
     data = json.loads(out.read_text())
-    check_run_info(data, nprocs, "latency")
+    check_run_info(data, nprocs, "latency", 2)
     sizes = [8, 16, 32, 64, 128, 256, 512]
     assert [(r["bytes"], r["mode"]) for r in data["rows"]] == [(b, m) for b in sizes for m in ALL_MODES]
     small = 4 * (nprocs + 1)              # below this, partial modes cannot carry per-rank counts
@@ -165,7 +165,7 @@ def test_skew_checked_every_mode(tmp_path, nprocs, sync):
     assert titles[:6] == ["size", "count", "type", "mode", "iters", "latency us"] and titles[-1] == "#wrong"
     assert "P90 us" in titles and "busbw GB/s" in titles and len(lines) == len(ALL_MODES)
     data = json.loads(out.read_text())
-    check_run_info(data, nprocs, "skew")
+    check_run_info(data, nprocs, "skew", 2)
     assert data["sync"] == sync and data["late"] == "fold" and data["validated"] and data["repetitions"] == 2
     rows = {r["mode"]: r for r in data["rows"]}
     assert set(rows) == set(ALL_MODES)
@@ -244,16 +244,54 @@ def test_skew_wrong_reference_fails_on_every_rank():
     assert "wrong results" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+BAD_OPTIONS = [["latency", "--sizes", "big"], ["latency", "--modes", "mpi,nope"], ["latency", "-f", "1"],
+               ["latency", "--dtype", "bool"], ["latency", "--dtype", "float128x"], ["latency", "-c", "--late", "latest"],
+               ["skew", "--skew", "sideways"], ["skew", "--sync", "sometimes"], ["skew", "--quorum", "9"],
+               ["skew", "--rc", "nosuchoption=1"], ["frobnicate"], ["latency", "--bogus"],
+               ["latency", "--algorithm", "nope"], ["skew", "--algorithm", "rings"]]
+
+# Every bad option in one process without mpiexec (argparse and the option checks need no
+# peer): main() of each in turn, its exit code, stdout and stderr captured.
+ALL_BAD = """
+import contextlib, io, json, sys
+import partialcoll.bench as bench
+out = []
+for args in json.loads(sys.argv[1]):
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        try:
+            bench.main(args)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException as exc:
+            code, e = -1, io.StringIO(f"Traceback: {exc!r}")
+    out.append([code, o.getvalue(), e.getvalue()])
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_option_runs():
+    p = subprocess.run([*PYTHON, "-c", ALL_BAD, json.dumps(BAD_OPTIONS)], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, **launch_env()))
+    assert p.returncode == 0, p.stderr
+    return {tuple(args): run for args, run in zip(BAD_OPTIONS, json.loads(p.stdout.splitlines()[-1]))}
+
+
+@pytest.mark.parametrize("args", BAD_OPTIONS)
+def test_bad_option_is_a_usage_error(bad_option_runs, args):
+    """Refused before anything is measured (no table), exit status 2."""
+    code, out, err = bad_option_runs[tuple(args)]
+    assert code == 2, (code, out, err)
+    assert "error" in err and "Traceback" not in err, err
+    assert "avg us" not in out, out
+
+
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("args", [["latency", "--sizes", "big"], ["latency", "--modes", "mpi,nope"],
-                                  ["latency", "-f", "1"], ["latency", "--dtype", "bool"],
-                                  ["latency", "--dtype", "float128x"], ["latency", "-c", "--late", "latest"],
-                                  ["skew", "--skew", "sideways"], ["skew", "--sync", "sometimes"],
-                                  ["skew", "--quorum", "9"], ["skew", "--rc", "nosuchoption=1"],
-                                  ["frobnicate"], ["latency", "--bogus"], ["latency", "--algorithm", "nope"],
-                                  ["skew", "--algorithm", "rings"]])
+@pytest.mark.parametrize("args", [["latency", "--modes", "mpi,nope"], ["skew", "--quorum", "9"]])
 def test_bad_option_is_a_usage_error_on_every_rank(args):
-    """Refused before anything is measured (no table), exit status 2 on every rank."""
+    """Under mpiexec: exit status 2 on every rank, no table."""
     p = run(2, *args, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert exits(p) == {0: 2, 1: 2}, p.stderr

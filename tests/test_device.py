@@ -55,7 +55,7 @@ def test_partial_semantics(mpirun, kind, nprocs):
     """Issue 4's checks (nothing lost, agreement, liveness...) with device posts and results,
     every mode (one in-rank check each); at P = 3 (device_checks.py's own partial checks
     run at P = 1 - 8 in test_device_buffers)."""
-    mpirun("partial_checks.py", nprocs, ",".join(MODES), "80", env=env_of(kind), timeout=600)
+    mpirun("partial_checks.py", nprocs, ",".join(MODES), "40", env=env_of(kind), timeout=600)
 
 
 @pytest.mark.mpiexec

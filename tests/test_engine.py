@@ -1,12 +1,12 @@
-"""The schedule engine under mpiexec (issue 2): every P, both progress modes."""
+"""The schedule engine under mpiexec (issue 2): every P with the progress thread, three
+(odd and even) with progress inline."""
 import pytest
 
 P = [1, 2, 3, 4, 5, 8]
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("progress", ["thread", "inline"])
-@pytest.mark.parametrize("nprocs", P)
+@pytest.mark.parametrize("nprocs,progress", [(p, "thread") for p in P] + [(p, "inline") for p in (2, 3, 5)])
 def test_engine_checks(mpirun, nprocs, progress):
     """engine_checks.py, and 25 random schedules (schedule_fuzz_checks.py: eager and
     rendezvous messages, computes, all/any/k gates; every buffer as running their steps
@@ -23,8 +23,8 @@ def test_random_schedules_spin(mpirun, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
-@pytest.mark.parametrize("progress", ["thread", "inline"])
+@pytest.mark.parametrize("nprocs,progress", [(1, "thread"), (2, "thread"), (3, "thread"), (5, "thread"),
+                                             (2, "inline"), (3, "inline")])
 def test_lifetime(mpirun, nprocs, progress):
     """Objects dropped without close()/free(), mid-round, with 1 MiB vectors; objects
     freed while passes run, each free meeting one (the freeing thread holds the lock
@@ -34,20 +34,20 @@ def test_lifetime(mpirun, nprocs, progress):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [2, 3, 4])
-@pytest.mark.parametrize("tag_ub", ["255", "2047"])
+@pytest.mark.parametrize("nprocs,tag_ub", [(2, "255"), (3, "255"), (4, "255"), (3, "2047")])
 def test_small_tag_ub(mpirun, nprocs, tag_ub):
     """Version wrap-around, the per-pair message limit, and no stale match after a
-    withdrawn execution, under small tag spaces."""
+    withdrawn execution, under small tag spaces (255 wraps the versions at every P; 2047,
+    eight times the executions, at one)."""
     mpirun("tag_checks.py", nprocs, timeout=180, env={"PARTIALCOLL_TAG_UB": tag_ub})
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("idle", ["spin", "auto"])
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("nprocs,idle", [(1, "auto"), (2, "spin"), (3, "auto"), (5, "spin"), (8, "auto")])
 def test_threads(mpirun, nprocs, idle):
     """A post never waits behind another thread's wait on another collective; threads on
-    their own collectives (tests/mpi/threads_checks.py)."""
+    their own collectives (tests/mpi/threads_checks.py): every P under one idle policy,
+    each policy at several P."""
     mpirun("threads_checks.py", nprocs, timeout=180, env={"PARTIALCOLL_IDLE": idle})
 
 
@@ -83,4 +83,4 @@ def test_a_late_peer_is_not_waited_for_yielding(mpirun, nprocs):
     show progress, not busy_cap_us after every post of a rank whose peers are late: under
     idle "spin" here (the default policy runs it in the test above, with the other check
     of idle_checks.py)."""
-    mpirun("idle_checks.py", nprocs, "-k", "late_peer", timeout=120, env={"PARTIALCOLL_IDLE": "spin"})
+    mpirun("idle_checks.py", nprocs, select=["test_a_late_peer_is_not_waited_for_yielding"], timeout=120, env={"PARTIALCOLL_IDLE": "spin"})

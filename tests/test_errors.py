@@ -83,6 +83,8 @@ def test_public_surface():
             check(3)
         except pc.OutOfMemory as exc:
             assert isinstance(exc, MemoryError) and isinstance(exc, pc.PartialcollError)
+        else:
+            raise SystemExit("check(3), the engine's out-of-memory code, raised nothing")
         for kw in ({"mode": "solo", "candidates": 3}, {"mode": "full", "quorum": 1},
                    {"mode": "majority", "candidates": 2}, {"mode": "quorum", "quorum": True}):
             try:
@@ -163,10 +165,13 @@ def test_timeout_names_silent_peers():
     """A Timeout names the peers not heard from (Timeout.ranks); close() has a default
     timeout (pc.rc.close_timeout); with the failure query hidden nothing is reported failed."""
     p = run_py("""
+        import os
         import numpy as np
         from mpi4py import MPI
         import partialcoll as pc
         assert pc.rc.close_timeout == 300.0
+        os.environ["PARTIALCOLL_CLOSE_TIMEOUT"] = "1.5"      # read when rc is made
+        assert type(pc.rc)().close_timeout == 1.5
         s = pc.Schedule(MPI.COMM_SELF)
         s.recv(np.zeros(1), 0)                 # no send: never heard from
         s.commit()
@@ -312,3 +317,62 @@ def test_stall_warning_and_default_timeout():
     warnings = [line for line in p.stderr.splitlines() if "stall warning after 0.3 s" in line]
     assert p.returncode == 0 and "timed out" in p.stdout, p.stdout + p.stderr
     assert len(warnings) == 1 and "no message from rank 0" in warnings[0], p.stderr
+
+
+def test_users_hooks_still_run():
+    """The failure reporting wraps the program's own sys.excepthook and threading.excepthook
+    (set before its first collective): they still run, for a thread's exception and for the
+    main thread's, after the report."""
+    p = run_py("""
+        import sys, threading
+        import numpy as np
+        from mpi4py import MPI
+        import partialcoll as pc
+
+        def mine(exc_type, exc, tb):
+            print("MINE", exc_type.__name__, exc, flush=True)
+
+        def mine_thread(args):
+            print("MINE-THREAD", args.exc_type.__name__, args.exc_value, flush=True)
+
+        sys.excepthook, threading.excepthook = mine, mine_thread
+        coll = pc.PartialAllreduce(2, np.float64, MPI.SUM, MPI.COMM_WORLD)
+        assert sys.excepthook is not mine and threading.excepthook is not mine_thread, "no report hook installed"
+        t = threading.Thread(target=lambda: 1 / 0)
+        t.start()
+        t.join()
+        raise RuntimeError("uncaught")
+    """)
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert "MINE-THREAD ZeroDivisionError division by zero" in p.stdout, p.stdout + p.stderr
+    assert "MINE RuntimeError uncaught" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-handler", "no-handler"])
+def test_sigterm_handler_only_where_the_program_has_none(own):
+    """A program's own SIGTERM handler stays (and runs: the process goes on); where it has
+    none, the first collective installs one that reports, then dies of the signal."""
+    p = run_py(f"""
+        import os, signal
+        import numpy as np
+        from mpi4py import MPI
+        import partialcoll as pc
+
+        def mine(signum, frame):
+            print("MINE", signum, flush=True)
+
+        if {own}:
+            signal.signal(signal.SIGTERM, mine)
+        coll = pc.PartialAllreduce(2, np.float64, MPI.SUM, MPI.COMM_WORLD)
+        handler = signal.getsignal(signal.SIGTERM)
+        print("HANDLER", "mine" if handler is mine else "default" if handler is signal.SIG_DFL else "other", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("ALIVE", flush=True)
+        coll.close()
+    """)
+    if own:
+        assert p.returncode == 0 and "HANDLER mine" in p.stdout and "MINE 15" in p.stdout and "ALIVE" in p.stdout, \
+            (p.returncode, p.stdout, p.stderr)
+    else:
+        assert p.returncode == -15 and "HANDLER other" in p.stdout and "ALIVE" not in p.stdout, \
+            (p.returncode, p.stdout, p.stderr)

@@ -12,6 +12,11 @@ from conftest import mpi_flavour
 
 pytestmark = pytest.mark.mpiexec
 
+# Liveness bounds: the README promises a dead peer named within a quarter second, and
+# docs/faults.md measured PeerError within 16 ms; on two shared cores the suite allows
+# LIVENESS_S (bench/fault_table.py measures the real figures).
+LIVENESS_S = 1.0
+
 
 def named_death() -> str:
     """How the victim dies so that the MPI can tell the survivors: MPICH reports a rank
@@ -32,13 +37,14 @@ def faults(out):
 @pytest.mark.parametrize("nprocs", [3, 4])
 @pytest.mark.parametrize("mode", ["solo", "full"])
 def test_dead_peer_is_named(mpirun, mode, nprocs):
-    """The MPI can tell: every survivor raises MPIError naming the dead rank, within a few slices of the wait (0.25 s each)."""
+    """The MPI can tell: every survivor raises MPIError naming the dead rank, within
+    LIVENESS_S (the failure query runs every slice of the wait, 0.25 s)."""
     out = mpirun("peer_dies.py", nprocs, mode, "MPIError", "10", named_death(), keep_going=True,
                  expect_passed=nprocs - 1, timeout=60)
     got = faults(out)
     assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
     for rank, (exc, took, ranks) in got.items():
-        assert exc == "MPIError" and ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)
+        assert exc == "MPIError" and ranks == (nprocs - 1,) and took < LIVENESS_S, (rank, exc, took, ranks)
 
 
 @pytest.mark.parametrize("nprocs", [3, 4])
@@ -55,9 +61,9 @@ def test_dead_peer_times_out(mpirun, mode, nprocs):
     assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
     for rank, (exc, took, ranks) in got.items():
         if exc == "MPIError" and mpi_flavour() == "openmpi":
-            assert ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)
+            assert ranks == (nprocs - 1,) and took < LIVENESS_S, (rank, exc, took, ranks)
             continue
-        assert exc == "Timeout" and 2.9 <= took < 8 and ranks and rank not in ranks, (rank, exc, took, ranks)
+        assert exc == "Timeout" and 2.9 <= took < 3 + LIVENESS_S and ranks and rank not in ranks, (rank, exc, took, ranks)
     assert any(nprocs - 1 in ranks for _, _, ranks in got.values()), got
 
 
@@ -74,9 +80,10 @@ def test_dead_neighbor_is_named(mpirun):
     for rank, (exc, took, ranks) in got.items():
         if ulfm:    # a receive from the dead rank fails at once; survivors that already
             # finished (and left without MPI_Finalize) may be reported as failed too
-            assert exc == "MPIError" and 3 in ranks and rank not in ranks and took < 8, (rank, exc, took, ranks)
+            assert exc == "MPIError" and 3 in ranks and rank not in ranks and took < LIVENESS_S, \
+                (rank, exc, took, ranks)
         else:
-            assert exc == "MPIError" and ranks == (3,) and 2.9 <= took < 8, (rank, exc, took, ranks)
+            assert exc == "MPIError" and ranks == (3,) and 2.9 <= took < 3 + LIVENESS_S, (rank, exc, took, ranks)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
@@ -94,7 +101,7 @@ def test_failed_receive_names_its_peer(mpirun, nprocs):
     got = faults(out)
     assert sorted(got) == list(range(nprocs - 1)), out[-3000:]
     for rank, (exc, took, ranks) in got.items():
-        assert exc == "MPIError" and ranks == (nprocs - 1,) and took < 8, (rank, exc, took, ranks)
+        assert exc == "MPIError" and ranks == (nprocs - 1,) and took < LIVENESS_S, (rank, exc, took, ranks)
 
 
 @pytest.mark.parametrize("mode", ["hierarchy", "torch"])
@@ -112,7 +119,7 @@ def test_dead_peer_in_mpi_collectives_is_named(mpirun, mode):
         r"FAULT rank=(\d+) mode=(\w+) raised=(\w+) at_round=\d+ after=([\d.]+)s ranks=\(([\d, ]*)\)", out))
     assert [(r, c) for r, c, *_ in got] == [(r, c) for r in (0, 1) for c in sorted(calls)], out[-3000:]
     for rank, call, exc, took, ranks in got:
-        assert exc == "MPIError" and ranks.strip(", ") == "2" and took < 8, (rank, call, exc, took, ranks)
+        assert exc == "MPIError" and ranks.strip(", ") == "2" and took < LIVENESS_S, (rank, call, exc, took, ranks)
 
 
 # -- a rank that fails tells its peers (tests/mpi/peer_fails.py) ---------------------------
@@ -133,24 +140,26 @@ def peer_faults(out):
 
 def check_peer_error(out, case, nprocs):
     """Every survivor raised PeerError naming rank 0 and its exception type on every
-    collective within 2 s of the failure, and close() then raised at once."""
+    collective within LIVENESS_S of the failure, and close() then raised at once."""
     got, failing = peer_faults(out)
     for rank in range(1, nprocs):
         for mode in MODES:
             raised, named, exc_type, at, close, close_s = got.get((case, rank, mode), (None,) * 6)
             assert raised == "PeerError" and named == "0" and exc_type == EXPECTED_TYPE[case], \
                 (case, rank, mode, raised, named, exc_type, out[-3000:])
-            assert at - failing[case] < 2.0, (case, rank, mode, at - failing[case])
+            assert at - failing[case] < LIVENESS_S, (case, rank, mode, at - failing[case])
             assert close == "PeerError" and close_s < 1.0, (case, rank, mode, close, close_s)
 
 
-@pytest.mark.parametrize("nprocs", [2, 3, 5])
-@pytest.mark.parametrize("case", ["badbuf", "raise", "sigint", "sigterm", "exit"])
+# each way of ending rank 0's process at one or two P (2, 3, 5 each at least twice): how the
+# report travels does not depend on how rank 0 ended
+@pytest.mark.parametrize("case,nprocs", [("badbuf", 3), ("raise", 2), ("raise", 5), ("sigint", 3),
+                                         ("sigterm", 2), ("sigterm", 5), ("exit", 3)])
 def test_failure_reaches_every_peer(mpirun, case, nprocs):
     """Rank 0 fails with its six collectives (one per mode, and a NeighborAllreduce) open,
     in a way that ends its process: an uncaught InvalidBufferError or user exception,
     SIGINT, SIGTERM, sys.exit() without close(). Every survivor raises PeerError naming
-    rank 0 and what it raised, on every collective, within 2 s; close() then raises at
+    rank 0 and what it raised, on every collective, within LIVENESS_S; close() then raises at
     once; and the job ends by itself under a plain mpiexec (sigterm: the rank dies of the
     signal, and MPICH's mpiexec kills a node's ranks once it reaps such a rank, so every
     rank runs behind a thin parent and the job keeps going: peer_fails.behind_a_parent)."""
@@ -164,8 +173,9 @@ def test_failure_in_process(mpirun, nprocs):
     """The failures that leave rank 0 running, each in every mode: an exception leaves
     `with` blocks (PeerError at every survivor); a thread of rank 0 that made and used
     collectives dies of an exception (PeerError); rank 0 drops its collectives without
-    close() (PeerError, "dropped"); rank 0 closes early and its close()
-    times out (PeerError, exc_type Timeout); rank 0 never posts: solo, probe and quorum go
+    close() (PeerError, "dropped"); rank 0 closes early and its close(),
+    without timeout=, times out after pc.rc.close_timeout (1.5 s; PeerError, exc_type
+    Timeout); rank 0 never posts: solo, probe and quorum go
     on without it, majority and full time out (2 s) naming the ranks not heard from (0
     among them), after the stall inspector (0.5 s) logged them, and rank 0 hears of it."""
     out = mpirun("peer_fails.py", nprocs, "inproc", timeout=120,

@@ -1,5 +1,5 @@
 """Partial allreduce semantics (issue 4) under mpiexec: each mode at P = 1, 2, 3, 4, 5, 8,
-200 rounds with random 0-20 ms skew: nothing lost, agreement, membership, liveness,
+60 rounds with random 0-20 ms skew: nothing lost, agreement, membership, liveness,
 staleness, several collectives at once, bad input.
 
 One job per process count runs every mode (and late policy, size...): each in-rank check
@@ -15,7 +15,7 @@ MODES = ["solo", "majority", "probe", "quorum", "full"]
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_partial_allreduce(mpirun, nprocs):
     """Every mode (tests/mpi/partial_checks.py, one check per mode)."""
-    mpirun("partial_checks.py", nprocs, ",".join(MODES), timeout=600)
+    mpirun("partial_checks.py", nprocs, ",".join(MODES), "60", timeout=600)
 
 
 @pytest.mark.mpiexec

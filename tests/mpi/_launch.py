@@ -17,11 +17,21 @@ def is_check_module(path: str) -> bool:
     return os.path.basename(path).endswith("_checks.py")
 
 
-def checks_args(path, args) -> list:
+def checks_args(path, args, select=None) -> list:
     """pytest's arguments on every rank: the check module at path (or the modules of a list
-    of paths, one pytest session: each rank starts once for all of them) with args."""
+    of paths, one pytest session: each rank starts once for all of them) with args (the
+    modules' own, _util.ARGS); select: the names of the only checks to run (pytest's -k)."""
     paths = [path] if isinstance(path, str) else path
-    return [*PYTEST_FLAGS, *map(os.path.abspath, paths), f"--check-args={shlex.join(args)}"]
+    chosen = ["-k", " or ".join(select)] if select else []
+    return [*PYTEST_FLAGS, *chosen, *map(os.path.abspath, paths), f"--check-args={shlex.join(args)}"]
+
+
+def checks_run(out: str) -> dict:
+    """{check name: set of ranks} of every check that reported passing in the ranks' output."""
+    ranks: dict = {}
+    for name, rank in re.findall(r"CHECK (\S+) passed rank=(\d+)", out):
+        ranks.setdefault(name, set()).add(int(rank))
+    return ranks
 
 
 def failed_checks(out: str) -> str:
@@ -32,7 +42,7 @@ def failed_checks(out: str) -> str:
     return "; ".join(f"{name} on ranks {sorted(r)}" for name, r in ranks.items())
 
 
-def checks_argv(path, args) -> list:
+def checks_argv(path, args, select=None) -> list:
     """The argv after python, for every rank; -P: the working directory (maybe a source tree
     whose extension was built for another MPI) does not shadow the installed partialcoll."""
-    return ["-P", "-m", "pytest", *checks_args(path, args)]
+    return ["-P", "-m", "pytest", *checks_args(path, args, select)]

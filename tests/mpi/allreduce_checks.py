@@ -107,25 +107,25 @@ DIVIDED = [np.float32, np.float64, np.float16, BFLOAT16]
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS + ([] if LARGE else ["tree"]))
 def test_divisor(comm, algorithm):
-    """divisor=P (DDP's average, fused into the reduction): bitwise the undivided result
-    divided by P, the same bits on every rank; small integers, so that the sums are exact
-    in every dtype (float16, bfloat16 too) and the only rounding is the division's."""
+    """divisor=P (DDP's average, fused into the reduction): bitwise the closed form, the sum
+    over ranks of every rank's input (computed here in float64, exact) divided by P and
+    rounded once to the dtype, the same bits on every rank; small integers, so that the sums
+    are exact in every dtype (float16, bfloat16 too) and the only rounding is the division's."""
     p = comm.size
     counts = [2 ** 20 + 3] if LARGE else sorted({0, 1, max(p - 1, 0), p + 1, 1000, 2 ** 14 + 5})
     bitwise = Bitwise(comm)
     for count in counts:
         for dtype in DIVIDED:
-            x = as_dtype_exact(((np.arange(count) * 7 + 3 * comm.rank) % 17 - 8).astype(np.float64), dtype)
-            plain = pc.allreduce_init(count, dtype, MPI.SUM, comm, algorithm=algorithm)
+            inputs = [((np.arange(count) * 7 + 3 * r) % 17 - 8).astype(np.float64) for r in range(p)]
+            x = as_dtype_exact(inputs[comm.rank], dtype)
+            want = np.sum(inputs, axis=0) / p if count else np.zeros(0)
             fused = pc.allreduce_init(count, dtype, MPI.SUM, comm, algorithm=algorithm, divisor=p)
             for rep in range(2):                     # persistent: the second round divides once too
-                want = to_f64(plain.post(x).wait(timeout=60).data) / p
                 got = fused.post(x).wait(timeout=60).data
                 what = f"{algorithm} count={count} {np.dtype(dtype)} P={p} rep={rep}"
                 assert got.dtype == np.dtype(dtype), what
                 assert np.array_equal(to_f64(got), to_f64(as_dtype_exact(want, dtype))), what
                 bitwise.add(what, got)
-            plain.close()
             fused.close()
     bitwise.check()
 

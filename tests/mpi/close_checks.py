@@ -5,8 +5,9 @@ Ranks post different numbers of times (3 + 2*rank, then the reverse pattern), so
 waiting on every request and some never waiting, then all close(). close() must return
 on every rank, and nothing posted may be lost: with late="fold" and SUM, at every rank,
 the sum of every result it received plus close()'s result equals the sum of every value
-posted by every rank (integers, so exactly). With late="latest" every rank still
-returns from close(), and results of the same round agree across ranks. The same for two
+posted by every rank (integers, so exactly). With late="latest" the rounds' results that
+reached some rank (a wait or a close()) add up to everything posted, and results of the
+same round agree across ranks. The same for two
 collectives posted to in turn and closed together (partialcoll.close_all).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ PATTERNS = {
     "increasing": (lambda r, p: 3 + 2 * r, lambda r: True),                  # the issue's, all wait
     "reversed": (lambda r, p: 3 + 2 * (p - 1 - r), lambda r: r % 2 == 0),    # odd ranks never wait
     "one_never_posts": (lambda r, p: 0 if r == 0 else 4, lambda r: True),
+    "none_wait": (lambda r, p: 2 + r, lambda r: False),     # every round reaches the ranks in close()
 }
 
 
@@ -55,16 +57,47 @@ def post_in_pattern(comm, colls, count, pattern):
                 received[k] += res.data
                 if res.rounds == 1:
                     seen[k][res.round] = int(res.data[0])
+                    ROUNDS_SEEN.append((k, res.round, res.active, res.closing))
     return received, seen
+
+
+ROUNDS_SEEN: list = []      # (collective, round, active, closing) of the single-round results here
+
+
+def check_closing(comm, final):
+    """After a round that shows a closing bit, every later round is full (each rank is in
+    it: active, or closing and standing in); `closing` never loses a rank once named, and
+    names every rank in the final round. Returns whether a closing bit was seen."""
+    everyone = set(range(comm.size))
+    rounds = {}
+    for theirs in comm.allgather([r for r in ROUNDS_SEEN if r[0] == 0]):
+        for _, n, active, closing in theirs:
+            rounds[n] = (set(active), set(closing))
+    ROUNDS_SEEN.clear()
+    assert set(final.closing) == everyone, final
+    first = min((n for n, (_, closing) in rounds.items() if closing), default=None)
+    before = set()
+    for n in sorted(rounds):
+        active, closing = rounds[n]
+        assert before <= closing, f"round {n}: closing {sorted(closing)} lost some of {sorted(before)}"
+        before = closing
+        if first is not None and n > first:
+            assert active | closing == everyone, f"round {n} after closing bits in round {first}: not full " \
+                                                 f"(active {sorted(active)}, closing {sorted(closing)})"
+    return first is not None
+
+
+def posted_total(comm, pattern, scale=1):
+    posts, _ = PATTERNS[pattern]
+    p = comm.size
+    return scale * sum(int(value(r, i, 1)[0]) for r in range(p) for i in range(posts(r, p)))
 
 
 def check_flushed(comm, pattern, late, received, seen, scale=1):
     """fold: every result received + close()'s == everything posted; the same round's
     results agree across ranks."""
-    posts, _ = PATTERNS[pattern]
-    p = comm.size
-    total = scale * sum(int(value(r, i, 1)[0]) for r in range(p) for i in range(posts(r, p)))
     if late == "fold":
+        total = posted_total(comm, pattern, scale)
         assert np.all(received == total), (comm.rank, received[:2], total)
     everyone = comm.allgather(seen)
     for other in everyone:
@@ -80,8 +113,32 @@ def check_flushed(comm, pattern, late, received, seen, scale=1):
 def test_uneven_posts(comm, count, mode, late, pattern):
     coll = pc.PartialAllreduce(count, np.int64, MPI.SUM, comm, mode=mode, late=late, **options(mode, comm.size))
     (received,), (seen,) = post_in_pattern(comm, [coll], count, pattern)
-    received += coll.close(timeout=60).data
+    final = coll.close(timeout=60)
+    received += final.data
     check_flushed(comm, pattern, late, received, seen)
+    closing_seen = check_closing(comm, final)
+    if pattern == "increasing" and comm.size > 1:
+        # rank 0 is done after 3 posts, the last rank waits for 3 + 2 (P - 1) rounds
+        assert closing_seen, "no round showed a closing bit: the check saw nothing"
+    if late == "latest":
+        check_latest_nothing_lost(comm, pattern, seen, final)
+
+
+def check_latest_nothing_lost(comm, pattern, seen, final):
+    """late="latest" loses nothing either: every round's result reached some rank, by a
+    wait or inside its close() (which folds the rounds after the last one its waits
+    returned), so the rounds' data add up to everything posted. The close() covering the
+    most rounds covers every round no wait returned anywhere."""
+    known = {}
+    for theirs in comm.allgather(seen):
+        known.update(theirs)
+    finals = comm.allgather((final.round - final.rounds + 1, final.round, int(final.data[0])))
+    assert len({last for _, last, _ in finals}) == 1, finals       # one final round everywhere
+    first, last, data = min(finals)
+    missing = [n for n in range(first) if n not in known]
+    assert not missing, f"rounds {missing[:5]} were returned by no rank's wait nor inside a close()"
+    total = sum(known[n] for n in range(first)) + data
+    assert total == posted_total(comm, pattern), (total, posted_total(comm, pattern), first, last, known)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -93,6 +150,7 @@ def test_close_all_uneven_posts(comm, mode, pattern):
     colls = [pc.PartialAllreduce(1, np.int64, MPI.SUM, comm, mode=mode, late="fold", **options(mode, comm.size))
              for _ in range(2)]
     received, seen = post_in_pattern(comm, colls, 1, pattern)
+    ROUNDS_SEEN.clear()
     for k, final in enumerate(pc.close_all(colls, timeout=60)):
         check_flushed(comm, pattern, "fold", received[k] + final.data, seen[k], scale=k + 1)
 

@@ -81,5 +81,39 @@ def test_counts_are_exact(comm, mode, late):
     assert comm.allreduce(multi) > 0 or p == 1, "no round took two posts of one rank: the check saw no leftovers"
 
 
+@pytest.mark.mpi(min_size=2)
+def test_folded_nap_is_the_sum_of_its_rounds(comm):
+    """solo, fold: the last rank sleeps (in Python, not calling the library) while the others
+    run 12 rounds; its first post is late and returns the fold of every round it missed, whose
+    nap must be exactly the sum of those rounds' active sets as the others' single-round
+    results report them (a nap of len(active) lies within the bounds check_result allows)."""
+    p, sleeper, rounds = comm.size, comm.size - 1, 12
+    coll = pc.PartialAllreduce(p + 1, np.int64, MPI.SUM, comm, mode="solo", late="fold")
+    side = comm.Dup()
+    single = {}
+    if comm.rank == sleeper:
+        for _ in range(sleeper):                       # each of the others is done
+            side.recv(source=MPI.ANY_SOURCE)
+        res = coll.post(contribution(comm.rank, p)).wait(timeout=60)
+        check_result(res, p)
+    else:
+        for _ in range(rounds):
+            res = coll.post(contribution(comm.rank, p)).wait(timeout=60)
+            check_result(res, p)
+            if res.rounds == 1:
+                single[res.round] = len(res.active)
+        side.send(comm.rank, dest=sleeper)
+        res = None
+    known = {}
+    for theirs in comm.allgather(single):
+        known.update(theirs)
+    folded = comm.bcast(res, root=sleeper)
+    coll.close(timeout=60)
+    side.Free()
+    covered = range(folded.round - folded.rounds + 1, folded.round + 1)
+    assert folded.rounds >= rounds and all(n in known for n in covered), (folded, sorted(known))
+    assert folded.nap == sum(known[n] for n in covered), (folded, known)
+
+
 if __name__ == "__main__":
     run_module(__file__)

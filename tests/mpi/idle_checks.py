@@ -15,6 +15,7 @@ time (the mean of two windows), whatever the policy chose.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -49,6 +50,17 @@ def test_armed_ranks_leave_the_cores_to_a_computing_rank(comm):
     armed = [share_of_a_core(comm) for _ in range(2)]
     policy = comm.allgather((pc.info()["idle"], pc.info()["ranks_on_node"], pc.info()["idle_reason"]))
     coll.close(timeout=60)
+    # The policy itself, against what this rank sees: the ranks on its node (MPI's shared-
+    # memory split) and the CPUs it may run on. "auto" with fewer than two CPUs per rank
+    # (an application and a progress thread each) must not poll (a forced "spin" would).
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    on_node = node.size
+    node.Free()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert all(ranks == on_node for _, ranks, _ in policy), (on_node, policy)
+    if 2 * on_node > cpus:
+        assert all(idle == "sleep" for idle, _, _ in policy), \
+            f"{on_node} ranks on {cpus} CPUs, yet the idle policy polls: {policy}"
     # Whatever the policy chose, the armed ranks leave rank 0 its CPU: where the node has
     # two CPUs per rank they poll on spare ones, elsewhere they sleep. Both windows count.
     mean = sum(armed) / len(armed)

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import partialcoll as pc
 from _devices import KIND, on_buffers
+from _reference import candidates
 from _util import ARGS, expect_raises, run_module
 
 MODES = ARGS[0].split(",") if ARGS else ["solo"]
@@ -66,7 +67,10 @@ def check_membership(comm, coll, log, mode):
             elif mode == "quorum":
                 assert res.nap >= k, (n, res.active, k)
             elif mode in ("majority", "probe"):
-                cand = coll.candidates_of(n)
+                # the reference, not the engine's own pc_candidates (a choice that ignored
+                # the seed or the round would agree with itself)
+                cand = candidates(coll.seed, n, p, coll.candidates if mode == "probe" else 1)
+                assert cand == coll.candidates_of(n), (n, cand, coll.candidates_of(n))
                 assert set(cand) & set(res.active), (mode, n, cand, res.active)
                 if mode == "majority":
                     assert cand[0] in res.active
@@ -215,15 +219,22 @@ def test_staleness(comm, mode):
                                **options(comm, mode))
     rng = np.random.default_rng(comm.rank)
     total = np.zeros(2, np.int64)
+    covered = []                 # the staleness rounds inside each result: every one, once
     for i in range(40):
         time.sleep(rng.uniform(0, 0.004) * (comm.rank + 1))
         res = coll.post(np.ones(2, np.int64)).wait()
         assert res.round - i <= s, f"post {i} got round {res.round}: more than {s} rounds behind"
-        if (res.round + 1) % s == 0 and res.round == i:
-            assert res.active == tuple(range(comm.size)), "a staleness round must be full"
+        full = [n for n in range(res.round - res.rounds + 1, res.round + 1) if (n + 1) % s == 0]
+        if full:                 # a full round's active set is everyone: so is the fold's
+            assert res.active == tuple(range(comm.size)), f"rounds {full} are staleness rounds: {res}"
+        covered += full
         total += res.data
+    last = res.round
     total += coll.close().data
     assert (total == 40 * comm.size).all()
+    # fold: this rank's results cover every round up to the last once, so every staleness
+    # round up to it was checked here (at least 39 // s of them: the last post's round >= 39)
+    assert covered == [n for n in range(last + 1) if (n + 1) % s == 0] and len(covered) >= 39 // s, covered
 
 
 def nap_until_told(side, ranks, limit):

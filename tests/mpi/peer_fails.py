@@ -247,10 +247,17 @@ def phase_close(comm):
     if comm.rank == 0:
         errors = {}
 
+        # close() without timeout= waits pc.rc.close_timeout, not pc.rc.timeout (made long)
+        old = pc.rc.close_timeout, pc.rc.timeout
+        pc.rc.close_timeout, pc.rc.timeout = 1.5, 60.0
+
         def close(mode):
+            t0 = time.monotonic()
             try:
-                colls[mode].close(timeout=1.5)
+                colls[mode].close()
             except pc.Timeout as exc:
+                took = time.monotonic() - t0
+                assert 1.5 <= took < 2.5, f"{mode}: close() timed out after {took:.2f} s, not 1.5 s"
                 errors[mode] = exc
         say(f"FAILING case=close at={time.time() + 1.5:.4f}")     # when its close() times out
         threads = [threading.Thread(target=close, args=(m,)) for m in MODES]
@@ -258,6 +265,7 @@ def phase_close(comm):
             t.start()
         for t in threads:
             t.join()
+        pc.rc.close_timeout, pc.rc.timeout = old
         assert sorted(errors) == sorted(MODES), errors
         return
     close_at_once(comm, colls, survive(comm, colls, "Timeout"), "close")

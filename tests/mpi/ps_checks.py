@@ -11,6 +11,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
@@ -226,6 +227,7 @@ def _run_switches(comm, rounds, every, decide_wait=None, switch_sleep=0.0):
     return [-1 if a == start else which[tuple(a)] for a in later]
 
 
+@pytest.mark.mpi(min_size=2)
 def test_assignment_of_a_round_that_ran(comm):
     """assignment(round=n) read as soon as round n's wait returned is the assignment it
     ran with, never revised later: the balancer thread publishes a decision before the
@@ -233,9 +235,7 @@ def test_assignment_of_a_round_that_ran(comm):
     every decision is an assignment of its own, so a stale answer differs). Decision e
     runs from round e + 2 at the earliest (rebalance_every=1), decisions in order, and
     at most 3 epochs behind (then a round waits for it)."""
-    p, rounds = comm.size, 8
-    if p == 1:
-        return
+    rounds = 8
     ran = _run_switches(comm, rounds, 1, switch_sleep=0.2)
     assert ran[:2] == [-1, -1], ran
     for n in range(2, rounds):
@@ -243,6 +243,7 @@ def test_assignment_of_a_round_that_ran(comm):
         assert ran[n] >= n - 5, (n, ran)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_late_decider_delays_the_switch_not_the_rounds(comm):
     """The last rank's decisions come late: decision e waits, on that rank, until round
     (e + 3) K - 1 completed there, past the round (e + 2) K it may run from. Rounds go on
@@ -253,8 +254,6 @@ def test_late_decider_delays_the_switch_not_the_rounds(comm):
     only with decisions n // K - 3 in, so every rank has had decision n // K - 4 since
     round n - 1 and it runs by the boundary of n."""
     p, every, rounds = comm.size, 2, 16
-    if p == 1:
-        return
     late = comm.rank == p - 1
 
     def wait(e, done):
@@ -270,6 +269,7 @@ def test_late_decider_delays_the_switch_not_the_rounds(comm):
     assert ran[-1] >= 0, ran
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_rank_that_fails_with_switches_pending(comm):
     """The last rank raises inside its ``with`` block while decisions wait for their
     switch (its decisions come an epoch late, so every rank holds decided schedules not
@@ -278,8 +278,6 @@ def test_a_rank_that_fails_with_switches_pending(comm):
     crashes), and every result before it equals MPI_Allreduce's."""
     from partialcoll import balance
     p, bad, every = comm.size, comm.size - 1, 2
-    if p == 1:
-        return
     real = balance.decide
     done = [0]
 
@@ -316,6 +314,7 @@ def test_a_rank_that_fails_with_switches_pending(comm):
         assert isinstance(got, pc.PeerError) and got.rank == bad, repr(got)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_balancer_sleeps_while_rounds_run(comm):
     """The balancer thread waits for an epoch's times without driving progress: it wakes
     when the engine notifies (a few times a round) or its slice ends, not every
@@ -324,8 +323,8 @@ def test_balancer_sleeps_while_rounds_run(comm):
     context switches over 20 rounds of 16 MiB, no decision due (rebalance_every=1000)."""
     from partialcoll import balance
     p, rounds, n = comm.size, 20, 4 << 20
-    if p == 1 or not os.path.exists("/proc/thread-self/status"):
-        return
+    if not os.path.exists("/proc/thread-self/status"):
+        pytest.skip("counts the balancer thread's context switches in /proc/self/task/*/status (Linux)")
     coll = pc.allreduce_init(n, np.float32, MPI.SUM, comm, algorithm="ps", block_bytes=4 << 20,
                              balance="psld", rebalance_every=1000)
     x = np.ones(n, np.float32)
@@ -344,14 +343,13 @@ def test_balancer_sleeps_while_rounds_run(comm):
     assert woke <= 3 * rounds + 2 * elapsed / balance.Balancer.SLICE + 5, (woke, rounds, elapsed)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_a_failing_balancer_fails_the_collective(comm):
     """A decision that raises (here on the last rank only, at epoch 1) leaves no round
     parked for good: that rank's wait raises with the balancer's exception, the others'
     PeerError naming that rank; within a wait's timeout, never a Timeout or a hang."""
     from partialcoll import balance
     p, bad = comm.size, comm.size - 1
-    if p == 1:
-        return
     real = balance.decide
 
     def failing(kind, measured, predictor, servers, current, seed, epoch, epsilon):
@@ -383,6 +381,7 @@ def test_a_failing_balancer_fails_the_collective(comm):
     comm.Barrier()
 
 
+@pytest.mark.mpi(min_size=2)
 def test_transient_owner_wins_its_blocks_back(comm):
     """psld with a straggling owner that recovers, on real ranks: the balancer threads
     decide from a model of the owners' times (every owner that served blocks in the
@@ -396,8 +395,6 @@ def test_transient_owner_wins_its_blocks_back(comm):
     the earliest the engine allows (a decision that comes later runs later)."""
     from partialcoll import _engine, balance
     p, slow, rounds = comm.size, comm.size - 1, 36
-    if p == 1:
-        return
     real, real_lib = balance.decide, _engine.lib
     handed = [-1]
 

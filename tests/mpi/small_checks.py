@@ -68,13 +68,19 @@ def test_solo_mode(comm, dtype, count, iterations=100):     # integers: sums are
     y = np.empty(count, dtype)
     got = np.zeros(count, dtype)
     posted = np.zeros(count, dtype)
+    rounds = posts = 0
     for it in range(iterations):
         x = values(dtype, MPI.SUM, count, comm.rank, salt=it)
         posted += x
         res = coll.post(x, out=y).wait()
-        assert res.rounds >= 0 and res.nap <= comm.size * max(res.rounds, 1), res
+        assert res.round >= it and len(res.active) <= res.nap <= res.posts, res
+        rounds, posts = rounds + res.rounds, posts + res.posts
         got += res.data
-    got += coll.close().data
+    final = coll.close()
+    got += final.data
+    # fold: this rank's results cover every round once, and hold every rank's posts once
+    assert rounds + final.rounds == final.round + 1, (rounds, final.rounds, final.round)
+    assert posts + final.posts == comm.size * iterations, (posts, final.posts)
     everything = np.empty_like(posted)
     comm.Allreduce(posted, everything, op=MPI.SUM)
     assert np.array_equal(got, everything), f"solo P={comm.size}: {got} != {everything}"

@@ -3,10 +3,11 @@
 bench/stall.py's run: the last rank stalls for STALL_S seconds (HOW: sleep, its
 application thread sleeps; sigstop, rank 0 stops the whole process) while the others
 post and wait. Nothing is lost (every rank's results plus close() equal everything
-posted); with sleep the others' rounds go on during the stall (more than 20 rounds a
-second here), and the victim's first post afterwards folds every round it missed and
+posted); with sleep the others' rounds go on during the stall (at least a quarter of their
+rate before it), and the victim's first post afterwards folds every round it missed and
 returns at once; its later late posts return at once too, so its lag behind the others'
-rounds shrinks after the stall.
+rounds shrinks after the stall. With sigstop rounds stop during the stall (at most a
+fifth of the rate before and after it) and go on after it.
 """
 from __future__ import annotations
 
@@ -29,13 +30,20 @@ def test_stalled_rank(comm):
     assert r["ok"], "something posted was lost"
     if comm.rank == 0:
         row = r["row"]
+        before, during, after = (row[f"{w}_rounds_per_s"] for w in ("before", "during", "after"))
         if HOW == "sleep":
-            assert row["during_rounds_per_s"] > 20, row
+            # the others' rounds go on at their pace (a ratio: the machine's load cancels)
+            assert during >= 0.25 * before, row
             first = row["victim_first_result_after"]
-            assert first["late"] and first["rounds_folded"] > 20, first
+            # its first post afterwards folds every round it missed (those the others ran)
+            assert first["late"] and first["rounds_folded"] >= 0.9 * during * float(STALL), first
             # post #n belongs to round n (DESIGN.md), so it catches up one late post at a
             # time, each returning at once: its lag behind the others' rounds shrinks
             assert row["victim_lag_at_end"] < row["victim_lag_after_stall"], row
+        else:
+            # nothing of the victim runs, so rounds stop (but for those that ran before the
+            # stop reached it: rank 0 sends SIGSTOP within 0.05 s), and go on after SIGCONT
+            assert 5 * during <= before and 5 * during <= after, row
         assert all(p > 0 for p in row["posts"]), row
 
 

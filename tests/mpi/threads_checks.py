@@ -16,6 +16,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
@@ -26,9 +27,8 @@ from _util import expect_raises, run_module
 GO_TAG = 77
 
 
+@pytest.mark.mpi(min_size=2)
 def test_post_while_another_thread_waits(comm):
-    if comm.size < 2:
-        return
     x8 = np.ones(2, np.float32)
     big = np.ones((4 << 20) // 4, np.float32)
     X = pc.allreduce_init(2, np.float32, comm=comm)

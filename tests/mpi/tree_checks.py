@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
@@ -110,6 +111,7 @@ def test_traffic(comm):
             assert data[np.ix_(lo, hi)].sum() == count * 8 == data[np.ix_(hi, lo)].sum(), data
 
 
+@pytest.mark.mpi(min_size=2)
 def test_rotation(comm):
     """Aggregators rotate with the round (a vector of one chunk): in each round a member
     sends its N bytes to one peer only (its aggregator), an aggregator sends N to each of
@@ -120,8 +122,6 @@ def test_rotation(comm):
     P = 2 both have a single top aggregator or no region of two, so only the results
     are checked there)."""
     p = comm.size
-    if p == 1:
-        return
     count, n = 1000, 8000                     # float64, one chunk
     for name in ("uneven", "levels"):
         groups = shapes(p)[name]
