@@ -17,11 +17,17 @@ requests of both:
   may wait on one request at once: each must get the same Result and the same data;
   --one-waiter: one thread at a time);
 - drop a request (never waited for: its data must come back in a later result);
-- close() of a collective, by its thread while others may be waiting (StateError,
-  refused, while one is: the contract); in mode "solo" only, where no round needs this
-  rank: elsewhere two collectives closed one at a time, in different orders on different
-  ranks, wait for each other (docs/semantics.md: close them together, with close_all,
-  as the main thread does at the end of each epoch). Or abandon it (a ``with`` block left by an
+- close() of a collective by its owner thread in the middle of an epoch, while other
+  threads may be waiting (StateError, refused, while one is: the contract; the owner
+  tries again at each of its next operations, and after its last one until it gets in).
+  close() is collective (docs/semantics.md, "Close"): it returns once every rank closes,
+  so every rank closes it in the same place of its program: in the epochs the ranks
+  planned for it (the same seed on every rank, --close-p), by its owner thread, and
+  otherwise in the main thread's close_all. A close() drawn at random per rank instead
+  hangs for good, as MPI collectives called in different orders do: rank 0's thread 0
+  waits in A.close() for rank 1, whose thread 1 waits in B.close() for rank 0, and each
+  rank closes the other collective only in close_all, after joining the waiting thread.
+  Mode solo only (--close-p). Or abandon a collective (a ``with`` block left by an
   exception) in the epochs the ranks planned for it, under the other threads' waits.
 
 The ranks run epochs (--epoch-ops operations each): both collectives are created, the
@@ -82,6 +88,7 @@ class Tally:
         self.refused = 0
         self.timeouts = 0
         self.peer_errors = 0
+        self.closes = 0                    # planned close()s that returned (mid-epoch)
 
     def bad(self, msg: str) -> None:
         with self.lock:
@@ -131,13 +138,44 @@ def check_result(t: Tally, c: Coll, req, res, where: str) -> None:
         t.results += 1
 
 
+def close_owned(t: Tally, c: Coll, timeout: float, where: str) -> bool:
+    """The owner thread's planned close() of c; False if refused (another thread is
+    inside wait() or test(): the contract), to be tried again."""
+    c.closed = True
+    try:
+        c.final = c.coll.close(timeout=timeout)
+    except pc.StateError:
+        c.closed = False
+        with t.lock:
+            t.refused += 1
+        return False
+    except pc.Timeout:
+        with t.lock:
+            t.timeouts += 1
+        t.bad(f"{where}: {c.name}: a planned close() timed out")
+        return True
+    except Exception as exc:           # noqa: BLE001 - anything else is wrong, and counted
+        t.bad(f"{where}: {c.name} close(): {exc!r}")
+        return True
+    check_result(t, c, c.final, c.final, where + " close()")
+    with t.lock:
+        t.closes += 1
+    return True
+
+
 def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Coll], t: Tally,
-           abandon_at: Optional[tuple], timeout: float, solo: bool, shared_waits: bool,
-           reuse_out: bool, close_p: float) -> None:
+           abandon_at: Optional[tuple], timeout: float, shared_waits: bool,
+           reuse_out: bool, close_at: Dict[str, int]) -> None:
     rng = np.random.default_rng([seed, rank, epoch, tid])
     mine: Dict[str, np.ndarray] = {c.name: np.empty(COUNT) for c in colls}    # the out= this thread lends again
     private: Dict[str, list] = {c.name: [] for c in colls}                     # requests posted with it
+    owned = colls[tid] if tid < len(colls) else None
+    close_op = close_at.get(owned.name) if owned is not None else None
+    closing = False                     # the planned close is due (refused so far)
     for op in range(nops):
+        if close_op is not None and (op == close_op or closing):
+            closing = not close_owned(t, owned, timeout, f"rank {rank} thread {tid} epoch {epoch} op {op}")
+            continue
         c = colls[int(rng.integers(len(colls)))]
         r = rng.random()
         owner = tid < len(colls) and colls[tid] is c
@@ -212,25 +250,13 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
                     with c.lock:
                         if req in c.shared:
                             c.shared.remove(req)
-            elif r < 0.995 or rng.random() >= close_p / 0.005:   # drop a request
+            else:                                           # drop a request
                 with c.lock:
                     if c.shared:
                         c.shared.pop(int(rng.integers(len(c.shared))))
                 own = private[c.name]
                 if own and rng.random() < 0.5:
                     own.pop(int(rng.integers(len(own))))
-            else:                                           # close (collective: the main thread joins later)
-                if c.closed or (abandon_at is not None and c.name == abandon_at[2]) or not solo:
-                    continue                   # this rank abandons that one later; see the docstring
-                c.closed = True
-                try:
-                    c.final = c.coll.close(timeout=timeout)
-                except pc.StateError:
-                    c.closed = False           # another thread is inside wait() or test(): refused
-                    with t.lock:
-                        t.refused += 1
-                    continue
-                check_result(t, c, c.final, c.final, where + " close()")
         except pc.Timeout:
             with t.lock:
                 t.timeouts += 1
@@ -248,6 +274,21 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
                 t.bad(f"{where}: {c.name}: {exc!r}")
         except Exception as exc:           # noqa: BLE001 - anything else is wrong, and counted
             t.bad(f"{where}: {c.name}: {exc!r}")
+    while closing:                      # refused until now: the others' waits end (they time out)
+        time.sleep(0.001)
+        closing = not close_owned(t, owned, timeout, f"rank {rank} thread {tid} epoch {epoch} end")
+
+
+def close_plan(seed: int, epoch: int, nops: int, close_p: float, abandon: Optional[tuple]) -> Dict[str, int]:
+    """The same on every rank: the collectives that their owner thread closes in this
+    epoch, each with the operation at which it does (never the one abandoned)."""
+    rng = np.random.default_rng([seed, 104729, epoch])
+    plan = {}
+    for name in "AB":
+        p, op = rng.random(), int(rng.integers(nops))
+        if p < close_p and (abandon is None or abandon[3] != name):
+            plan[name] = op
+    return plan
 
 
 def epoch_plan(seed: int, epoch: int, size: int, threads: int, nops: int, abandon_p: float):
@@ -280,9 +321,10 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
                 abandon_at = (plan[1], plan[2], plan[3])
             else:
                 gone.peer_gone = True
+        close_at = close_plan(args.seed, epoch, per_thread, args.close_p if mode == "solo" else 0.0, plan)
         threads = [threading.Thread(target=worker, args=(rank, k, args.seed, epoch, per_thread, colls, t,
-                                                         abandon_at, args.timeout, mode == "solo",
-                                                         not args.one_waiter, not args.fresh_out, args.close_p))
+                                                         abandon_at, args.timeout,
+                                                         not args.one_waiter, not args.fresh_out, close_at))
                    for k in range(args.threads)]
         for th in threads:
             th.start()
@@ -323,7 +365,7 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
     seconds = time.perf_counter() - t0
     row = {"mode": mode, "late": late, "P": size, "ops_per_rank": t.ops, "results": t.results,
            "wrong": len(t.wrong), "lost": lost, "disagree": agree_bad, "refused": t.refused,
-           "timeouts": t.timeouts, "peer_errors": t.peer_errors, "epochs": epochs, "seconds": round(seconds, 2)}
+           "timeouts": t.timeouts, "peer_errors": t.peer_errors, "closes": t.closes, "epochs": epochs, "seconds": round(seconds, 2)}
     for msg in t.wrong[:10]:
         print("WRONG", msg, flush=True)
     rows = comm.gather(row, root=0)
@@ -331,7 +373,7 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
     summary = None
     if rank == 0:
         summary = dict(rows[0])
-        for key in ("ops_per_rank", "results", "refused", "timeouts", "peer_errors"):
+        for key in ("ops_per_rank", "results", "refused", "timeouts", "peer_errors", "closes"):
             summary[key] = [r[key] for r in rows]
         for key in ("wrong", "lost", "disagree"):
             summary[key] = sum(r[key] for r in rows)
@@ -353,8 +395,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--one-waiter", action="store_true",
                     help="at most one thread waits for or tests a request at a time")
     ap.add_argument("--timeout", type=float, default=60.0, help="the longest wait()/close(), seconds")
-    ap.add_argument("--close-p", type=float, default=0.005,
-                    help="probability that an operation of a collective's owner thread is its close() (solo)")
+    ap.add_argument("--close-p", type=float, default=0.5,
+                    help="probability that an epoch has a collective's owner thread close it (every rank at the "
+                         "same planned operation; mode solo)")
     ap.add_argument("--fresh-out", action="store_true", help="never lend an out= buffer twice")
     ap.add_argument("--json", help="rank 0 writes the rows here")
     ap.add_argument("--dump-after", type=float, default=0, help="print every thread's stack after this many seconds")

@@ -209,6 +209,8 @@ static int coll_apply_ready(pc_coll *c, int64_t n)
     return rc;
 }
 
+static void coll_listen(pc_coll *c);
+
 static int coll_arm(pc_coll *c, int64_t n)
 {
     if (c->peer_heard && n >= c->rep.peer.upto) {      /* a peer's report: this round cannot come */
@@ -219,6 +221,7 @@ static int coll_arm(pc_coll *c, int64_t n)
     int64_t K = c->spec.rebalance_every;
     if (K > 0 && n >= PC_SNAPS * K && c->decided < n / K - (PC_SNAPS - 1)) {   /* decisions lag too far */
         c->parked = n;
+        coll_listen(c);                  /* no schedule runs: still hear the peers */
         return PC_OK;
     }
     if (K > 0 && n % K == 0) {
@@ -512,9 +515,27 @@ static void coll_peer_failed(pc_coll *c)
  * complete fails now. Unit lock held. */
 static void coll_send_report(pc_coll *c);
 
+/* On E.polled while no schedule of c runs but it has messages of its own: a parked round
+ * (it still hears its peers' reports), a report deferred (a pass sends it, and c is not
+ * freed before). Unit lock held. */
+static void coll_listen(pc_coll *c)
+{
+    int parked = c->parked >= 0 && !c->err && !c->abandoned && !LOAD(c->finished);
+    unit_listen(&c->owner.unit, parked || c->rep.pending, c->rep.pending);
+}
+
+static int coll_poll_once(pc_coll *c);
+
 static int coll_poll(pc_unit *u)
 {
     pc_coll *c = (pc_coll *)u;
+    int progressed = coll_poll_once(c);
+    coll_listen(c);
+    return progressed;
+}
+
+static int coll_poll_once(pc_coll *c)
+{
     if (c->rep.pending) {                /* recorded where no MPI call may be made (abandon) */
         coll_send_report(c);
         return 1;
@@ -962,6 +983,7 @@ int pc_coll_abandon(pc_coll *c, int *deferred)
         }
         unit_doom(&c->owner.unit);
         coll_books_stop(c);
+        coll_listen(c);                  /* parked: off E.polled, but for a report still to send */
     }
     unit_unlock(&c->owner.unit);
     unit_unpin(&c->owner.unit);          /* the last one out frees it: here, a pass, or a waiter */
@@ -1000,6 +1022,7 @@ static int coll_abort(pc_coll *c, const char *type, const char *message, double 
     if (coll_report(c, type, message)) {
         if (timeout_s < 0) {             /* no MPI call here: the next progress pass sends it */
             report_defer(&c->rep);
+            coll_listen(c);              /* sent by a pass even where no schedule runs */
             unit_unlock(&c->owner.unit);
             kick_report();
             return PC_OK;
@@ -1097,6 +1120,7 @@ static int coll_switch_to(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
             int64_t n = c->parked;
             c->parked = -1;
             rc = coll_arm(c, n);
+            coll_listen(c);
             if (rc && !c->err) {
                 c->errpeer = pc_last_error_peer();
                 snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());

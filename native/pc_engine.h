@@ -200,6 +200,9 @@ int pc_sched_wait_some(int n, pc_sched *const *s, const int64_t *executions, int
                        double timeout_s, int *done);
 /* free now if idle (*deferred = 0), else once nothing posted is in flight (*deferred = 1) */
 int pc_sched_abandon(pc_sched *s, int *deferred);
+/* a round schedule built for a partial collective and never handed to it (pc_coll_switch):
+ * freed now (nothing else points at it); NULL: nothing */
+int pc_sched_discard(pc_sched *s);
 
 int pc_coll_mask_words(int size);   /* the MASK slot: active bits, closing bits, posts per rank */
 int pc_coll_timed_words(int size);  /* ... and timed: PC_TIME_FIELDS P words per rank, then P (-1: too many) */

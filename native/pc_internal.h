@@ -153,6 +153,12 @@ typedef struct pc_unit {
                                           * peer errors), or NULL; unit lock held; 1: progressed */
     uint64_t polled;                     /* the pass that called poll last (unit lock) */
     struct pc_unit *next_doomed;         /* E.doomed (E.lock) */
+    int listening;           /* on E.polled: every pass polls it though none of its schedules
+                              * runs (a parked collective's peer reports, a deferred report)
+                              * (E.lock; atomic reads) */
+    int due;                 /* a message it must still send (a deferred report): not reaped
+                              * before a pass sent it (unit; atomic reads) */
+    struct pc_unit *next_polled;         /* E.polled (E.lock) */
 } pc_unit;
 
 void unit_init(pc_unit *u, void (*destroy)(pc_unit *), void (*abandon)(pc_unit *));
@@ -161,6 +167,7 @@ int unit_lock_within(pc_unit *u, double seconds);
 void unit_unlock(pc_unit *u);
 void unit_doom(pc_unit *u);                  /* E.lock taken; freed by reap_units() */
 void reap_units(void);                       /* no lock held: frees doomed, idle, unpinned units */
+void unit_listen(pc_unit *u, int on, int due);   /* on E.polled or off it; due: see pc_unit (unit lock held) */
 
 /* ------------------------------------------------------------------ pins (progress.c)
  * A unit's lifetime has one owner (the kernel's kref): every thread inside a C API call
@@ -383,6 +390,8 @@ typedef struct {
     int reporter_on;         /* inline progress: the reporter thread runs (atomic; kick_report) */
     pc_unit *doomed;         /* (E.lock; written atomically: unit_unpin looks without it) */
     pc_sched *running;       /* (E.lock) */
+    pc_unit *polled;         /* units polled by every pass outside their schedules (E.lock) */
+    int npolled;             /* units on E.polled (E.lock; atomic reads) */
 } pc_engine_state;
 extern pc_engine_state E;
 

@@ -117,6 +117,38 @@ void unit_doom(pc_unit *u)
     }
 }
 
+/* Take u off E.polled (E.lock held). */
+static void polled_unlink(pc_unit *u)
+{
+    if (!u->listening) return;
+    for (pc_unit **link = &E.polled; *link; link = &(*link)->next_polled)
+        if (*link == u) { *link = u->next_polled; break; }
+    u->next_polled = NULL;
+    STORE(u->listening, 0);
+    STORE(E.npolled, E.npolled - 1);
+}
+
+/* A unit with messages outside its schedules (a parked collective listens for its peers'
+ * reports; a report deferred waits for a pass to send it) is polled by every pass while
+ * on: passes visit only running schedules otherwise. due: it must not be freed before a
+ * pass sent that message (reap_units). Unit lock held. */
+void unit_listen(pc_unit *u, int on, int due)
+{
+    STORE(u->due, due);
+    if (on == LOAD(u->listening)) return;
+    pthread_mutex_lock(&E.lock);
+    if (on && !u->listening) {
+        u->next_polled = E.polled;
+        E.polled = u;
+        STORE(u->listening, 1);
+        STORE(E.npolled, E.npolled + 1);
+    } else if (!on) {
+        polled_unlink(u);
+    }
+    pthread_mutex_unlock(&E.lock);
+    if (on) kick();
+}
+
 /* Free the doomed units that nothing runs, no pass holds and no thread holds the lock
  * of: the thread that doomed a unit holds its lock until it lets go (unit_doom), and a
  * unit freed before that let go was written after its free (pthread_mutex_unlock writes
@@ -129,8 +161,10 @@ void reap_units(void)
     pthread_mutex_lock(&E.lock);
     for (pc_unit **link = &E.doomed; *link;) {
         pc_unit *u = *link;
-        if (u->passes == 0 && LOAD(u->pins) == 0 && u->nrunning == 0 && pthread_mutex_trylock(&u->lock) == 0) {
+        if (u->passes == 0 && LOAD(u->pins) == 0 && u->nrunning == 0 && (!LOAD(u->due) || LOAD(E.stop))
+            && pthread_mutex_trylock(&u->lock) == 0) {
             pthread_mutex_unlock(&u->lock);
+            polled_unlink(u);
             __atomic_store_n(link, u->next_doomed, __ATOMIC_RELEASE);   /* may be E.doomed */
             u->next_doomed = dead;
             dead = u;
@@ -212,37 +246,58 @@ static int snap_grow(int cap)
     return 0;
 }
 
-/* One progress pass over every running schedule (any thread, no lock held); 1 if
- * anything moved. */
+/* The unit's own messages, once a pass (unit lock held): withdraw what an abandon left
+ * (not on the caller's thread), then its poll. */
+static int unit_visit(pc_unit *u, uint64_t pass)
+{
+    int progressed = 0;
+    if (u->withdraw) {
+        u->withdraw = 0;
+        u->abandon(u);
+        progressed = 1;
+    }
+    if (u->poll && u->polled != pass) {     /* once a pass, however many schedules it runs */
+        u->polled = pass;
+        progressed |= u->poll(u);
+    }
+    return progressed;
+}
+
+/* One progress pass over every running schedule and every unit on E.polled (any thread,
+ * no lock held); 1 if anything moved. */
 int engine_pass(void)
 {
-    if (LOAD(E.nrunning) == 0) return 0;
+    if (LOAD(E.nrunning) == 0 && LOAD(E.npolled) == 0) return 0;
     static uint64_t passes;
     uint64_t pass = __atomic_add_fetch(&passes, 1, __ATOMIC_RELAXED);
-    int n = 0;
+    int n = 0, m;
     pthread_mutex_lock(&E.lock);
-    if (E.nrunning > snap.cap && snap_grow(2 * E.nrunning + 8)) { pthread_mutex_unlock(&E.lock); return 0; }
+    if (E.nrunning + E.npolled > snap.cap && snap_grow(2 * (E.nrunning + E.npolled) + 8)) {
+        pthread_mutex_unlock(&E.lock);
+        return 0;
+    }
     for (pc_sched *s = E.running; s; s = s->next) { snap.s[n++] = s; s->unit->passes++; }
+    m = n;                               /* then the listening units, stored as such */
+    for (pc_unit *u = E.polled; u; u = u->next_polled) { snap.s[m++] = (pc_sched *)(void *)u; u->passes++; }
     pthread_mutex_unlock(&E.lock);
     int progressed = 0;
     for (int i = 0; i < n; i++) {
         pc_sched *s = snap.s[i];
         pc_unit *u = s->unit;
         if (LOAD(u->waiters) > 0 || pthread_mutex_trylock(&u->lock) != 0) continue;
-        if (u->withdraw) {               /* abandoned: withdraw here, not on the caller's thread */
-            u->withdraw = 0;
-            u->abandon(u);
-            progressed = 1;
-        }
-        if (u->poll && u->polled != pass) {     /* once a pass, however many schedules it runs */
-            u->polled = pass;
-            progressed |= u->poll(u);
-        }
+        progressed |= unit_visit(u, pass);
         progressed |= stepper.step(s);
+        pthread_mutex_unlock(&u->lock);
+    }
+    for (int i = n; i < m; i++) {
+        pc_unit *u = (pc_unit *)(void *)snap.s[i];
+        if (LOAD(u->waiters) > 0 || pthread_mutex_trylock(&u->lock) != 0) continue;
+        progressed |= unit_visit(u, pass);
         pthread_mutex_unlock(&u->lock);
     }
     pthread_mutex_lock(&E.lock);
     for (int i = 0; i < n; i++) snap.s[i]->unit->passes--;
+    for (int i = n; i < m; i++) ((pc_unit *)(void *)snap.s[i])->passes--;
     int reap = E.doomed != NULL;
     pthread_mutex_unlock(&E.lock);
     if (reap) reap_units();
@@ -484,14 +539,16 @@ static void *progress_main(void *arg)
          * sleep_max_us for nothing */
         double now = now_us();
         int hot = idle_poll() && now - st.idle_since < idle_spin_bound_us();
-        int flags = engine_flags(), any = LOAD(E.nrunning) > 0;
+        int listening = LOAD(E.npolled) > 0;     /* a unit's messages outside its schedules */
+        int flags = engine_flags(), any = LOAD(E.nrunning) > 0 || listening;
         int pollable = flags & (hot ? SF_INFLIGHT : SF_POLLABLE);
         STORE(E.pass_since_us, (int64_t)now);
         int progressed = any && engine_pass();
         STORE(E.pass_since_us, 0);
         if (!any || (!pollable && !progressed
                      && (hot || now_us() - st.idle_since > E.policy.spin_us + E.policy.yield_us))) {
-            sleep_for_kick(-1);               /* nothing to poll: sleep until a post */
+            /* nothing to poll: sleep until a post (a listening unit: look again after a nap) */
+            sleep_for_kick(listening ? E.policy.sleep_max_us : -1);
             idle_reset(&st);
         } else if (progressed || take_kick()) {
             idle_reset(&st);

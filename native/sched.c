@@ -496,6 +496,18 @@ int pc_sched_free(pc_sched *s)
     return rc;
 }
 
+/* A collective's round schedule that its builder (the balancer thread) did not hand
+ * over (pc_coll_switch): it had to stop. Never started and on no list, nothing else
+ * points at it: freed here, without its collective's lock (which may be gone). */
+int pc_sched_discard(pc_sched *s)
+{
+    if (!s) return PC_OK;
+    if (!s->owner) return fail(PC_ERR_STATE, "pc_sched_discard is for a collective's round schedules (pc_sched_free)");
+    if (s->running || s->on_list) return fail(PC_ERR_STATE, "cannot discard a schedule that has run");
+    sched_destroy(s);
+    return PC_OK;
+}
+
 /* A schedule dropped by its owner (possibly from a garbage collector's thread: no MPI
  * call here): freed once nothing it posted is in flight; a running execution is
  * withdrawn by the next progress pass. */

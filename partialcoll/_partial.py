@@ -516,7 +516,14 @@ class PartialAllreduce(_propagate.Reporting):
     def _native_rounds(self, owners: list):
         """[balancer thread] The engine's round schedules (kind 0, kind 1; NULL where the
         mode has no such kind) for the assignment owners."""
-        built = {kind: self._native_of(self._round_schedule(a, 0, owners)) for kind, a in self._kinds.items()}
+        built: dict = {}
+        try:
+            for kind, a in self._kinds.items():
+                built[kind] = self._native_of(self._round_schedule(a, 0, owners))
+        except BaseException:
+            for native in built.values():      # never handed to the engine: freed here
+                _engine.lib.pc_sched_discard(native)
+            raise
         return built.get(0, _engine.ffi.NULL), built[1]
 
     def assignment(self, round: Optional[int] = None) -> np.ndarray:

@@ -587,6 +587,8 @@ class Balancer:
                     s0, s1 = coll._native_rounds(new)
                     del coll                         # may run its __del__ here: abandoned, stopped
                     if self._stop:
+                        lib.pc_sched_discard(s0)     # not handed over (pc_coll_switch owns what it gets)
+                        lib.pc_sched_discard(s1)
                         return
                     # published before the engine may run it: a round's wait can return
                     # before this thread is back from the switch

@@ -10,3 +10,12 @@ import pytest
 @pytest.mark.parametrize("nprocs,idle", [(2, "spin"), (3, None)])
 def test_lifetimes(mpirun, nprocs, idle):
     mpirun("lifetimes_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_IDLE": idle} if idle else {})
+
+
+def test_balancer_rounds_not_leaked(mpirun, request):
+    """Round schedules the balancer thread built and did not hand over (it had to stop)
+    are freed: LeakSanitizer reports nothing (tests/mpi/balancer_lifetime_checks.py)."""
+    import sanitize
+    engine = sanitize.engine("address", request.config.cache.mkdir("engine-address"))
+    out = mpirun("balancer_lifetime_checks.py", 2, timeout=120, env=sanitize.env("address", engine))
+    sanitize.check_clean("address", out)

@@ -261,5 +261,88 @@ def test_round_completed_before_a_report_keeps_its_result(comm):
     coll._abandon()
 
 
+def test_dropped_while_idle_tells_the_peers(comm):
+    """Issue 54, item 6: a collective the garbage collector drops on rank 0 while no round
+    of it runs there (every post waited for): its "dropped" report, deferred (no MPI
+    call from __del__), still reaches the peers, whose next round raises PeerError
+    naming rank 0, not a Timeout."""
+    coll = pc.allreduce_init(N, np.float64, comm=comm)
+    res = coll.post(value(comm.rank, 0)).wait(timeout=20.0)
+    assert np.array_equal(res.data, total(comm.size, 0)), res
+    comm.Barrier()
+    if comm.rank == 0:
+        del coll                          # the last reference: __del__, the engine idle here
+        comm.Barrier()
+        comm.Barrier()                    # alive until the peers are done
+        return
+    comm.Barrier()
+    t0 = time.monotonic()
+    with pytest.raises(pc.PeerError) as info:
+        coll.post(value(comm.rank, 1)).wait(timeout=5.0)
+    assert info.value.rank == 0 and "dropped" in str(info.value), info.value
+    assert time.monotonic() - t0 < 4.0, f"PeerError after {time.monotonic() - t0:.1f} s"
+    coll._abandon()
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("who", ["hears", "tells"])
+def test_parked_collective_hears_and_tells(comm, who):
+    """Issue 54, item 6: a round that waits for a decision of the balancer (parked: no
+    schedule of the collective runs) on rank 0, whose balancer is held back. "hears": a
+    peer reports (a with block left by an exception); rank 0's wait for the parked round
+    raises PeerError naming it, not a Timeout. "tells": rank 0 drops the collective as
+    the garbage collector does (the "dropped" report deferred: no MPI call, then
+    abandon); the peers' waits raise PeerError naming rank 0, not a Timeout."""
+    from partialcoll import balance
+    if comm.size == 1:
+        return
+    real, release = balance.decide, threading.Event()
+
+    def held(*args, **kwargs):
+        if comm.rank == 0:
+            release.wait(20.0)
+        return real(*args, **kwargs)
+
+    balance.decide = held
+    try:
+        coll = pc.allreduce_init(4000, np.float64, comm=comm, algorithm="ps", block_bytes=8000,
+                                 balance="proportional", rebalance_every=1)
+        x = np.ones(4000)
+        for i in range(4):                # rounds 0-3 need no decision yet
+            assert np.array_equal(coll.post(x).wait(timeout=30).data, x * comm.size), i
+        req = coll.post(x)                # round 4 needs decision 0: parked on rank 0
+        comm.Barrier()
+        t0 = time.monotonic()
+        if who == "hears":
+            if comm.rank == 0:
+                with pytest.raises(pc.PeerError) as info:
+                    req.wait(timeout=6.0)
+                assert info.value.rank != 0, info.value
+                assert time.monotonic() - t0 < 5.0, f"PeerError after {time.monotonic() - t0:.1f} s"
+                release.set()
+                coll._abandon()
+            else:
+                try:
+                    with coll:
+                        raise Boom("a peer of a parked collective")
+                except Boom:
+                    pass
+        else:
+            if comm.rank == 0:
+                coll._report("dropped", "the collective was dropped without close() (the check)", -1.0)
+                release.set()             # as __del__: the deferred report, then abandon
+                coll._abandon()
+            else:
+                with pytest.raises(pc.PeerError) as info:
+                    req.wait(timeout=6.0)
+                assert info.value.rank == 0 and "dropped" in str(info.value), info.value
+                assert time.monotonic() - t0 < 5.0, f"PeerError after {time.monotonic() - t0:.1f} s"
+                coll._abandon()
+    finally:
+        release.set()
+        balance.decide = real
+    comm.Barrier()
+
+
 if __name__ == "__main__":
     run_module(__file__)
