@@ -77,7 +77,6 @@ _pc_wait1 = _engine.lib.pc_coll_wait1
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
-_LET_GO = threading.Lock()       # PartialAllreduce._let_go: one release per hold
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 _CLOSE_WHILE_WAITED = ("close() while another thread waits for a request of this PartialAllreduce: close it once "
                        "that wait is over (the thread that waits owns the requests until then)")
@@ -908,11 +907,9 @@ class PartialAllreduce(_propagate.Reporting):
             return
         deferred = _engine.ffi.new("int *")
         if coll is not None:
-            if getattr(self, "_waiting", None):
-                # held before the look at _waiting: a thread that leaves meanwhile finds it
-                # held and lets go (_let_go), or this thread does below
-                _engine.lib.pc_coll_hold(coll)
-                self._held = coll
+            # held before the look at _waiting: a thread that leaves meanwhile finds it
+            # held and lets go (_let_go), or this thread does below
+            _propagate.hold_for_waiters(self, coll, _engine.lib.pc_coll_hold)
             _engine.lib.pc_coll_abandon(coll, deferred)
             if self._held is not None:
                 self._let_go()
@@ -923,12 +920,7 @@ class PartialAllreduce(_propagate.Reporting):
     def _let_go(self) -> None:
         """The last thread out of wait()/test() of a dropped collective releases what
         _abandon() held for them (the engine frees it then)."""
-        with _LET_GO:
-            held = self._held
-            if held is None or self._waiting:
-                return
-            self._held = None
-        _engine.lib.pc_coll_release(held)
+        _propagate.let_go(self, _engine.lib.pc_coll_release)
 
     def __repr__(self) -> str:
         return (f"PartialAllreduce(count={self.count}, dtype={self.dtype}, mode={self.mode!r}, "
