@@ -1137,6 +1137,40 @@ static int coll_switch_to(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
     return rc;
 }
 
+/* [shrink] What this rank holds of a collective that a failure stopped, whatever its
+ * error (partialcoll/_shrink.py reads it before it drops the collective): st[0] rounds
+ * completed here, st[1] posts, st[2] posts whose data is inside the completed rounds (the
+ * rest: taken by the round in flight, or still in acc), st[3] rounds in the pending result
+ * (fold: not taken yet; latest: 1 once a round completed), st[4] posts taken by rounds (the
+ * round in flight's too). Where a round completed, the
+ * pending result is copied to out, mask and info as a take would, changing nothing. */
+static int coll_salvage(pc_coll *c, int64_t *st, void *out, uint64_t *mask, pc_result *info)
+{
+    if (unit_lock_within(&c->owner.unit, 1.0))
+        return fail(PC_ERR_MPI, "rank %d: the collective is held inside an MPI call (%s)", c->rank, pc_last_error());
+    int64_t done = LOAD(c->completed);
+    int in_flight = c->taken && c->armed_round >= done;
+    st[0] = done;
+    st[1] = c->posts;
+    st[2] = in_flight ? c->round_lo : c->taken_posts;
+    st[3] = c->fold ? c->pending : (done > 0);
+    st[4] = c->taken_posts;
+    memset(info, 0, sizeof *info);
+    if (done > 0) {
+        void *src = result_in_user(c) ? c->user : c->result;
+        if (out != src) memcpy(out, src, c->nbytes);
+        info->round = c->res_round;
+        info->rounds = st[3];
+        info->nap = c->res_nap;
+        info->posts = c->res_posts;
+        info->post_lo = c->res_lo;
+        info->post_hi = c->res_hi;
+        memcpy(mask, c->res_mask, sizeof(uint64_t) * (size_t)pc_coll_mask_words(c->size));
+    }
+    unit_unlock(&c->owner.unit);
+    return PC_OK;
+}
+
 /* ------------------------------------------------------------------ the API: every entry pins
  * Each call holds a pin on the collective while it runs (pc_internal.h, "pins"): a
  * thread that abandons or frees it meanwhile only marks it, and the last one out frees. */
@@ -1161,6 +1195,7 @@ PINNED(pc_coll_abort, coll_abort, (pc_coll *c, const char *type, const char *mes
 PINNED(pc_coll_peer_error, coll_peer_error, (pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen), (c, rank, type, tlen, message, mlen))
 PINNED(pc_coll_stats, coll_stats, (pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got), (c, epoch, timeout_s, sums, got))
 PINNED(pc_coll_switched, coll_switched, (pc_coll *c, int64_t k, int64_t *round), (c, k, round))
+PINNED(pc_coll_salvage, coll_salvage, (pc_coll *c, int64_t *st, void *out, uint64_t *mask, pc_result *info), (c, st, out, mask, info))
 PINNED(pc_coll_switch, coll_switch_to, (pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1), (c, epoch, s0, s1))
 
 int pc_coll_hold(pc_coll *c)

@@ -227,6 +227,8 @@ int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, ui
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
 int pc_coll_close(pc_coll *c);
+/* on_failure="shrink": what a stopped collective holds (coll.c, coll_salvage): st has 5 words */
+int pc_coll_salvage(pc_coll *c, int64_t *st, void *out, uint64_t *mask, pc_result *info);
 /* A reference for threads still inside calls on c: the owner that drops c (abandon)
  * while other threads of it may be between reading the handle and their call holds one
  * for them, and the last of them releases it; a dropped collective is freed by whoever

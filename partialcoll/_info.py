@@ -15,7 +15,7 @@ def info() -> Dict[str, object]:
     """Library and MPI versions, progress mode, and the buffer paths available (imports CuPy if present)."""
     from mpi4py import MPI
 
-    from . import _device, _engine
+    from . import _device, _engine, _shrink
     from ._version import __version__
     from .algorithms import model
     buffers, path = _device.describe()
@@ -39,4 +39,6 @@ def info() -> Dict[str, object]:
         # (partialcoll-bench calibrate's cache, or the defaults); a collective uses rank 0's
         # and says what it chose and why in repr() and .algorithm_reason
         "auto_model": model.load().describe(),
+        # what on_failure="shrink" can survive here: works, survives, missing (docs/faults.md)
+        "shrink": _shrink.support(),
     }

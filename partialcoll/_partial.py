@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine, _propagate, _stats
+from . import _device, _engine, _propagate, _shrink, _stats
 from . import balance as balance_mod
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer
 from ._agree import agree, as_problem
@@ -150,6 +150,11 @@ class PartialRequest:
         """True once the round of this post has completed here (the result is then ready)."""
         if self._result is not None:
             return True
+        if self._coll._shrink is not None:
+            return self._coll._shrink.test(self)
+        return self._test()
+
+    def _test(self) -> bool:
         done = _engine.ffi.new("int *")
         coll = self._coll
         coll._waiting.append(None)        # the ownership rule: see PartialAllreduce
@@ -165,6 +170,12 @@ class PartialRequest:
 
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
+        result = self._result
+        if result is None and self._coll._shrink is not None:
+            return self._coll._shrink.wait(self, timeout)
+        return self._wait(timeout)
+
+    def _wait(self, timeout: Optional[float]) -> Result:
         result = self._result
         if result is None:
             if timeout is not None and (type(timeout) is not float or timeout != timeout):
@@ -297,7 +308,7 @@ class PartialAllreduce(_propagate.Reporting):
                  algorithm: str = "auto", groups=None, divisor: float = 1.0, accumulate: str = "sum",
                  block_bytes: Optional[int] = None, servers: Optional[Sequence[int]] = None,
                  balance: Optional[str] = None, epsilon: float = 0.1, rebalance_every: int = 4,
-                 workers: Optional[Sequence[int]] = None) -> None:
+                 workers: Optional[Sequence[int]] = None, on_failure: Optional[str] = None) -> None:
         check_comm(comm, "PartialAllreduce")
         size, rank = comm.Get_size(), comm.Get_rank()
         # Validate locally, then agree across ranks: every rank raises the same error.
@@ -309,6 +320,11 @@ class PartialAllreduce(_propagate.Reporting):
                                                rebalance_every, workers))
             if params.get("workers") is not None:
                 _check_workers(params)
+            params["on_failure"] = on_failure = rc.on_failure if on_failure is None else on_failure
+            _shrink.check_support(on_failure)
+            if on_failure == "shrink" and algorithm == "ps":
+                raise ArgumentError("on_failure='shrink' with algorithm 'ps': its block owners and workers are "
+                                    "ranks that a failure would remove; use another algorithm")
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem, params = as_problem(exc, "PartialAllreduce"), None
         # with "auto", each rank's model parameters (its machine's calibration): all choose with rank 0's
@@ -371,8 +387,11 @@ class PartialAllreduce(_propagate.Reporting):
         # last post's index
         self._fb: tuple = _NO_FB
         self._fb_index = -1
+        self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         self._build(comm)
         self._closed = False
+        if on_failure == "shrink":
+            self._shrink = _shrink.Shrinker(self)
         self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
         _propagate.register(self)
 
@@ -594,6 +613,8 @@ class PartialAllreduce(_propagate.Reporting):
         into it (the engine runs a round in a caller's buffer only for a post made while
         no other request of this collective is outstanding, as in a post+wait loop).
         """
+        if self._shrink is not None:
+            return self._shrink.post(self, x, out)
         waiting = self._waiting
         waiting.append(None)             # inside the engine: see _abandon
         try:
@@ -819,6 +840,11 @@ class PartialAllreduce(_propagate.Reporting):
         partialcoll.close_all (one at a time, a rank waiting in the first one's close()
         is not yet shadowing the second one's rounds, which may need it).
         """
+        if self._shrink is not None:
+            return self._shrink.close(self, timeout)
+        return self._close(timeout)
+
+    def _close(self, timeout: Optional[float]) -> Result:
         timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
         if not self._closing:
             self._begin_close()
@@ -916,6 +942,36 @@ class PartialAllreduce(_propagate.Reporting):
         if deferred[0]:                  # messages still in flight: keep what they may touch
             _engine.keep_until_finalize(self._outs, self._staging, fb[2])
         _engine.keep_until_finalize(comm)
+
+    @property
+    def failed(self) -> Tuple[int, ...]:
+        """on_failure="shrink": the ranks that failed, in the numbering of the communicator
+        the collective was created on (ascending; empty while none has)."""
+        return self._shrink.failed if self._shrink is not None else ()
+
+    @property
+    def recoveries(self) -> List[dict]:
+        """on_failure="shrink": one entry per failure survived: "failed" (the ranks),
+        "seconds" (this rank's time from the failed call to the rebuilt collective),
+        "round" ("completed": the round in flight completed at some survivors and was
+        completed at the others with their result; "rerun": it completed nowhere and ran
+        again), "reposted" (this rank's posts posted again), "tries" (shrinks)."""
+        return list(self._shrink.recoveries) if self._shrink is not None else []
+
+    def _rebuild(self, comm: MPI.Comm) -> None:
+        """on_failure="shrink": the collective again, over comm (the survivors), after
+        _abandon() dropped the engine's: round schedules built for its size."""
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        if self.algorithm == "tree":
+            self.groups = tree.host_groups(comm)
+        if self.candidates is not None:
+            self.candidates = min(self.candidates, self.size)
+        if self.quorum is not None:
+            self.quorum = min(self.quorum, self.size)
+        self._mask_cache, self._outs, self._fb, self._fb_index = {}, {}, _NO_FB, -1
+        self._closing = False
+        self._build(comm)
+        self._closed = False
 
     def _let_go(self) -> None:
         """The last thread out of wait()/test() of a dropped collective releases what

@@ -62,6 +62,10 @@ class RC:
             (default True; coll.stats(), docs/who-is-slow.md); environment
             PARTIALCOLL_TELEMETRY ("0": off).
         telemetry_rounds: how many of the last rounds each collective keeps (default 1024).
+        on_failure: what the collectives created from now on do when a peer fails (default
+            "raise": every survivor's calls raise PeerError or MPIError; "shrink": the
+            survivors agree on the failed ranks and go on without them, where the MPI can:
+            partialcoll.info()["shrink"]; docs/faults.md); environment PARTIALCOLL_ON_FAILURE.
 
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
     failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
@@ -72,7 +76,7 @@ class RC:
                  "deep_sleep_us": 20000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
                  "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
                  "poll_max_us": 20000.0, "abort_on_exception": True, "telemetry": True,
-                 "telemetry_rounds": 1024}
+                 "telemetry_rounds": 1024, "on_failure": "raise"}
 
     def __init__(self) -> None:
         object.__setattr__(self, "_values", dict(self._defaults))
@@ -92,6 +96,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_TELEMETRY")
         if env is not None:
             self.telemetry = env.lower() not in ("0", "false", "no", "off")
+        env = os.environ.get("PARTIALCOLL_ON_FAILURE")
+        if env:
+            self.on_failure = env.strip().lower()
         env = os.environ.get("PARTIALCOLL_CLOSE_TIMEOUT")
         if env:
             self.close_timeout = None if env.lower() == "none" else float(env)
@@ -108,6 +115,8 @@ class RC:
                                  f"known: {', '.join(self._defaults)}")
         if name == "progress" and value not in ("thread", "inline"):
             raise ValueError(f"progress must be 'thread' or 'inline', not {value!r}")
+        if name == "on_failure" and value not in ("raise", "shrink"):
+            raise ValueError(f"on_failure must be 'raise' or 'shrink', not {value!r}")
         if name == "idle" and value not in IDLE_POLICIES:
             raise ValueError(f"idle must be one of {', '.join(map(repr, IDLE_POLICIES))}, not {value!r}")
         self._values[name] = value

@@ -1,0 +1,326 @@
+"""on_failure="shrink": a dead rank is the last straggler, left out while the others go on.
+
+When a peer fails (killed, exited, raised), every survivor's next call on the collective
+fails with an MPI error; the survivor that sees it first revokes the collective's
+communicator, so that every other survivor's calls fail too and all of them come here.
+Then, on every survivor:
+
+1. salvage: what this rank holds of the stopped collective (native coll_salvage): rounds
+   completed here, its posts, which of them are inside completed rounds, the pending
+   result;
+2. shrink: MPIX_Comm_shrink gives the same communicator of survivors everywhere (ULFM:
+   the failed set is agreed); over it every survivor tells the others its rounds
+   completed and whether it holds the last round's data alone;
+3. the round in flight: a round that completed at some survivors (they hold its result,
+   the dead rank's data inside) is completed at the others with that result, sent by the
+   first survivor holding it; a round that completed nowhere is re-run: each survivor
+   posts again what it had posted and no completed round read. So a round is applied
+   everywhere or nowhere;
+4. agree: MPIX_Comm_agree on "every step above worked here"; if another rank died during
+   steps 2-4, the survivors revoke, shrink again and redo them;
+5. rebuild: a new engine collective (the round schedules built for the survivors) on the
+   shrunk communicator; results keep the original communicator's rank numbers, and round
+   numbers go on from the last completed round.
+
+One request may be outstanding per rank (post, then wait, before the next post: the
+training-loop pattern), so that re-posting keeps each post's round; this rank keeps a
+copy of each post until a result shows it inside a completed round.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _engine
+from ._info import _first_line
+from ._errors import ArgumentError, InvalidBufferError, MPIError, PeerError, StateError
+from ._status import check
+
+ON_FAILURE = ("raise", "shrink")
+FAILURES = (MPIError, PeerError)    # what a dead peer makes the engine raise
+
+# the op of a result's fold, on NumPy arrays (fold mode: a pending fold carried across a rebuild)
+_FOLD = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "BAND": np.bitwise_and,
+         "BOR": np.bitwise_or, "BXOR": np.bitwise_xor, "LAND": np.logical_and, "LOR": np.logical_or,
+         "LXOR": np.logical_xor}
+
+
+def support() -> dict:
+    """What on_failure="shrink" can survive with this MPI (partialcoll.info()["shrink"])."""
+    library = _first_line(MPI.Get_library_version())
+    openmpi = library.startswith("Open MPI")
+    methods = all(hasattr(MPI.Comm, m) for m in ("Revoke", "Shrink", "Agree"))
+    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip() not in ("", "0", "false")
+    if openmpi and methods and enabled:
+        return {"works": True, "survives": "a rank killed, exited or raising (ULFM: revoke, shrink, agree)",
+                "missing": None}
+    if openmpi and methods:
+        missing = "ULFM is not enabled in this job: launch it with `mpiexec --with-ft ulfm`"
+    else:
+        # MPICH exports MPIX_Comm_shrink, but it aborts on an assertion (ch4_comm.c), and
+        # mpi4py maps MPICH's Shrink to Dup and Agree to an allreduce
+        missing = (f"{library} has no working ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, "
+                   f"MPIX_Comm_agree); Open MPI 5 under `mpiexec --with-ft ulfm` has them")
+    return {"works": False, "survives": None, "missing": missing}
+
+
+def check_support(on_failure: str) -> None:
+    """At construction (every rank alike): on_failure's value, and "shrink" only where it works."""
+    if on_failure not in ON_FAILURE:
+        raise ArgumentError(f"on_failure must be 'raise' or 'shrink', not {on_failure!r}")
+    if on_failure == "shrink":
+        missing = support()["missing"]
+        if missing:
+            raise ArgumentError(f"on_failure='shrink' cannot work here: {missing}")
+
+
+class Shrinker:
+    """A PartialAllreduce's state for on_failure="shrink" (only the owner's thread uses it)."""
+
+    def __init__(self, coll) -> None:
+        assert coll._comm is not None
+        self.group = coll._comm.Get_group()        # the original ranks: numbering of results
+        self.alive: List[int] = list(range(coll.size))   # current rank -> original rank
+        self.failed: Tuple[int, ...] = ()
+        self.round_base = 0                  # the user's round number of the engine's round 0
+        self.epoch = 0                       # engine collectives built so far, minus one
+        self.kept: List[Tuple[int, np.ndarray]] = []     # (engine post index, copy): not yet known inside
+        self.posts = 0                       # posts the engine of this epoch counted
+        self.open = None                     # the outstanding request (one at most)
+        self.last: Optional[tuple] = None    # (round, data, active, nap, posts, closing) of the last single round
+        self.carry: Optional[tuple] = None   # fold: a pending fold of the old engine, for the next result
+        self.recoveries: List[dict] = []     # per failure: failed ranks, seconds, how the round in flight ended
+        self.fold = _FOLD.get(_op_name(coll.op))
+        self.comm: Optional[MPI.Comm] = None   # the latest shrunk communicator
+
+    # -- the calls of PartialAllreduce and PartialRequest in shrink mode ------------------
+    def post(self, coll, x, out):
+        if type(x) is not np.ndarray or (out is not None and type(out) is not np.ndarray):
+            raise InvalidBufferError("on_failure='shrink' keeps a copy of each post: post host (NumPy) arrays")
+        if self.open is not None and self.open._result is None:
+            raise StateError("on_failure='shrink': wait for the previous post's request before posting again "
+                             "(one outstanding request per rank, so that a re-run round keeps each post's round)")
+        x = coll._check_input(x, "post buffer", writable=False)
+        while True:
+            index = self.posts
+            self.kept.append((index, np.array(x, copy=True)))
+            try:
+                req = coll._post(x, out)
+            except FAILURES as exc:
+                moved = self.recover(coll, exc, pending_post=index)
+                if moved is None:            # the engine had not counted it: post on the new one
+                    continue
+                req = moved
+            else:
+                self.posts = req.index + 1
+            self.open = req
+            return req
+
+    def wait(self, req, timeout):
+        while True:
+            if req._result is not None:
+                return req._result
+            try:
+                res = req._wait(timeout)
+            except FAILURES as exc:
+                self.recover(req._coll, exc)
+                continue
+            return self.seen(req, res)
+
+    def test(self, req) -> bool:
+        while True:
+            if req._result is not None:
+                return True
+            try:
+                return req._test()
+            except FAILURES as exc:
+                self.recover(req._coll, exc)
+
+    def close(self, coll, timeout):
+        while True:
+            try:
+                res = coll._close(timeout)
+            except FAILURES as exc:
+                coll._closing = False
+                self.recover(coll, exc)
+                continue
+            return self.mapped(res)
+
+    # -- results ------------------------------------------------------------------------
+    def seen(self, req, res):
+        """A result the engine gave: original rank numbers, the user's round numbers; keep
+        what a later failure needs."""
+        self.mapped(res)
+        if res.contributed:          # this post and every earlier one are inside completed rounds
+            self.kept = [k for k in self.kept if k[0] > req.index]
+        if res.rounds == 1:
+            self.last = (res.round, np.array(res.data, copy=True), res.active, res.nap, res.posts, res.closing)
+        if self.open is req:
+            self.open = None
+        return res
+
+    def mapped(self, res):
+        """The engine's result in the user's numbering (once per result), with a carried fold."""
+        alive = self.alive
+        res.round += self.round_base
+        res.active = tuple(alive[r] for r in res.active)
+        res.closing = tuple(alive[r] for r in res.closing)
+        carry, self.carry = self.carry, None
+        if carry is not None:        # fold: rounds the old engine completed here and no wait returned
+            data, rounds, nap, posts, active = carry
+            res.data[...] = self.fold(data, res.data)
+            res.rounds += rounds
+            res.nap += nap
+            res.posts += posts
+            res.active = tuple(sorted(set(res.active) | set(active)))
+        return res
+
+    # -- recovery -------------------------------------------------------------------------
+    def recover(self, coll, cause: BaseException, pending_post: Optional[int] = None):
+        """Every survivor, after its collective failed: agree, shrink, complete or re-run
+        the round in flight, rebuild. Returns the request of pending_post where the old
+        engine had counted that post (it is posted again on the new one), else None."""
+        started = time.monotonic()
+        ffi, lib = _engine.ffi, _engine.lib
+        st = ffi.new("int64_t[5]")
+        data = np.empty(coll.count, coll.dtype)
+        mask = ffi.new("uint64_t[]", coll._mask_len)
+        info = ffi.new("pc_result *")
+        check(lib.pc_coll_salvage(coll._coll, st, ffi.from_buffer(data), mask, info))
+        done, posts, inside, pending, taken = (int(v) for v in st)
+        words = coll._mask_words
+        active, closing = coll._ranks_of(tuple(mask[0:2 * words]))
+        salvaged = (int(info.round), data, active, int(info.nap), int(info.posts), closing, int(info.post_lo),
+                    int(info.post_hi))
+        old = coll._comm
+        try:
+            old.Revoke()                 # every survivor's calls on it fail now: all come here
+        except MPI.Exception:
+            pass
+        coll._abandon()
+        comm, tries = old, 0
+        while True:
+            tries += 1
+            new = comm.Shrink()
+            new.Set_errhandler(MPI.ERRORS_RETURN)
+            ok, plan = 1, None
+            try:
+                plan = self._plan(coll, new, done, pending, salvaged, taken, inside)
+            except MPI.Exception:
+                ok = 0
+                try:
+                    new.Revoke()
+                except MPI.Exception:
+                    pass
+            try:
+                ok = new.Agree(ok)
+            except MPI.Exception:
+                ok = 0
+            if ok and plan is not None:
+                break
+            comm = new                   # another failure during the agreement: again
+        self.comm = new
+        survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), self.group)
+        self.failed = tuple(sorted(set(range(self.group.Get_size())) - set(survivors)))
+        if plan[0] == "error":
+            raise PeerError(plan[1], self.failed[0] if self.failed else -1, "failed", plan[1])
+        kind, M, result, inside = plan
+        # the outstanding request: its round completed (here or via the donor), or it is posted again
+        req, moved = self.open, None
+        repost = [(i, x) for i, x in self.kept if inside <= i < posts]
+        if req is not None and req._result is None and req.index < posts and req.index < M - self.round_base:
+            if result is not None:
+                req._result = self._result_for(coll, req, result)
+                self.open = None
+                result = None            # taken: no fold carries it
+        self.carry = None
+        if result is not None and coll.late == "fold" and result[7] > 0:
+            self.carry = (result[1], result[7], result[3], result[4], result[2])
+        # rebuild on the survivors
+        self.alive = list(survivors)
+        self.round_base = M
+        self.epoch += 1
+        coll._rebuild(new)
+        self.kept, self.posts = [], 0
+        for i, x in repost:
+            r = coll._post(x, None)
+            self.kept.append((r.index, x))
+            self.posts = r.index + 1
+            if req is not None and req._result is None and i == req.index:
+                req.index, req.late = r.index, r.late
+            if pending_post is not None and i == pending_post:
+                moved = r
+        if pending_post is not None and moved is None and pending_post < posts:
+            moved = req                  # counted and inside a completed round: nothing to re-post
+        self.recoveries.append({"failed": self.failed, "seconds": time.monotonic() - started, "round": kind,
+                                "reposted": len(repost), "tries": tries, "cause": type(cause).__name__})
+        return moved
+
+    def _plan(self, coll, new, done, pending, salvaged, taken, inside):
+        """Steps 2-3 over the shrunk communicator: ("completed" | "rerun", M, result, inside)
+        or ("error", message). Raises MPI.Exception where another rank failed meanwhile."""
+        base = self.round_base
+        holds, engine_holds = -1, False
+        if done > 0 and salvaged[0] == done - 1 and (coll.late == "latest" or pending == 1):
+            holds, engine_holds = base + done - 1, True     # the engine's pending result is that round alone
+        elif self.last is not None:
+            holds = self.last[0]
+        rows = new.allgather((base + done, holds))
+        M, m = max(r[0] for r in rows), min(r[0] for r in rows)
+        mine = None
+        if done > 0:
+            rnd, data, active, nap, posts, closing, lo, hi = salvaged
+            mine = (base + rnd, data, tuple(self.alive[r] for r in active), nap, posts,
+                    tuple(self.alive[r] for r in closing), (lo, hi), pending if coll.late == "fold" else 1)
+        if M == m:                       # the round in flight completed nowhere: re-run
+            return ("rerun", M, mine, inside)
+        if M - m > 1:
+            return ("error", f"rounds completed differ by {M - m} among the survivors: cannot shrink")
+        donor = next((i for i, r in enumerate(rows) if r[0] == M and r[1] == M - 1), None)
+        if donor is None:
+            return ("error", f"round {M - 1} completed at some survivors, but none holds its data alone: "
+                             f"cannot complete it at the others")
+        me = new.Get_rank()
+        if me == donor:
+            if engine_holds:
+                src = mine
+            else:
+                rnd, dat, act, nap, pst, clo = self.last
+                src = (rnd, dat, act, nap, pst, clo, (0, 0), 1)
+            meta = (src[2], src[3], src[4], src[5])
+            buf = np.ascontiguousarray(src[1])
+        else:
+            meta, buf = None, np.empty(coll.count, coll.dtype)
+        meta = new.bcast(meta, root=donor)
+        err = new.Bcast(buf, root=donor)
+        if err not in (None, MPI.SUCCESS):
+            raise MPI.Exception(err)
+        if rows[me][0] == M:
+            return ("completed", M, mine, inside)
+        # this rank lagged: the round in flight here completes with the donor's result; the
+        # posts it took are inside it
+        got = (M - 1, buf, meta[0], meta[1], meta[2], meta[3], (inside, taken), 1)
+        if coll.late == "fold" and pending > 0 and mine is not None:
+            got = (M - 1, self.fold(mine[1], buf), tuple(sorted(set(mine[2]) | set(meta[0]))),
+                   mine[3] + meta[1], mine[4] + meta[2], meta[3], (mine[6][0], taken), mine[7] + 1)
+        return ("completed", M, got, taken)
+
+    def _result_for(self, coll, req, result):
+        from ._partial import Result
+        rnd, data, active, nap, posts, closing, (lo, hi), rounds = result
+        out = req._out if req._out is not None else np.empty(coll.count, coll.dtype)
+        out[...] = data
+        res = Result(data=out, round=rnd, active=active, nap=nap, posts=posts,
+                     contributed=lo <= req.index < hi, rounds=rounds, closing=closing)
+        if rounds == 1:
+            self.last = (rnd, np.array(data, copy=True), active, nap, posts, closing)
+        return res
+
+
+def _op_name(op) -> str:
+    from ._types import OP_NAMES, op_code
+    return OP_NAMES[op_code(op)]
