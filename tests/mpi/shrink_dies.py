@@ -1,20 +1,26 @@
-"""A rank killed, the others go on (on_failure="shrink"): python shrink_dies.py MODE ROUNDS KILLS
+"""Ranks killed, the others go on (on_failure="shrink"): python shrink_dies.py ROUNDS PHASES
 
-Run under Open MPI's ``mpiexec --with-ft ulfm``. KILLS is ``rank:round[,rank:round]``: that
-rank posts its post #round, then SIGKILLs itself (before its wait: the round may be in
-flight anywhere). Every rank posts and waits ROUNDS times (float64 SUM, late="fold"),
-values that differ per rank, post and element, all exact in float64; then close().
+Run under Open MPI's ``mpiexec --with-ft ulfm``. PHASES is ``mode:victims@round;...``,
+victims ``r`` or ``r+r`` (ranks of COMM_WORLD). Each phase makes one PartialAllreduce
+(float64 SUM, late="fold", on_failure="shrink") over the survivors of the phases before
+(the test's own MPIX_Comm_shrink of the last phase's communicator); every rank posts and
+waits ROUNDS times, values that differ per rank, post and element, all exact in float64;
+each victim posts its post #round and SIGKILLs itself before its wait (the round may be
+in flight anywhere), the others go on; then close(). So one launch tries every mode, at
+sizes that go down phase by phase.
 
-Each survivor prints one line for the test (tests/test_shrink.py) to check against the
-posts it computes itself:
+Each survivor prints per phase one line for tests/test_shrink.py, which checks it against
+the posts it computes itself (ranks are COMM_WORLD's):
 
-  SURVIVOR rank=R failed=(..) rounds=N total=[..] posts=K last=[..] full_ok=B recovered=T killed=T0
+  SURVIVOR phase=K rank=R failed=(..) rounds=N total=[..] posts=K full_ok=B recovered=T
 
 total: the sum of every result it received plus close()'s; posts: their posts counts;
-last: the round numbers it got, in order; full_ok (mode full): every round after the
-last death equals the sum of the survivors' posts of that round, computed here from the
-value formula; recovered: time.time() when its first wait after a failure returned.
-The victims print ``KILLED rank=R at=T`` just before the signal.
+failed: coll.failed, in COMM_WORLD's numbering; full_ok (mode full): every round after
+the deaths equals the sum of the survivors' posts of that round (computed here from the
+value formula) with exactly the survivors active; recovered: time.time() when its first
+wait after the failure returned. A victim prints ``KILLED phase=K rank=R at=T`` before
+the signal. With no ULFM (MPICH) the construction must raise ArgumentError on every
+rank: ``REFUSED rank=R <message>``.
 """
 from __future__ import annotations
 
@@ -28,43 +34,56 @@ from mpi4py import MPI
 
 import partialcoll as pc
 
-MODE, ROUNDS = sys.argv[1], int(sys.argv[2])
-KILLS = {int(r): int(n) for r, n in (k.split(":") for k in sys.argv[3].split(","))}
+ROUNDS = int(sys.argv[1])
+PHASES = [(m, {int(v) for v in vs.split("+")}, int(n))
+          for m, vs, n in (p.replace("@", ":").split(":") for p in sys.argv[2].split(";"))]
 N = 5
-comm = MPI.COMM_WORLD
-rank, P = comm.Get_rank(), comm.Get_size()
-EXTRA = {"quorum": {"quorum": max(1, P // 2)}}.get(MODE, {})
+WORLD = MPI.COMM_WORLD
+me = WORLD.Get_rank()
 
 
 def value(r: int, i: int) -> np.ndarray:
-    """Post #i of rank r: exact in float64 and different per rank, post and element."""
+    """Post #i of world rank r: exact in float64 and different per rank, post and element."""
     return (r + 1) * 1e6 + i * 1e2 + np.arange(N, dtype=np.float64)
 
 
-coll = pc.PartialAllreduce(N, np.float64, comm=comm, mode=MODE, late="fold", seed=7, on_failure="shrink", **EXTRA)
-total = np.zeros(N)
-posts, rounds, recovered, full_ok = 0, [], 0.0, True
-for i in range(ROUNDS):
-    x = value(rank, i)
-    if KILLS.get(rank) == i:
-        coll.post(x)
-        print(f"KILLED rank={rank} at={time.time():.6f}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    failed_before = coll.failed
-    res = coll.post(x).wait()
-    if coll.failed != failed_before and not recovered:
-        recovered = time.time()
-    total += res.data
-    posts += res.posts
-    rounds.append(res.round)
-    if MODE == "full" and i > max(KILLS.values()):
-        want = sum(value(r, i) for r in range(P) if r not in KILLS)
-        full_ok &= bool(np.array_equal(res.data, want)) and res.active == tuple(r for r in range(P) if r not in KILLS)
-final = coll.close()
-total += final.data
-posts += final.posts
-killed = 0.0
-print(f"SURVIVOR rank={rank} failed={coll.failed} rounds={len(rounds)} total={total.tolist()} posts={posts} "
-      f"last={rounds} full_ok={full_ok} recovered={recovered:.6f} recoveries={coll.recoveries}", flush=True)
-print(f"PASSED {rank}", flush=True)
+comm = WORLD
+for phase, (mode, victims, die_at) in enumerate(PHASES):
+    size = comm.Get_size()
+    members = MPI.Group.Translate_ranks(comm.Get_group(), list(range(size)), WORLD.Get_group())
+    extra = {"quorum": {"quorum": max(1, size // 2)}}.get(mode, {})
+    try:
+        coll = pc.PartialAllreduce(N, np.float64, comm=comm, mode=mode, late="fold", seed=7 + phase,
+                                   on_failure="shrink", **extra)
+    except pc.ArgumentError as exc:
+        print(f"REFUSED rank={me} {exc}", flush=True)
+        print(f"PASSED {me}", flush=True)
+        sys.exit(0)
+    total = np.zeros(N)
+    posts, got, recovered, full_ok = 0, 0, 0.0, True
+    alive = tuple(r for r in members if r not in victims)
+    for i in range(ROUNDS):
+        x = value(me, i)
+        if me in victims and i == die_at:
+            coll.post(x)
+            print(f"KILLED phase={phase} rank={me} at={time.time():.6f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        res = coll.post(x).wait()
+        if coll.failed and not recovered:
+            recovered = time.time()
+        total += res.data
+        posts += res.posts
+        got += 1
+        if mode == "full" and i > die_at:
+            want = sum(value(r, i) for r in alive)
+            full_ok &= bool(np.array_equal(res.data, want)) and tuple(members[r] for r in res.active) == alive
+    final = coll.close()
+    total += final.data
+    posts += final.posts
+    failed = tuple(members[r] for r in coll.failed)
+    print(f"SURVIVOR phase={phase} rank={me} failed={failed} rounds={got} total={total.tolist()} posts={posts} "
+          f"full_ok={full_ok} recovered={recovered:.6f} recoveries={coll.recoveries}", flush=True)
+    comm = comm.Shrink() if victims else comm
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+print(f"PASSED {me}", flush=True)
 os._exit(0)     # MPI_Finalize could wait for the dead ranks

@@ -1,0 +1,108 @@
+"""on_failure="shrink" (docs/faults.md, "A dead rank left out"): ranks SIGKILLed mid-round,
+the survivors agree on them, shrink and go on (tests/mpi/shrink_dies.py).
+
+Under Open MPI with ULFM (the environment .ci/openmpi-env makes; tests/test_openmpi.py runs
+these there) every mode, one launch per P: P = 8 (the modes at 8, 7, 6, 5, 4 ranks, one
+rank killed at round 10 in each) and P = 5 (at 5, then 3 ranks after two killed at once,
+2). Checked against the value formula, here: every survivor completes every round; the
+survivors' sums of results (plus close()) are the same everywhere and equal everything
+the survivors posted plus a prefix of each victim's posts (what the dead contributed to
+completed rounds stays, nothing half-applied: its posts are inside whole, in order), and
+the posts counts agree with that prefix; full mode: each round after the deaths is the
+sum of the survivors' posts; coll.failed names the victims. Under MPICH (no working
+ULFM) the construction raises ArgumentError on every rank.
+"""
+import re
+
+import numpy as np
+import pytest
+
+from conftest import mpi_flavour, run_mpi
+
+pytestmark = pytest.mark.mpiexec
+
+ROUNDS = 30
+N = 5
+
+
+def value(r, i):
+    return (r + 1) * 1e6 + i * 1e2 + np.arange(N, dtype=np.float64)
+
+
+def survivors_of(out):
+    """{(phase, rank): (failed, rounds, total, posts, full_ok)} of the SURVIVOR lines."""
+    got = {}
+    for m in re.finditer(r"SURVIVOR phase=(\d+) rank=(\d+) failed=\(([\d, ]*)\) rounds=(\d+) total=\[([^\]]*)\] "
+                         r"posts=(\d+) full_ok=(\w+)", out):
+        failed = tuple(int(v) for v in m.group(3).replace(" ", "").split(",") if v)
+        got[int(m.group(1)), int(m.group(2))] = (failed, int(m.group(4)), np.array([float(v) for v in m.group(5).split(",")]),
+                                                 int(m.group(6)), m.group(7) == "True")
+    return got
+
+
+def prefix(r, j):
+    return sum((value(r, i) for i in range(j)), np.zeros(N))
+
+
+def check_phases(out, nprocs, phases):
+    got = survivors_of(out)
+    members = list(range(nprocs))
+    for phase, (mode, victims, die_at) in enumerate(phases):
+        alive = [r for r in members if r not in victims]
+        lines = {rank: got.get((phase, rank)) for rank in alive}
+        assert all(lines.values()), (phase, mode, sorted(r for r, v in lines.items() if not v), out[-4000:])
+        totals = {tuple(v[2]) for v in lines.values()}
+        assert len(totals) == 1, (phase, mode, "survivors disagree", lines)
+        for rank, (failed, rounds, total, posts, full_ok) in lines.items():
+            assert failed == tuple(sorted(victims)), (phase, mode, rank, failed)
+            assert rounds == ROUNDS and full_ok, (phase, mode, rank, rounds, full_ok)
+        failed, rounds, total, posts, _ = next(iter(lines.values()))
+        rest = total - sum((prefix(r, ROUNDS) for r in alive), np.zeros(N))
+        read = posts - len(alive) * ROUNDS
+        # a prefix j_v of each victim's posts (j_v <= die_at + 1), and the posts count says the same
+        fits = [js for js in _choices(sorted(victims), die_at + 1)
+                if np.array_equal(rest, sum((prefix(v, j) for v, j in js), np.zeros(N))) and sum(j for _, j in js) == read]
+        assert fits, (phase, mode, "not the survivors' posts plus whole posts of the dead", rest.tolist(), read)
+        members = alive
+
+
+def _choices(victims, most):
+    if not victims:
+        yield ()
+        return
+    for j in range(most + 1):
+        for rest in _choices(victims[1:], most):
+            yield ((victims[0], j),) + rest
+
+
+def spec(phases):
+    return ";".join(f"{m}:{'+'.join(map(str, v))}@{n}" for m, v, n in phases)
+
+
+CASES = {
+    8: [("solo", {5}, 10), ("majority", {0}, 10), ("probe", {7}, 10), ("quorum", {2}, 10), ("full", {3}, 10)],
+    5: [("full", {4}, 10), ("majority", {1, 3}, 10), ("solo", {0}, 10)],
+}
+
+
+@pytest.mark.parametrize("nprocs", sorted(CASES))
+def test_survivors_go_on(nprocs):
+    """Every mode at P = 8, 7, 6, 5, 4 (one launch, a rank killed at round 10 of 30 in each
+    phase), and P = 5, 3 (two killed at once), 2: see the module docstring."""
+    if mpi_flavour() != "openmpi":
+        pytest.skip("needs Open MPI with ULFM (mpiexec --with-ft ulfm): tests/test_openmpi.py runs it in "
+                    "the environment .ci/openmpi-env makes")
+    phases = CASES[nprocs]
+    out = run_mpi("shrink_dies.py", nprocs, str(ROUNDS), spec(phases), keep_going=True,
+                  expect_passed=nprocs - sum(len(v) for _, v, _ in phases), timeout=120)
+    check_phases(out, nprocs, phases)
+
+
+def test_shrink_refused_without_ulfm():
+    """MPICH (its MPIX_Comm_shrink aborts): ArgumentError at construction on every rank,
+    naming what is missing."""
+    if mpi_flavour() == "openmpi":
+        pytest.skip("Open MPI with ULFM can shrink: test_survivors_go_on runs there")
+    out = run_mpi("shrink_dies.py", 3, "5", "solo:2@3", timeout=60)
+    refused = re.findall(r"REFUSED rank=(\d+) on_failure='shrink' cannot work here: .*no working ULFM", out)
+    assert sorted(map(int, refused)) == [0, 1, 2], out[-3000:]
