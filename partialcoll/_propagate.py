@@ -53,6 +53,7 @@ _previous: Dict[str, Any] = {}
 _failed = False             # an uncaught exception or SIGTERM was reported: exit is no close
 _exit_code: Any = None      # what sys.exit() was last called with
 _abort_code = 0             # an uncaught exception: abort the job at exit with this code
+_no_abort = False          # on_failure="shrink" in use: a failing rank leaves, the job goes on
 ABORT_FALLBACK_SECONDS = 3.0
 
 
@@ -190,11 +191,29 @@ def _abort_later(code: int) -> None:
     timer.start()
 
 
+def leave_without_abort() -> None:
+    """A collective with on_failure="shrink" exists: this rank, failing, reports and leaves
+    without ending the job, so that the others go on without it."""
+    global _no_abort
+    _no_abort = True
+
+
+def _leave(code: Any) -> None:
+    """on_failure="shrink": the failing rank reported; it leaves now, without MPI_Finalize
+    (which would wait for the peers that go on without it)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:       # noqa: BLE001 - a closed stream must not stop the exit
+            pass
+    os._exit(code if isinstance(code, int) and code else 1)
+
+
 def _abort(code: int) -> None:
     """End the whole job as ``python -m mpi4py`` does (MPI.COMM_WORLD.Abort), unless
-    rc.abort_on_exception is off or MPI is not running."""
+    rc.abort_on_exception is off, a collective shrinks on failure, or MPI is not running."""
     from ._rc import rc
-    if not rc.abort_on_exception:
+    if not rc.abort_on_exception or _no_abort:
         return
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
@@ -238,6 +257,8 @@ def _at_exit() -> None:
         report("exit", "the process exited with the collective open (no close())")
         if _abort_code:
             _abort(_abort_code)
+        if _no_abort:
+            _leave(_abort_code or _exit_code)
         return
     _close_at_exit()
     report("exit", "the process exited with the collective open (no close())")   # what close could not

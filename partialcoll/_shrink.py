@@ -29,19 +29,22 @@ copy of each post until a result shows it inside a completed round.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine
+from . import _engine, _propagate
 from ._info import _first_line
 from ._errors import ArgumentError, InvalidBufferError, MPIError, PeerError, StateError
 from ._status import check
 
 ON_FAILURE = ("raise", "shrink")
 FAILURES = (MPIError, PeerError)    # what a dead peer makes the engine raise
+_TAG = 0x5A1                        # MPI_Comm_create_group's tag (the survivors of one collective)
+AGREE_SECONDS = 10.0                # without ULFM: how long survivors may take to build their communicator
 
 # the op of a result's fold, on NumPy arrays (fold mode: a pending fold carried across a rebuild)
 _FOLD = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "BAND": np.bitwise_and,
@@ -50,22 +53,29 @@ _FOLD = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximu
 
 
 def support() -> dict:
-    """What on_failure="shrink" can survive with this MPI (partialcoll.info()["shrink"])."""
+    """What on_failure="shrink" can survive with this MPI (partialcoll.info()["shrink"]):
+    works, ulfm (revoke, shrink, agree), survives, cannot (what raises PeerError), missing
+    (why it cannot work at all: construction raises ArgumentError)."""
     library = _first_line(MPI.Get_library_version())
     openmpi = library.startswith("Open MPI")
-    methods = all(hasattr(MPI.Comm, m) for m in ("Revoke", "Shrink", "Agree"))
     enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip() not in ("", "0", "false")
-    if openmpi and methods and enabled:
-        return {"works": True, "survives": "a rank killed, exited or raising (ULFM: revoke, shrink, agree)",
+    if openmpi and enabled and all(hasattr(MPI.Comm, m) for m in ("Revoke", "Shrink", "Agree")):
+        return {"works": True, "ulfm": True,
+                "survives": "a rank killed, exiting or raising (ULFM: revoke, shrink, agree)",
+                "cannot": "a failure during the rebuild of the collective (a few ms after the agreement)",
                 "missing": None}
-    if openmpi and methods:
-        missing = "ULFM is not enabled in this job: launch it with `mpiexec --with-ft ulfm`"
-    else:
-        # MPICH exports MPIX_Comm_shrink, but it aborts on an assertion (ch4_comm.c), and
-        # mpi4py maps MPICH's Shrink to Dup and Agree to an allreduce
-        missing = (f"{library} has no working ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, "
-                   f"MPIX_Comm_agree); Open MPI 5 under `mpiexec --with-ft ulfm` has them")
-    return {"works": False, "survives": None, "missing": missing}
+    if openmpi:
+        return {"works": False, "ulfm": False, "survives": None, "cannot": None,
+                "missing": "ULFM is not enabled in this job: launch it with `mpiexec --with-ft ulfm`"}
+    # MPICH exports MPIX_Comm_shrink, but it aborts on an assertion (ch4_comm.c), and mpi4py
+    # maps MPICH's Shrink to Dup and Agree to an allreduce: the failed rank's report is the
+    # agreement, MPI_Comm_create_group (collective over the survivors only) the shrink
+    return {"works": True, "ulfm": False,
+            "survives": "a rank that raises or exits with collectives open (its report names it to every "
+                        "survivor; MPI_Comm_create_group over the others), under `mpiexec -disable-auto-cleanup`",
+            "cannot": f"a rank that fails without a report (SIGKILL, a crash, os._exit): {library} has no working "
+                      f"ULFM, and its launcher ends every rank of a node where one dies of a signal",
+            "missing": None}
 
 
 def check_support(on_failure: str) -> None:
@@ -96,6 +106,8 @@ class Shrinker:
         self.recoveries: List[dict] = []     # per failure: failed ranks, seconds, how the round in flight ended
         self.fold = _FOLD.get(_op_name(coll.op))
         self.comm: Optional[MPI.Comm] = None   # the latest shrunk communicator
+        self.ulfm = support()["ulfm"]
+        _propagate.leave_without_abort()     # a failing rank reports and leaves: the others go on
 
     # -- the calls of PartialAllreduce and PartialRequest in shrink mode ------------------
     def post(self, coll, x, out):
@@ -197,32 +209,17 @@ class Shrinker:
         salvaged = (int(info.round), data, active, int(info.nap), int(info.posts), closing, int(info.post_lo),
                     int(info.post_hi))
         old = coll._comm
-        try:
-            old.Revoke()                 # every survivor's calls on it fail now: all come here
-        except MPI.Exception:
-            pass
-        coll._abandon()
-        comm, tries = old, 0
-        while True:
-            tries += 1
-            new = comm.Shrink()
-            new.Set_errhandler(MPI.ERRORS_RETURN)
-            ok, plan = 1, None
+        if self.ulfm:
             try:
-                plan = self._plan(coll, new, done, pending, salvaged, taken, inside)
+                old.Revoke()             # every survivor's calls on it fail now: all come here
             except MPI.Exception:
-                ok = 0
-                try:
-                    new.Revoke()
-                except MPI.Exception:
-                    pass
-            try:
-                ok = new.Agree(ok)
-            except MPI.Exception:
-                ok = 0
-            if ok and plan is not None:
-                break
-            comm = new                   # another failure during the agreement: again
+                pass
+            coll._abandon()
+            new, plan, tries = self._shrink(coll, old, done, pending, salvaged, taken, inside)
+        else:
+            reported = self._reported(coll, cause)     # raises PeerError where nobody reported
+            coll._abandon()
+            new, plan, tries = self._create_group(coll, old, reported, done, pending, salvaged, taken, inside)
         self.comm = new
         survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), self.group)
         self.failed = tuple(sorted(set(range(self.group.Get_size())) - set(survivors)))
@@ -259,6 +256,88 @@ class Shrinker:
         self.recoveries.append({"failed": self.failed, "seconds": time.monotonic() - started, "round": kind,
                                 "reposted": len(repost), "tries": tries, "cause": type(cause).__name__})
         return moved
+
+    def _shrink(self, coll, old, *state):
+        """ULFM: shrink, plan, agree; again while another rank fails meanwhile."""
+        comm, tries = old, 0
+        while True:
+            tries += 1
+            new = comm.Shrink()
+            new.Set_errhandler(MPI.ERRORS_RETURN)
+            ok, plan = 1, None
+            try:
+                plan = self._plan(coll, new, *state)
+            except MPI.Exception:
+                ok = 0
+                try:
+                    new.Revoke()
+                except MPI.Exception:
+                    pass
+            try:
+                ok = new.Agree(ok)
+            except MPI.Exception:
+                ok = 0
+            if ok and plan is not None:
+                break
+            comm = new                   # another failure during the agreement: again
+        return new, plan, tries
+
+    def _reported(self, coll, cause) -> List[int]:
+        """Without ULFM: the rank whose report said it failed (the agreement: every survivor
+        hears the same first report). A failure nobody reported cannot be survived."""
+        rank = cause.rank if isinstance(cause, PeerError) else -1
+        deadline = time.monotonic() + 1.0           # a report waits at most a second to leave
+        while rank < 0 and time.monotonic() < deadline:
+            try:
+                rank = coll._peers.peer_error()[0]
+            except Exception:                       # noqa: BLE001 - no report yet
+                rank = -1
+            if rank < 0:
+                time.sleep(0.01)
+        if rank >= 0:
+            # the reporter leaves at once: once the MPI shows it gone, the ranks it shows
+            # gone with it (two failing together: each survivor hears one first report)
+            failed = {rank}
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                gone = _failed_ranks(coll._comm)
+                if rank in gone or gone is None:
+                    failed |= set(gone or ())
+                    break
+                time.sleep(0.01)
+            return sorted(failed)
+        ranks = tuple(self.alive[r] for r in getattr(cause, "ranks", ()))
+        raise PeerError(f"rank(s) {ranks} failed without a report (killed by a signal, a crash, os._exit): "
+                        f"on_failure='shrink' cannot survive that here: {support()['cannot']} ({cause})",
+                        ranks[0] if ranks else -1, "failed", str(cause))
+
+    def _create_group(self, coll, old, reported, *state):
+        """Without ULFM: a communicator over the others (collective over them only), plan.
+        Survivors that name different failed ranks (two failing together) would wait in
+        MPI_Comm_create_group for ever: it runs on a helper thread, and after
+        AGREE_SECONDS this rank raises PeerError instead."""
+        got: list = []
+
+        def run():
+            try:
+                new = old.Create_group(old.Get_group().Excl(reported), tag=_TAG)
+                new.Set_errhandler(MPI.ERRORS_RETURN)
+                plan = self._plan(coll, new, *state)
+                new.allreduce(1, op=MPI.MIN)
+                got.append((new, plan))
+            except BaseException as exc:             # noqa: BLE001 - raised below, on the caller's thread
+                got.append(exc)
+        helper = threading.Thread(target=run, name="partialcoll-shrink", daemon=True)
+        helper.start()
+        helper.join(AGREE_SECONDS)
+        named = tuple(self.alive[r] for r in reported)
+        if not got or isinstance(got[0], BaseException):
+            why = f"({got[0]})" if got else f"(no agreement within {AGREE_SECONDS} s: the survivors name different " \
+                                            f"failed ranks, as when two fail together)"
+            raise PeerError(f"rank(s) {named} failed and the survivors could not agree on the failed set without "
+                            f"ULFM: on_failure='shrink' cannot survive that here {why}", named[0], "failed", why)
+        new, plan = got[0]
+        return new, plan, 1
 
     def _plan(self, coll, new, done, pending, salvaged, taken, inside):
         """Steps 2-3 over the shrunk communicator: ("completed" | "rerun", M, result, inside)
@@ -319,6 +398,14 @@ class Shrinker:
         if rounds == 1:
             self.last = (rnd, np.array(data, copy=True), active, nap, posts, closing)
         return res
+
+
+def _failed_ranks(comm) -> Optional[set]:
+    """The ranks of comm the MPI reports as failed (MPIX_Comm_get_failed); None: it cannot tell."""
+    ffi = _engine.ffi
+    ranks, n = ffi.new("int[]", 64), ffi.new("int *")
+    check(_engine.lib.pc_comm_failed(_engine.comm_handle(comm), ranks, 64, n))
+    return None if n[0] < 0 else set(ranks[0:n[0]])
 
 
 def _op_name(op) -> str:

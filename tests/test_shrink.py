@@ -98,11 +98,30 @@ def test_survivors_go_on(nprocs):
     check_phases(out, nprocs, phases)
 
 
-def test_shrink_refused_without_ulfm():
-    """MPICH (its MPIX_Comm_shrink aborts): ArgumentError at construction on every rank,
-    naming what is missing."""
+MPICH_CASES = {
+    3: ("raise", [("solo", {2}, 10), ("full", {0}, 10)]),
+    5: ("exit", [("full", {4}, 10), ("majority", {1}, 10), ("probe", {3}, 10), ("quorum", {0}, 10)]),
+}
+
+
+@pytest.mark.parametrize("nprocs", sorted(MPICH_CASES))
+def test_survivors_of_a_report_go_on(nprocs):
+    """MPICH (no ULFM) under -disable-auto-cleanup: a rank that raises (P = 3, 2) or calls
+    sys.exit(3) (P = 5, 4, 3, 2) reports and leaves without aborting the job; the survivors
+    go on over MPI_Comm_create_group of the others: the same checks as under ULFM."""
     if mpi_flavour() == "openmpi":
-        pytest.skip("Open MPI with ULFM can shrink: test_survivors_go_on runs there")
+        pytest.skip("MPICH's path (a report, then MPI_Comm_create_group): Open MPI runs test_survivors_go_on")
+    how, phases = MPICH_CASES[nprocs]
+    out = run_mpi("shrink_dies.py", nprocs, str(ROUNDS), spec(phases), how, keep_going=True,
+                  expect_passed=nprocs - sum(len(v) for _, v, _ in phases), timeout=120)
+    check_phases(out, nprocs, phases)
+
+
+def test_shrink_refused_without_ulfm():
+    """Open MPI without `--with-ft ulfm`: ArgumentError at construction on every rank,
+    naming what is missing (MPICH constructs: it survives the failures that report)."""
+    if mpi_flavour() != "openmpi":
+        pytest.skip("Open MPI without ULFM enabled: tests/test_openmpi.py runs it")
     out = run_mpi("shrink_dies.py", 3, "5", "solo:2@3", timeout=60)
-    refused = re.findall(r"REFUSED rank=(\d+) on_failure='shrink' cannot work here: .*no working ULFM", out)
+    refused = re.findall(r"REFUSED rank=(\d+) on_failure='shrink' cannot work here: ULFM is not enabled", out)
     assert sorted(map(int, refused)) == [0, 1, 2], out[-3000:]

@@ -1,11 +1,13 @@
-"""Ranks killed, the others go on (on_failure="shrink"): python shrink_dies.py ROUNDS PHASES
+"""Ranks killed, the others go on (on_failure="shrink"): python shrink_dies.py ROUNDS PHASES [HOW]
 
-Run under Open MPI's ``mpiexec --with-ft ulfm``. PHASES is ``mode:victims@round;...``,
+Run under Open MPI's ``mpiexec --with-ft ulfm`` (HOW ``kill``: SIGKILL, the default), or
+MPICH's ``mpiexec -disable-auto-cleanup`` (HOW ``raise``: an uncaught exception; ``exit``:
+sys.exit(3); each reports to the peers). PHASES is ``mode:victims@round;...``,
 victims ``r`` or ``r+r`` (ranks of COMM_WORLD). Each phase makes one PartialAllreduce
 (float64 SUM, late="fold", on_failure="shrink") over the survivors of the phases before
-(the test's own MPIX_Comm_shrink of the last phase's communicator); every rank posts and
+(the test's own MPIX_Comm_shrink, or MPI_Comm_create_group over the survivors without ULFM); every rank posts and
 waits ROUNDS times, values that differ per rank, post and element, all exact in float64;
-each victim posts its post #round and SIGKILLs itself before its wait (the round may be
+each victim posts its post #round and fails (HOW) before its wait (the round may be
 in flight anywhere), the others go on; then close(). So one launch tries every mode, at
 sizes that go down phase by phase.
 
@@ -35,9 +37,11 @@ from mpi4py import MPI
 import partialcoll as pc
 
 ROUNDS = int(sys.argv[1])
+HOW = sys.argv[3] if len(sys.argv) > 3 else "kill"
 PHASES = [(m, {int(v) for v in vs.split("+")}, int(n))
           for m, vs, n in (p.replace("@", ":").split(":") for p in sys.argv[2].split(";"))]
 N = 5
+ULFM = pc.info()["shrink"]["ulfm"]
 WORLD = MPI.COMM_WORLD
 me = WORLD.Get_rank()
 
@@ -67,6 +71,10 @@ for phase, (mode, victims, die_at) in enumerate(PHASES):
         if me in victims and i == die_at:
             coll.post(x)
             print(f"KILLED phase={phase} rank={me} at={time.time():.6f}", flush=True)
+            if HOW == "raise":
+                raise RuntimeError(f"rank {me} fails in round {i} (on purpose)")
+            if HOW == "exit":
+                sys.exit(3)
             os.kill(os.getpid(), signal.SIGKILL)
         res = coll.post(x).wait()
         if coll.failed and not recovered:
@@ -83,7 +91,10 @@ for phase, (mode, victims, die_at) in enumerate(PHASES):
     failed = tuple(members[r] for r in coll.failed)
     print(f"SURVIVOR phase={phase} rank={me} failed={failed} rounds={got} total={total.tolist()} posts={posts} "
           f"full_ok={full_ok} recovered={recovered:.6f} recoveries={coll.recoveries}", flush=True)
-    comm = comm.Shrink() if victims else comm
-    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    if victims:                  # the next phase over the survivors
+        # ULFM: MPIX_Comm_shrink (MPI_Comm_create_group waits on a communicator with dead
+        # ranks); MPICH: MPI_Comm_create_group, collective over the survivors only
+        comm = comm.Shrink() if ULFM else comm.Create_group(comm.Get_group().Excl([members.index(v) for v in victims]))
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
 print(f"PASSED {me}", flush=True)
 os._exit(0)     # MPI_Finalize could wait for the dead ranks
