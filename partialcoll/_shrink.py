@@ -301,7 +301,7 @@ class Shrinker:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
                 gone = _failed_ranks(coll._comm)
-                if rank in gone or gone is None:
+                if gone is None or rank in gone:
                     failed |= set(gone or ())
                     break
                 time.sleep(0.01)

@@ -53,7 +53,7 @@ def check_phases(out, nprocs, phases):
         assert all(lines.values()), (phase, mode, sorted(r for r, v in lines.items() if not v), out[-4000:])
         totals = {tuple(v[2]) for v in lines.values()}
         assert len(totals) == 1, (phase, mode, "survivors disagree", lines)
-        for rank, (failed, rounds, total, posts, full_ok) in lines.items():
+        for rank, (failed, rounds, _, _, full_ok) in lines.items():
             assert failed == tuple(sorted(victims)), (phase, mode, rank, failed)
             assert rounds == ROUNDS and full_ok, (phase, mode, rank, rounds, full_ok)
         failed, rounds, total, posts, _ = next(iter(lines.values()))
