@@ -1,10 +1,12 @@
 """on_failure="shrink" under Open MPI's ULFM: the recovery time and a soak (docs/faults.md).
 
 Runs tests/mpi/shrink_dies.py (one phase per launch) under this environment's mpiexec with
-``--with-ft ulfm``; run it with the Open MPI environment's Python (.ci/openmpi-env):
+``--with-ft ulfm`` (Open MPI: run it with the Python of .ci/openmpi-env's environment) or
+``-disable-auto-cleanup`` (MPICH, whose victims raise or exit: --how):
 
     .venv-ompi/bin/python bench/shrink.py --P 4 8 --runs 20 --rounds 200            # recovery
     .venv-ompi/bin/python bench/shrink.py --P 4 8 --runs 20 --rounds 200 --soak     # soak
+    python bench/shrink.py --P 4 8 --how raise exit                                 # MPICH
 
 Recovery: each run SIGKILLs one random rank at round 10 of ROUNDS (the modes in turn);
 the time from the death (the victim's clock just before the signal) to the next round
@@ -28,17 +30,17 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from conftest import launch, launch_env      # noqa: E402  (the tests' own launcher)
+from conftest import launch, launch_env, mpi_flavour     # noqa: E402  (the tests' own launcher)
 from test_shrink import prefix, spec, survivors_of, _choices   # noqa: E402  (the suite's checks)
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
 SCRIPT = os.path.join(HERE, "..", "tests", "mpi", "shrink_dies.py")
 
 
-def one(p: int, rounds: int, mode: str, victims: dict, timeout: float) -> dict:
+def one(p: int, rounds: int, mode: str, victims: dict, timeout: float, how: str = "kill") -> dict:
     """One launch; victims {rank: round} (one round for all: two killed at once). Returns hang, wrong, lost, recovery (s), recover_call (s)."""
     phases = spec([(mode, set(victims), max(victims.values()))])
-    cmd = launch(p, [sys.executable, SCRIPT, str(rounds), phases], keep_going=True)
+    cmd = launch(p, [sys.executable, SCRIPT, str(rounds), phases, how], keep_going=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **launch_env())
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
@@ -79,10 +81,13 @@ def main() -> None:
     ap.add_argument("--soak", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--how", nargs="+", default=["kill"], choices=["kill", "raise", "exit"],
+                    help="how victims fail, in turn (MPICH: raise exit; its launcher ends the job on a kill)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     what = "soak" if a.soak else "recovery"
-    print(f"# {what}: {a.runs} runs per P, {a.rounds} rounds, seed {a.seed}")
+    print(f"# {what}: {a.runs} runs per P, {a.rounds} rounds, seed {a.seed}, victims: {' '.join(a.how)}, "
+          f"{mpi_flavour()}")
     print("| P | runs | modes | failures | hangs | wrong results | lost survivor posts "
           "| death -> next round, median (s) | max (s) | shrink call, max (s) |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -96,7 +101,7 @@ def main() -> None:
             at = rng.randint(1, a.rounds - 2) if a.soak else 10
             victims = {v: at for v in rng.sample(range(p), k)}
             failures += k
-            r = one(p, a.rounds, mode, victims, a.timeout)
+            r = one(p, a.rounds, mode, victims, a.timeout, a.how[run % len(a.how)])
             for key in stats:
                 stats[key] += r[key]
             if r["hang"] or r["wrong"]:
