@@ -31,7 +31,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from conftest import launch, launch_env, mpi_flavour     # noqa: E402  (the tests' own launcher)
-from test_shrink import prefix, spec, survivors_of, _choices   # noqa: E402  (the suite's checks)
+from test_shrink import dead_posts_fit, prefix, spec, survivors_of   # noqa: E402  (the suite's checks)
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
 SCRIPT = os.path.join(HERE, "..", "tests", "mpi", "shrink_dies.py")
@@ -58,10 +58,7 @@ def one(p: int, rounds: int, mode: str, victims: dict, timeout: float, how: str 
     total, posts = lines[0][2], lines[0][3]
     rest = total - sum((prefix(r, rounds) for r in alive), np.zeros(len(total)))
     read = posts - len(alive) * rounds
-    fits = [js for js in _choices(sorted(victims), rounds)
-            if np.array_equal(rest, sum((prefix(v, j) for v, j in js), np.zeros(len(total))))
-            and sum(j for _, j in js) == read]
-    if not fits:
+    if not dead_posts_fit(rest, read, victims, max(victims.values()) + 1):
         res["wrong"] = 1
         res["lost"] = int(np.any(rest < 0))          # less than the survivors posted: theirs went missing
         return res

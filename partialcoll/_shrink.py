@@ -97,7 +97,6 @@ class Shrinker:
         self.alive: List[int] = list(range(coll.size))   # current rank -> original rank
         self.failed: Tuple[int, ...] = ()
         self.round_base = 0                  # the user's round number of the engine's round 0
-        self.epoch = 0                       # engine collectives built so far, minus one
         self.kept: List[Tuple[int, np.ndarray]] = []     # (engine post index, copy): not yet known inside
         self.posts = 0                       # posts the engine of this epoch counted
         self.open = None                     # the outstanding request (one at most)
@@ -240,7 +239,6 @@ class Shrinker:
         # rebuild on the survivors
         self.alive = list(survivors)
         self.round_base = M
-        self.epoch += 1
         coll._rebuild(new)
         self.kept, self.posts = [], 0
         for i, x in repost:
