@@ -224,10 +224,10 @@ class Shrinker:
         self.failed = tuple(sorted(set(range(self.group.Get_size())) - set(survivors)))
         if plan[0] == "error":
             raise PeerError(plan[1], self.failed[0] if self.failed else -1, "failed", plan[1])
-        kind, M, result, inside = plan
+        kind, M, result, agreed_inside = plan
         # the outstanding request: its round completed (here or via the donor), or it is posted again
         req, moved = self.open, None
-        repost = [(i, x) for i, x in self.kept if inside <= i < posts]
+        repost = [(i, x) for i, x in self.kept if agreed_inside <= i < posts]
         if req is not None and req._result is None and req.index < posts and req.index < M - self.round_base:
             if result is not None:
                 req._result = self._result_for(coll, req, result)
@@ -252,7 +252,9 @@ class Shrinker:
         if pending_post is not None and moved is None and pending_post < posts:
             moved = req                  # counted and inside a completed round: nothing to re-post
         self.recoveries.append({"failed": self.failed, "seconds": time.monotonic() - started, "round": kind,
-                                "reposted": len(repost), "tries": tries, "cause": type(cause).__name__})
+                                "reposted": len(repost), "tries": tries, "cause": type(cause).__name__,
+                                "held": {"completed": done, "posts": posts, "inside": inside, "taken": taken,
+                                         "agreed": M}})
         return moved
 
     def _shrink(self, coll, old, *state):
