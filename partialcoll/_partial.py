@@ -283,6 +283,12 @@ class PartialAllreduce(_propagate.Reporting):
             from the owners' measured times, and all switch to it at the same round.
         epsilon: "psld": the probability of exploring (moving a block to another server).
         rebalance_every: "proportional", "psld": rounds per decision.
+        on_failure: what happens when a peer fails: "raise" (every survivor's calls raise
+            PeerError or MPIError) or "shrink" (the survivors agree on the failed ranks,
+            complete or re-run the round in flight, and go on without them; one
+            outstanding request per rank, host buffers; docs/faults.md). Default
+            partialcoll.rc.on_failure ("raise"). Where the MPI cannot shrink at all,
+            "shrink" raises ArgumentError on every rank (partialcoll.info()["shrink"]).
 
     Construction is collective over comm, and makes these MPI calls on every rank: one
     allgather (the ranks agree on the arguments), comm.Dup() (the collective's own
