@@ -101,8 +101,8 @@ def test_survivors_go_on(nprocs):
     """Every mode at P = 8, 7, 6, 5, 4 (one launch, a rank killed at round 10 of 30 in each
     phase), and P = 5, 3 (two killed at once), 2: see the module docstring."""
     if mpi_flavour() != "openmpi":
-        pytest.skip("needs Open MPI with ULFM (mpiexec --with-ft ulfm): tests/test_openmpi.py runs it in "
-                    "the environment .ci/openmpi-env makes")
+        pytest.skip("needs the second MPI's environment: Open MPI with ULFM (mpiexec --with-ft ulfm); "
+                    "tests/test_openmpi.py runs it in the environment .ci/openmpi-env makes")
     phases = CASES[nprocs]
     out = run_mpi("shrink_dies.py", nprocs, str(ROUNDS), spec(phases), keep_going=True,
                   expect_passed=nprocs - sum(len(v) for _, v, _ in phases), timeout=120)
@@ -121,7 +121,8 @@ def test_survivors_of_a_report_go_on(nprocs):
     sys.exit(3) (P = 5, 4, 3, 2) reports and leaves without aborting the job; the survivors
     go on over MPI_Comm_create_group of the others: the same checks as under ULFM."""
     if mpi_flavour() == "openmpi":
-        pytest.skip("MPICH's path (a report, then MPI_Comm_create_group): Open MPI runs test_survivors_go_on")
+        pytest.skip("needs the second MPI's environment: MPICH's path (a report, then MPI_Comm_create_group); "
+                    "Open MPI runs test_survivors_go_on")
     how, phases = MPICH_CASES[nprocs]
     out = run_mpi("shrink_dies.py", nprocs, str(ROUNDS), spec(phases), how, keep_going=True,
                   expect_passed=nprocs - sum(len(v) for _, v, _ in phases), timeout=120)
@@ -132,7 +133,7 @@ def test_shrink_refused_without_ulfm():
     """Open MPI without `--with-ft ulfm`: ArgumentError at construction on every rank,
     naming what is missing (MPICH constructs: it survives the failures that report)."""
     if mpi_flavour() != "openmpi":
-        pytest.skip("Open MPI without ULFM enabled: tests/test_openmpi.py runs it")
+        pytest.skip("needs the second MPI's environment: Open MPI without ULFM enabled; tests/test_openmpi.py runs it")
     out = run_mpi("shrink_dies.py", 3, "5", "solo:2@3", timeout=60)
     refused = re.findall(r"REFUSED rank=(\d+) on_failure='shrink' cannot work here: ULFM is not enabled", out)
     assert sorted(map(int, refused)) == [0, 1, 2], out[-3000:]
@@ -144,7 +145,8 @@ def test_unreported_failure_is_named_not_survived():
     every survivor raises PeerError saying so, within its liveness bound (the report is
     waited for 1 s, then the MPI asked: 1.5 s measured), never a hang."""
     if mpi_flavour() == "openmpi":
-        pytest.skip("ULFM survives a rank that leaves without a report: test_survivors_go_on")
+        pytest.skip("needs the second MPI's environment: MPICH (ULFM survives a rank that leaves without a "
+                    "report: test_survivors_go_on)")
     out = run_mpi("shrink_dies.py", 3, str(ROUNDS), "solo:2@10", "noreport", keep_going=True, expect_passed=2,
                   timeout=60)
     killed = float(re.search(r"KILLED phase=0 rank=2 at=([\d.]+)", out).group(1))
