@@ -1,6 +1,7 @@
 """Ranks killed, the others go on (on_failure="shrink"): python shrink_dies.py ROUNDS PHASES [HOW]
 
-Run under Open MPI's ``mpiexec --with-ft ulfm`` (HOW ``kill``: SIGKILL, the default), or
+A victim written ``r!`` does not die at the round: it dies inside the survivors'
+agreement on the others (ULFM only). Run under Open MPI's ``mpiexec --with-ft ulfm`` (HOW ``kill``: SIGKILL, the default), or
 MPICH's ``mpiexec -disable-auto-cleanup`` (HOW ``raise``: an uncaught exception; ``exit``:
 sys.exit(3); each reports to the peers; ``noreport``: os._exit(9), which nobody reports:
 each survivor prints ``UNSURVIVABLE phase=K rank=R at=T <PeerError>``). PHASES is ``mode:victims@round;...``,
@@ -39,7 +40,7 @@ import partialcoll as pc
 
 ROUNDS = int(sys.argv[1])
 HOW = sys.argv[3] if len(sys.argv) > 3 else "kill"
-PHASES = [(m, {int(v) for v in vs.split("+")}, int(n))
+PHASES = [(m, {int(v.rstrip("!")) for v in vs.split("+")}, {int(v[:-1]) for v in vs.split("+") if v.endswith("!")}, int(n))
           for m, vs, n in (p.replace("@", ":").split(":") for p in sys.argv[2].split(";"))]
 N = 5
 ULFM = pc.info()["shrink"]["ulfm"]
@@ -53,7 +54,17 @@ def value(r: int, i: int) -> np.ndarray:
 
 
 comm = WORLD
-for phase, (mode, victims, die_at) in enumerate(PHASES):
+def die_agreeing(*args, **kwargs):
+    """A victim marked r!: it dies inside the survivors' agreement on another victim (after
+    the shrink, before they compare rounds), so they must shrink and agree again."""
+    print(f"KILLED phase=agreeing rank={me} at={time.time():.6f}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+for phase, (mode, victims, agreeing, die_at) in enumerate(PHASES):
+    if me in agreeing:
+        from partialcoll import _shrink
+        _shrink.Shrinker._plan = die_agreeing
     size = comm.Get_size()
     members = MPI.Group.Translate_ranks(comm.Get_group(), list(range(size)), WORLD.Get_group())
     extra = {"quorum": {"quorum": max(1, size // 2)}}.get(mode, {})
@@ -69,7 +80,7 @@ for phase, (mode, victims, die_at) in enumerate(PHASES):
     alive = tuple(r for r in members if r not in victims)
     for i in range(ROUNDS):
         x = value(me, i)
-        if me in victims and i == die_at:
+        if me in victims - agreeing and i == die_at:
             coll.post(x)
             print(f"KILLED phase={phase} rank={me} at={time.time():.6f}", flush=True)
             if HOW == "raise":
