@@ -961,7 +961,10 @@ class PartialAllreduce(_propagate.Reporting):
         "seconds" (this rank's time from the failed call to the rebuilt collective),
         "round" ("completed": the round in flight completed at some survivors and was
         completed at the others with their result; "rerun": it completed nowhere and ran
-        again), "reposted" (this rank's posts posted again), "tries" (shrinks)."""
+        again), "reposted" (this rank's posts posted again), "tries" (shrinks), "cause"
+        (the exception that started it), "held" (what this rank held of the stopped
+        collective: rounds completed, posts, posts inside completed rounds, posts taken,
+        and the rounds the survivors agreed completed)."""
         return list(self._shrink.recoveries) if self._shrink is not None else []
 
     def _rebuild(self, comm: MPI.Comm) -> None:

@@ -22,6 +22,12 @@ Then, on every survivor:
    shrunk communicator; results keep the original communicator's rank numbers, and round
    numbers go on from the last completed round.
 
+Without ULFM (MPICH: its MPIX_Comm_shrink aborts, mpi4py maps Shrink to Dup) only a
+failure that reports survives: the failing rank's report (the first one every survivor
+hears) is the agreement, the ranks the MPI shows gone with it are added, and
+MPI_Comm_create_group over the others (collective over them only) stands in for the
+shrink; a failure nobody reported raises PeerError.
+
 One request may be outstanding per rank (post, then wait, before the next post: the
 training-loop pattern), so that re-posting keeps each post's round; this rank keeps a
 copy of each post until a result shows it inside a completed round.
