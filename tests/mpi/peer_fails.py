@@ -82,6 +82,7 @@ from mpi4py import MPI  # noqa: E402
 os.environ.setdefault("PARTIALCOLL_ABORT_ON_EXCEPTION", "0")
 
 import partialcoll as pc  # noqa: E402
+from _util import nap_until_told  # noqa: E402
 
 CASE = sys.argv[1]
 PHASES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["with", "thread", "drop", "close", "never"]
@@ -276,9 +277,12 @@ def phase_never(comm):
     stalls = ("majority", "full")
     x = np.full(4, float(comm.rank))
     timeout = pc.rc.timeout
+    side = comm.Dup()                        # MPI's own: the survivors tell rank 0 they are done
     if comm.rank == 0:
         say(f"FAILING case=never at={time.time():.4f}")
-        time.sleep(3 * timeout + 1.0)        # never posts while the survivors time out
+        # never posts (asleep in Python) while the survivors time out, until each has
+        heard = nap_until_told(side, range(1, comm.size), limit=3 * timeout + 1.0)
+        assert heard == set(range(1, comm.size)), f"survivors {sorted(heard)} of {comm.size - 1} were done"
         for mode in stalls:
             try:
                 colls[mode].post(x).wait()
@@ -312,8 +316,10 @@ def phase_never(comm):
                 assert took < timeout + 2.0 + 20 * 0.5, took
                 say(f"FAULT rank={comm.rank} case=never mode={mode} raised={type(exc).__name__} named={named} "
                     f"exc_type={getattr(exc, 'exc_type', '-')} at={time.time():.4f} close=- close_s=0")
+        side.send(comm.rank, dest=0)
     for mode in ("solo", "probe", "quorum"):
         colls[mode].close()
+    side.Free()
 
 
 def body():
