@@ -39,4 +39,6 @@ def info() -> Dict[str, object]:
         # (partialcoll-bench calibrate's cache, or the defaults); a collective uses rank 0's
         # and says what it chose and why in repr() and .algorithm_reason
         "auto_model": model.load().describe(),
+        # this process's peer-error reports: sent, and stale ones dropped (docs/faults.md)
+        "reports": _engine.report_counts(),
     }
