@@ -160,7 +160,8 @@ def check_first_report_wins(out, nprocs):
     for rank in range(1, nprocs):
         for mode in MODES:
             raised, named, exc_type, _, close, close_s = got.get(("second", rank, mode), (None,) * 6)
-            assert (raised, named, exc_type) == ("PeerError", "0", "RuntimeError"), (rank, mode, raised, named, out[-3000:])
+            assert (raised, named, exc_type) == ("PeerError", "0", "RuntimeError"), \
+                (rank, mode, raised, named, out[-3000:])
             assert close == ("dropped" if rank == 1 else "PeerError") and close_s < 1.0, (rank, mode, close, close_s)
     sent = {int(r): int(n) for r, n in re.findall(r"REPORTS rank=(\d+) case=second sent=(\d+)", out)}
     assert sent == {r: len(MODES) if r == 0 else 0 for r in range(nprocs)}, sent

@@ -1,5 +1,5 @@
 """Who is slow (issue 55): pc.Stats from hand-made records (the attribution, worked by
-hand), and under mpiexec at P = 3, 5, 8 (the attribution does not depend on P being even) with injected delays (tests/mpi/stats_checks.py)."""
+hand), and under mpiexec at P = 3, 5, 8 with injected delays (tests/mpi/stats_checks.py)."""
 import json
 
 import numpy as np
