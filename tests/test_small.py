@@ -8,7 +8,7 @@ import pytest
 
 import partialcoll as pc
 
-from conftest import PYTHON
+from conftest import PYTHON, run_shared
 
 
 _DECIDE = """
@@ -170,10 +170,11 @@ def test_info_reports_the_policy():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("small_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
-def test_small_messages_auto(mpirun, nprocs):
+def test_small_messages_auto(mpirun, request, nprocs):
     """post(x, out=y).wait() against MPI_Allreduce, policy auto (sleep here at P >= 2)."""
-    mpirun("small_checks.py", nprocs, timeout=240)
+    run_shared(mpirun, request, nprocs)
 
 
 @pytest.mark.mpiexec
