@@ -178,8 +178,7 @@ def test_small_messages_auto(mpirun, request, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("idle", ["spin", "sleep"])
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
+@pytest.mark.parametrize("nprocs,idle", [(1, "spin"), (2, "sleep"), (3, "spin")])   # auto sleeps at 2, 3, 5
 def test_small_messages_forced(mpirun, idle, nprocs):
     mpirun("small_checks.py", nprocs, env={"PARTIALCOLL_IDLE": idle}, timeout=240)
 
