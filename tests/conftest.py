@@ -225,6 +225,7 @@ SHARED_TIMEOUT = 900            # the whole job at one P (a deadlock guard: each
 _shared_outcome: dict = {}      # nprocs -> (modules, failure text or None)
 
 
+@pytest.hookimpl(trylast=True)          # after -k and -m deselected theirs
 def pytest_collection_modifyitems(config, items):
     for item in items:
         mark = item.get_closest_marker("shared_job")
