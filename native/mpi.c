@@ -377,13 +377,22 @@ int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm, uint64_t ident)
 
 /* A report about another collective is stale: a peer sent it on a communicator that
  * both sides have freed since, and MPI gave its context id to this collective's. It is
- * dropped and the receive posted again (so stale reports are drained, one per pass). */
+ * dropped (and counted: mpi_alarm_dropped) and the receive posted again (so stale reports
+ * are drained, one per pass). */
+static int64_t alarm_dropped;
+
+int64_t mpi_alarm_dropped(void)
+{
+    return __atomic_load_n(&alarm_dropped, __ATOMIC_RELAXED);
+}
+
 int mpi_alarm_heard(pc_alarm *a)
 {
     int flag = 0;
     if (!a->listening || MPI_Test(&a->rx, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) return 0;
     a->listening = 0;
     if (((const pc_alarm_msg *)(const void *)a->in)->ident == a->ident) return 1;
+    __atomic_add_fetch(&alarm_dropped, 1, __ATOMIC_RELAXED);
     alarm_post(a);              /* if it fails, this collective hears no more reports */
     return 0;
 }

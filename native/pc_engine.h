@@ -263,6 +263,10 @@ int pc_coll_abandon(pc_coll *c, int *deferred);
  * sends it (with progress inline, a short-lived reporter thread's). */
 int pc_coll_abort(pc_coll *c, const char *type, const char *message, double timeout_s);
 int pc_coll_peer_error(pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen);
+/* this process's peer-error reports, since it started: sent (one per collective it reported
+ * on: none where a peer's report came first), and the stale reports it dropped (about
+ * another collective: sent on a communicator freed since, whose context id MPI reused) */
+int pc_report_counts(int64_t *sent, int64_t *dropped);
 /* traffic: add the bytes of the sends each schedule posted to peer i since creation
  * to sent[i], i < n; pass a collective (all its round schedules) or a schedule */
 int pc_traffic(pc_coll *c, pc_sched *s, int64_t *sent, int n);

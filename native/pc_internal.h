@@ -109,6 +109,7 @@ typedef struct pc_alarm {
 
 int mpi_alarm_listen(pc_alarm *a, MPI_Comm comm, uint64_t ident);
 int mpi_alarm_heard(pc_alarm *a);            /* 1: a peer's report about this collective is in a->in */
+int64_t mpi_alarm_dropped(void);             /* reports about other collectives dropped, this process */
 void mpi_alarm_deaf(pc_alarm *a);            /* complete the receive (a message to itself) */
 void mpi_alarm_cancel(pc_alarm *a);          /* cancel it: where the communicator may be freed */
 int mpi_alarm_send(pc_alarm *a, const pc_alarm_msg *msg);   /* to every peer, with a->ident */

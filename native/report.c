@@ -51,8 +51,19 @@ static void report_undefer(pc_report *r)
     }
 }
 
+/* reports this process sent (one per collective: to every peer), for pc_report_counts */
+static int64_t reports_sent;
+
+int pc_report_counts(int64_t *sent, int64_t *dropped)
+{
+    *sent = __atomic_load_n(&reports_sent, __ATOMIC_RELAXED);
+    *dropped = mpi_alarm_dropped();
+    return PC_OK;
+}
+
 void report_send(pc_report *r, int64_t upto, int cancel)
 {
+    __atomic_add_fetch(&reports_sent, 1, __ATOMIC_RELAXED);
     report_undefer(r);
     report_deaf(r, cancel);             /* this rank is done with the collective */
     r->mine.upto = upto;

@@ -127,6 +127,15 @@ def idle_state() -> Dict[str, object]:
             "throttled_samples": int(st.throttled), "steal": st.steal}
 
 
+def report_counts() -> Dict[str, int]:
+    """This process's peer-error reports (docs/faults.md): how many it sent (one per
+    collective it reported on; none where a peer's report came first) and how many stale
+    ones, about a collective freed since, its receives dropped."""
+    counts = ffi.new("int64_t[2]")
+    check(lib.pc_report_counts(counts, counts + 1))
+    return {"sent": int(counts[0]), "stale_dropped": int(counts[1])}
+
+
 def ensure_started() -> None:
     """Start the engine (and its progress thread) on first use, with the options of
     partialcoll.rc; and free the communicators that objects dropped by the garbage

@@ -41,4 +41,6 @@ def info() -> Dict[str, object]:
         "auto_model": model.load().describe(),
         # what on_failure="shrink" can survive here: works, survives, missing (docs/faults.md)
         "shrink": _shrink.support(),
+        # this process's peer-error reports: sent, and stale ones dropped (docs/faults.md)
+        "reports": _engine.report_counts(),
     }

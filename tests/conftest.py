@@ -212,6 +212,48 @@ def run_mpi(script: Union[str, Sequence[str]], nprocs: int, *args: str, timeout:
     return out
 
 
+# -- jobs shared by several test modules --------------------------------------------------
+# Check modules that run at a P with no arguments or environment of their own share one
+# launch per P: the ranks start (Python, NumPy, mpi4py, the engine, pytest) once for all of
+# them, which is most of a small module's time. A test marked shared_job("x_checks.py"),
+# parametrized by nprocs, calls run_shared: the first such test at a P runs the modules of
+# every shared_job test the session collected at that P (a -k or a node id that selects one
+# test runs its module alone), the others read the outcome. --durations shows the job's
+# time on the first test at each P.
+SHARED_MODULES: dict = {}       # nprocs -> [module, ...] of the session's shared_job tests
+SHARED_TIMEOUT = 900            # the whole job at one P (a deadlock guard: each module had 120-400 s alone)
+_shared_outcome: dict = {}      # nprocs -> (modules, failure text or None)
+
+
+@pytest.hookimpl(trylast=True)          # after -k and -m deselected theirs
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mark = item.get_closest_marker("shared_job")
+        callspec = getattr(item, "callspec", None)
+        if mark and callspec is not None:
+            modules = SHARED_MODULES.setdefault(callspec.params["nprocs"], [])
+            if mark.args[0] not in modules:
+                modules.append(mark.args[0])
+
+
+def run_shared(mpirun, request, nprocs: int) -> None:
+    """The shared job at nprocs (see SHARED_MODULES) has run, once, and every rank passed
+    every check of every module in it: request's test fails otherwise, naming the failed
+    checks (a failed check stops the job: the modules after it did not run)."""
+    module = request.node.get_closest_marker("shared_job").args[0]
+    if nprocs not in _shared_outcome:
+        modules = SHARED_MODULES.get(nprocs) or [module]
+        try:
+            mpirun(modules, nprocs, timeout=SHARED_TIMEOUT)
+            _shared_outcome[nprocs] = (modules, None)
+        except pytest.fail.Exception as exc:
+            _shared_outcome[nprocs] = (modules, str(exc))
+    modules, failure = _shared_outcome[nprocs]
+    assert module in modules, (module, modules)
+    if failure is not None:
+        pytest.fail(f"the shared job at P = {nprocs} ({', '.join(modules)}) failed:\n{failure}")
+
+
 def _end_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:

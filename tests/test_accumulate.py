@@ -3,8 +3,11 @@
 posts under random delays, exact counts, bad options on every rank."""
 import pytest
 
+from conftest import run_shared
+
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("accumulate_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
-def test_accumulate(mpirun, nprocs):
-    mpirun("accumulate_checks.py", nprocs, timeout=180)
+def test_accumulate(mpirun, request, nprocs):
+    run_shared(mpirun, request, nprocs)

@@ -5,11 +5,16 @@ shape that 3 and 5 (odd, folded into a power of two) and 8 do not cover; the pur
 builder tests (test_builders.py) simulate P = 1-9, 13, 16, 24 without MPI."""
 import pytest
 
+from conftest import run_shared
+
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("allreduce_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
-def test_allreduce_every_op_dtype_count(mpirun, nprocs):
-    mpirun("allreduce_checks.py", nprocs, timeout=300)
+def test_allreduce_every_op_dtype_count(mpirun, request, nprocs):
+    """Counts 0, 1, 2, P - 1, P, P + 1, 1000 with every algorithm against MPI_Allreduce:
+    every op x dtype pair at P <= 4, each op and each dtype at P = 5 and 8."""
+    run_shared(mpirun, request, nprocs)
 
 
 @pytest.mark.mpiexec

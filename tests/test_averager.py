@@ -5,6 +5,8 @@ serves, bad input on every rank."""
 import numpy as np
 import pytest
 
+from conftest import run_shared
+
 from partialcoll.averager import HEADER, client_schedule, server_schedule
 
 
@@ -20,6 +22,7 @@ def test_builders():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("averager_checks.py")
 @pytest.mark.parametrize("nprocs", [2, 3, 4, 5, 8])
-def test_averager(mpirun, nprocs):
-    mpirun("averager_checks.py", nprocs, timeout=240)
+def test_averager(mpirun, request, nprocs):
+    run_shared(mpirun, request, nprocs)

@@ -55,8 +55,8 @@ def test_threads(mpirun, nprocs, idle):
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_chunked_messages(mpirun, nprocs):
     """Messages in chunks (as past INT_MAX bytes), forced small: PARTIALCOLL_MAX_MESSAGE;
-    every op x dtype and algorithm with messages of several chunks, and divisor= (the
-    small counts, never cut, are test_allreduce.py's)."""
+    every op x dtype (at P = 2; each op and each dtype at 3) and algorithm with messages
+    of several chunks, and divisor= (the small counts, never cut, are test_allreduce.py's)."""
     mpirun("allreduce_checks.py", nprocs, "--chunked", env={"PARTIALCOLL_MAX_MESSAGE": "65521"}, timeout=240)
 
 

@@ -47,10 +47,10 @@ def test_dead_peer_is_named(mpirun, mode, nprocs):
         assert exc == "MPIError" and ranks == (nprocs - 1,) and took < LIVENESS_S, (rank, exc, took, ranks)
 
 
-@pytest.mark.parametrize("nprocs", [3, 4])
-@pytest.mark.parametrize("mode", ["solo", "full"])
+@pytest.mark.parametrize("mode,nprocs", [("solo", 3), ("full", 4)], ids=["solo-3", "full-4"])
 def test_dead_peer_times_out(mpirun, mode, nprocs):
-    """The MPI cannot tell (MPIX_Comm_get_failed hidden): every survivor raises Timeout after
+    """The MPI cannot tell (MPIX_Comm_get_failed hidden): each mode at one P (the timeout
+    does not depend on P; the named failure runs both at 3 and 4): every survivor raises Timeout after
     its 3 s, naming the ranks it has not heard from in the round; the dead rank is among
     them at the survivors it talks to directly. Open MPI across emulated hosts notices the
     dead rank's closed TCP connection even so: a survivor whose receive from it fails
@@ -128,7 +128,8 @@ PEER_FAULT = re.compile(r"FAULT rank=(\d+) case=(\w+) mode=(\w+) raised=(\w+) na
 FAILING = re.compile(r"FAILING case=(\w+) at=([\d.]+)")
 MODES = ("solo", "majority", "probe", "quorum", "full", "neighbor")    # neighbor: a NeighborAllreduce
 EXPECTED_TYPE = {"badbuf": "InvalidBufferError", "raise": "RuntimeError", "sigint": "KeyboardInterrupt",
-                 "sigterm": "SIGTERM", "exit": "exit", "with": "RuntimeError", "thread": "RuntimeError", "drop": "dropped", "close": "Timeout"}
+                 "sigterm": "SIGTERM", "exit": "exit", "with": "RuntimeError", "thread": "RuntimeError", "drop": "dropped", "close": "Timeout",
+}
 
 
 def peer_faults(out):
@@ -149,6 +150,21 @@ def check_peer_error(out, case, nprocs):
                 (case, rank, mode, raised, named, exc_type, out[-3000:])
             assert at - failing[case] < LIVENESS_S, (case, rank, mode, at - failing[case])
             assert close == "PeerError" and close_s < 1.0, (case, rank, mode, close, close_s)
+
+
+def check_first_report_wins(out, nprocs):
+    """Two failures (peer_fails.py's `second`): rank 1 failed after hearing rank 0's report
+    and sent none of its own; every survivor, rank 1 included, named rank 0 on every
+    collective (rank 1 then dropped its collectives; the others' close() raised at once)."""
+    got, _ = peer_faults(out)
+    for rank in range(1, nprocs):
+        for mode in MODES:
+            raised, named, exc_type, _, close, close_s = got.get(("second", rank, mode), (None,) * 6)
+            assert (raised, named, exc_type) == ("PeerError", "0", "RuntimeError"), \
+                (rank, mode, raised, named, out[-3000:])
+            assert close == ("dropped" if rank == 1 else "PeerError") and close_s < 1.0, (rank, mode, close, close_s)
+    sent = {int(r): int(n) for r, n in re.findall(r"REPORTS rank=(\d+) case=second sent=(\d+)", out)}
+    assert sent == {r: len(MODES) if r == 0 else 0 for r in range(nprocs)}, sent
 
 
 # each way of ending rank 0's process at one or two P (2, 3, 5 each at least twice): how the
@@ -177,11 +193,13 @@ def test_failure_in_process(mpirun, nprocs):
     without timeout=, times out after pc.rc.close_timeout (1.5 s; PeerError, exc_type
     Timeout); rank 0 never posts: solo, probe and quorum go
     on without it, majority and full time out (2 s) naming the ranks not heard from (0
-    among them), after the stall inspector (0.5 s) logged them, and rank 0 hears of it."""
+    among them), after the stall inspector (0.5 s) logged them, and rank 0 hears of it;
+    two failures, rank 1 after rank 0's report: the first report wins."""
     out = mpirun("peer_fails.py", nprocs, "inproc", timeout=120,
                  env={"PARTIALCOLL_TIMEOUT": "2", "PARTIALCOLL_STALL_WARNING": "0.5"})
     for case in ("with", "thread", "drop", "close"):
         check_peer_error(out, case, nprocs)
+    check_first_report_wins(out, nprocs)
     got, _ = peer_faults(out)
     named = set()
     for rank in range(1, nprocs):
@@ -207,11 +225,12 @@ def test_failure_in_process_inline(mpirun, nprocs):
     then waits in an MPI barrier, outside the engine: a reporter thread sends the reports
     its garbage collector made (before, no pass came to send them and every survivor
     timed out instead of raising PeerError)."""
-    out = mpirun("peer_fails.py", nprocs, "inproc", "with,thread,drop,close", timeout=120,
+    out = mpirun("peer_fails.py", nprocs, "inproc", "with,thread,drop,close,second", timeout=120,
                  env={"PARTIALCOLL_TIMEOUT": "2", "PARTIALCOLL_STALL_WARNING": "0.5",
                       "PARTIALCOLL_PROGRESS": "inline"})
     for case in ("with", "thread", "drop", "close"):
         check_peer_error(out, case, nprocs)
+    check_first_report_wins(out, nprocs)
 
 
 @pytest.mark.parametrize("nprocs", [2, 3, 5])

@@ -4,6 +4,8 @@ across a regrouping, hysteresis, regrouping on measured delays, random step time
 every mode (nothing lost across the regroupings they cause), bad input everywhere."""
 import pytest
 
+from conftest import run_shared
+
 from partialcoll.hierarchical import _partition
 
 
@@ -14,6 +16,7 @@ def test_partition_ignores_numbers():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("hierarchical_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
-def test_hierarchical(mpirun, nprocs):
-    mpirun("hierarchical_checks.py", nprocs, timeout=240)
+def test_hierarchical(mpirun, request, nprocs):
+    run_shared(mpirun, request, nprocs)

@@ -17,7 +17,7 @@ FAKECUPY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakecupy")
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_jax_integration(mpirun, nprocs):
     """jax_checks.py at P; the P = 2 job also runs the GPU path on the host, with the
     stand-in CuPy of tests/fakecupy on PYTHONPATH."""

@@ -2,6 +2,8 @@
 COMM_SELF (one process: this pytest process)."""
 import numpy as np
 import pytest
+
+from conftest import run_shared
 from mpi4py import MPI
 
 import partialcoll as pc
@@ -132,7 +134,8 @@ def test_bfloat16_without_ml_dtypes_by_name():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("half_checks.py")
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_half_precision_partial_modes(mpirun, nprocs):
+def test_half_precision_partial_modes(mpirun, request, nprocs):
     """float16/bfloat16 in every partial mode (nothing lost), full in place, a schedule."""
-    mpirun("half_checks.py", nprocs, timeout=120)
+    run_shared(mpirun, request, nprocs)

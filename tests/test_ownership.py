@@ -6,8 +6,7 @@ import pytest
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("idle", ["spin", "auto"])
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs,idle", [(2, "spin"), (3, "auto")])     # one idle policy per P
 def test_ownership(mpirun, nprocs, idle):
     mpirun("ownership_checks.py", nprocs, timeout=150, env={"PARTIALCOLL_IDLE": idle})
 

@@ -19,7 +19,7 @@ def test_partial_allreduce(mpirun, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs,idle", [(3, "auto"), (4, "auto"), (5, "auto"), (8, "auto"), (8, "spin")])
+@pytest.mark.parametrize("nprocs,idle", [(3, "auto"), (5, "auto"), (8, "auto"), (8, "spin")])
 def test_counts_exact(mpirun, nprocs, idle):
     """Rank r posts e_r (and 1000**r): every result's posts, active and nap say exactly
     whose posts its data holds, leftovers of late posts included; solo, majority, probe,
@@ -36,7 +36,7 @@ def test_partial_inline_progress(mpirun, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [2, 3, 4, 5])
+@pytest.mark.parametrize("nprocs", [2, 3, 5])      # powers of two: 2 here, 4 and 8 in the semantics jobs
 def test_close_uneven_posts(mpirun, nprocs):
     """close() finishes on every rank and flushes everything when ranks posted different
     numbers of times (some never waiting, one never posting), every mode x late policy

@@ -3,6 +3,8 @@ simulator for many P, block sizes and assignments (no MPI processes)."""
 import numpy as np
 import pytest
 
+from conftest import run_shared
+
 from partialcoll._buffers import BufRef
 from partialcoll.algorithms import ps
 from partialcoll.schedule import Schedule
@@ -124,11 +126,12 @@ def test_simulated_ps_dedicated_servers(p):
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("ps_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
-def test_ps_against_mpi_allreduce(mpirun, nprocs):
+def test_ps_against_mpi_allreduce(mpirun, request, nprocs):
     """Every op x dtype, counts below one block and with a partial last block, dedicated
     servers, divisor=, a server that never posts, owner times and bad owner options."""
-    mpirun("ps_checks.py", nprocs, timeout=400)
+    run_shared(mpirun, request, nprocs)
 
 
 # (mode:balance cases) per process count, each P's in one job (each check runs once per case)

@@ -8,7 +8,7 @@ import pytest
 
 import partialcoll as pc
 
-from conftest import PYTHON
+from conftest import PYTHON, run_shared
 
 
 _DECIDE = """
@@ -170,15 +170,15 @@ def test_info_reports_the_policy():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("small_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
-def test_small_messages_auto(mpirun, nprocs):
+def test_small_messages_auto(mpirun, request, nprocs):
     """post(x, out=y).wait() against MPI_Allreduce, policy auto (sleep here at P >= 2)."""
-    mpirun("small_checks.py", nprocs, timeout=240)
+    run_shared(mpirun, request, nprocs)
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("idle", ["spin", "sleep"])
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
+@pytest.mark.parametrize("nprocs,idle", [(1, "spin"), (2, "sleep"), (3, "spin")])   # auto sleeps at 2, 3, 5
 def test_small_messages_forced(mpirun, idle, nprocs):
     mpirun("small_checks.py", nprocs, env={"PARTIALCOLL_IDLE": idle}, timeout=240)
 

@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from conftest import run_shared
+
 from partialcoll import ArgumentError
 from partialcoll.speed_groups import split_by_speed
 
@@ -56,7 +58,8 @@ def test_bad_time(bad):
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("speed_groups_checks.py")
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_speed_groups_collective(mpirun, nprocs):
+def test_speed_groups_collective(mpirun, request, nprocs):
     """Hand-made cases at P = 1-8: every rank's group as expected; bad input everywhere."""
-    mpirun("speed_groups_checks.py", nprocs, timeout=120)
+    run_shared(mpirun, request, nprocs)

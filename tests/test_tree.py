@@ -5,6 +5,8 @@ semantics checks with algorithm="tree")."""
 import numpy as np
 import pytest
 
+from conftest import run_shared
+
 import simulate
 from partialcoll._buffers import BufRef
 from partialcoll._errors import ArgumentError
@@ -218,10 +220,11 @@ def test_dump_reads_like_the_docstring():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("tree_checks.py")
 @pytest.mark.parametrize("nprocs", [2, 3, 5, 8])
-def test_tree_against_mpi_allreduce(mpirun, nprocs):
+def test_tree_against_mpi_allreduce(mpirun, request, nprocs):
     """Every region shape x counts 0..2^17+3, every op x dtype, traffic(), bad groups."""
-    mpirun("tree_checks.py", nprocs, timeout=180)
+    run_shared(mpirun, request, nprocs)
 
 
 # (mode:shape cases) per process count, each P's in one job (each check runs once per case)

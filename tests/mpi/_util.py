@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 
 from mpi4py import MPI
@@ -29,6 +30,19 @@ def progress(mode: str, here: bool = True):
         if here:
             pc.finalize()
             pc.rc.progress = old
+
+
+def nap_until_told(side, ranks, limit):
+    """Sleep in Python (never calling partialcoll) until each of ranks has sent a message on
+    side (a communicator of MPI's own), polling every 10 ms, for at most limit seconds;
+    returns the ranks heard from."""
+    heard, deadline = set(), time.monotonic() + limit
+    while len(heard) < len(ranks) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        status = MPI.Status()
+        while side.iprobe(source=MPI.ANY_SOURCE, status=status):
+            heard.add(side.recv(source=status.Get_source()))
+    return heard
 
 
 def run_module(path: str) -> None:

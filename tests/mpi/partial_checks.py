@@ -18,7 +18,7 @@ from mpi4py import MPI
 import partialcoll as pc
 from _devices import KIND, on_buffers
 from _reference import candidates
-from _util import ARGS, expect_raises, run_module
+from _util import ARGS, expect_raises, nap_until_told, run_module
 
 MODES = ARGS[0].split(",") if ARGS else ["solo"]
 ROUNDS = int(ARGS[1]) if len(ARGS) > 1 else 100
@@ -235,19 +235,6 @@ def test_staleness(comm, mode):
     # fold: this rank's results cover every round up to the last once, so every staleness
     # round up to it was checked here (at least 39 // s of them: the last post's round >= 39)
     assert covered == [n for n in range(last + 1) if (n + 1) % s == 0] and len(covered) >= 39 // s, covered
-
-
-def nap_until_told(side, ranks, limit):
-    """Sleep in Python (never calling partialcoll) until each of ranks has sent a message on
-    side (a communicator of MPI's own), polling every 10 ms, for at most limit seconds;
-    returns the ranks heard from."""
-    heard, deadline = set(), time.monotonic() + limit
-    while len(heard) < len(ranks) and time.monotonic() < deadline:
-        time.sleep(0.01)
-        status = MPI.Status()
-        while side.iprobe(source=MPI.ANY_SOURCE, status=status):
-            heard.add(side.recv(source=status.Get_source()))
-    return heard
 
 
 @pytest.mark.mpi(min_size=2)

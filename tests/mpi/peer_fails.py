@@ -37,6 +37,11 @@ PHASES (default all) names some of them, comma-separated:
            the survivors go on posting: their rounds complete (rank 0 is passive, closing),
            then rank 0's close() times out and reports Timeout: survivors raise PeerError
            (exc_type Timeout)
+  second   two failures: rank 0 fails as in ``with``; rank 1 hears it (PeerError naming 0 on
+           every collective), then fails too, inside ``with`` blocks of all six: the first
+           report wins, rank 1 sends none of its own (pc.info()["reports"]["sent"] counts
+           what each rank sent in the phase: rank 0 six, every other rank none), and the
+           other survivors, who look only once rank 1 has failed, name rank 0.
   never    rank 0 stops posting (sleeps): solo, probe and quorum (k = P - 1) rounds go on
            without it (it is not active in the last of them); majority and full rounds
            that need it stall: each survivor's wait raises Timeout (or PeerError with type
@@ -82,9 +87,10 @@ from mpi4py import MPI  # noqa: E402
 os.environ.setdefault("PARTIALCOLL_ABORT_ON_EXCEPTION", "0")
 
 import partialcoll as pc  # noqa: E402
+from _util import nap_until_told  # noqa: E402
 
 CASE = sys.argv[1]
-PHASES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["with", "thread", "drop", "close", "never"]
+PHASES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["with", "thread", "drop", "close", "never", "second"]
 MODES = ("solo", "majority", "probe", "quorum", "full", "neighbor")   # neighbor: a NeighborAllreduce
 FAIL_AT = 3
 KEPT: list = []
@@ -198,12 +204,7 @@ def phase_with(comm):
     colls = opened(comm)
     if comm.rank == 0:
         say(f"FAILING case=with at={time.time():.4f}")
-        try:
-            with colls["solo"], colls["majority"], colls["probe"], colls["quorum"], colls["full"], \
-                    colls["neighbor"]:
-                raise RuntimeError("failed inside the with blocks")
-        except RuntimeError:
-            pass
+        fail_inside_with(colls, "failed inside the with blocks")
         for coll in colls.values():      # it dropped them: using them is a StateError here
             try:
                 coll.post(np.ones(4))
@@ -271,14 +272,49 @@ def phase_close(comm):
     close_at_once(comm, colls, survive(comm, colls, "Timeout"), "close")
 
 
+def fail_inside_with(colls, why):
+    """Raise RuntimeError(why) inside ``with`` blocks of every collective, and catch it:
+    each __exit__ reports it (where this rank is the first to) and drops the collective."""
+    try:
+        with colls["solo"], colls["majority"], colls["probe"], colls["quorum"], colls["full"], colls["neighbor"]:
+            raise RuntimeError(why)
+    except RuntimeError:
+        pass
+
+
+def phase_second(comm):
+    colls = opened(comm)
+    side = comm.Dup()                        # MPI's own: rank 1 tells the others it failed
+    sent = pc.info()["reports"]["sent"]
+    if comm.rank == 0:
+        say(f"FAILING case=second at={time.time():.4f}")
+        fail_inside_with(colls, "the first failure")
+    elif comm.rank == 1:
+        failed = survive(comm, colls, "RuntimeError")
+        fail_inside_with(colls, "a second failure, after rank 0's report")
+        for mode, (exc, at) in failed.items():
+            say(f"FAULT rank=1 case=second mode={mode} raised={type(exc).__name__} named={exc.rank} "
+                f"exc_type={exc.exc_type} at={at:.4f} close=dropped close_s=0")
+        for peer in range(2, comm.size):
+            side.send(1, dest=peer)
+    else:
+        assert nap_until_told(side, [1], limit=GIVE_UP) == {1}, "rank 1 did not fail"
+        close_at_once(comm, colls, survive(comm, colls, "RuntimeError"), "second")
+    say(f"REPORTS rank={comm.rank} case=second sent={pc.info()['reports']['sent'] - sent}")
+    side.Free()
+
+
 def phase_never(comm):
     colls = opened(comm, MODES[:5])     # the partial modes: what goes on without a rank
     stalls = ("majority", "full")
     x = np.full(4, float(comm.rank))
     timeout = pc.rc.timeout
+    side = comm.Dup()                        # MPI's own: the survivors tell rank 0 they are done
     if comm.rank == 0:
         say(f"FAILING case=never at={time.time():.4f}")
-        time.sleep(3 * timeout + 1.0)        # never posts while the survivors time out
+        # never posts (asleep in Python) while the survivors time out, until each has
+        heard = nap_until_told(side, range(1, comm.size), limit=3 * timeout + 1.0)
+        assert heard == set(range(1, comm.size)), f"survivors {sorted(heard)} of {comm.size - 1} were done"
         for mode in stalls:
             try:
                 colls[mode].post(x).wait()
@@ -312,8 +348,10 @@ def phase_never(comm):
                 assert took < timeout + 2.0 + 20 * 0.5, took
                 say(f"FAULT rank={comm.rank} case=never mode={mode} raised={type(exc).__name__} named={named} "
                     f"exc_type={getattr(exc, 'exc_type', '-')} at={time.time():.4f} close=- close_s=0")
+        side.send(comm.rank, dest=0)
     for mode in ("solo", "probe", "quorum"):
         colls[mode].close()
+    side.Free()
 
 
 def body():
