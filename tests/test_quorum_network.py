@@ -89,7 +89,7 @@ def test_starts_at_the_kth_post_exactly(p):
     rng = np.random.default_rng(p)
     for k in range(1, p + 1):
         scheds, active = build(p, k)
-        for trial in range(12):
+        for _trial in range(12):
             posts = list(rng.permutation(p) + rng.uniform(0, 0.5, p))
             posters = int(rng.integers(0, p + 1))
             for r in rng.permutation(p)[posters:]:
@@ -114,7 +114,7 @@ def test_never_before_the_kth_post_with_slow_links(p):
     for k in range(1, p + 1):
         scheds, active = build(p, k)
         hops = quorum_network.depth(p, k) + 1
-        for trial in range(8):
+        for _trial in range(8):
             posts = list(rng.uniform(0, 3, p))
             lat = {}
 
