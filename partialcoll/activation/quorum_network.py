@@ -132,18 +132,16 @@ def activation(s: Schedule, trigger: ScheduleOp, *, k: int) -> ScheduleOp:
     wire = s.rank - 1
     signal = s.nop(after=[trigger, active], need="any", label="notify: my post, or activated")
     for i, j, lo, hi in cone(s.size - 1, outs):
-        if wire == i:
-            if hi:
-                s.send(flag, j + 1, after=signal, label=f"comparator ({i}, {j}): my time to the max")
-            if lo:
-                got = s.recv(flag, j + 1, label=f"comparator ({i}, {j}): the max side's time")
-                signal = s.nop(after=[signal, got], need="any", label=f"wire {i} = min")
-        elif wire == j:
-            if lo:
-                s.send(flag, i + 1, after=signal, label=f"comparator ({i}, {j}): my time to the min")
-            if hi:
-                got = s.recv(flag, i + 1, label=f"comparator ({i}, {j}): the min side's time")
-                signal = s.nop(after=[signal, got], need="all", label=f"wire {j} = max")
+        if wire not in (i, j):
+            continue
+        low = wire == i                                # this rank takes the min, else the max
+        other, tell, hear = (j + 1, hi, lo) if low else (i + 1, lo, hi)
+        if tell:                                       # the other side's output is needed
+            s.send(flag, other, after=signal, label=f"comparator ({i}, {j}): my time to rank {other}")
+        if hear:                                       # this side's output is needed
+            got = s.recv(flag, other, label=f"comparator ({i}, {j}): rank {other}'s time")
+            signal = s.nop(after=[signal, got], need="any" if low else "all",
+                           label=f"wire {wire} = {'min' if low else 'max'}")
     if wire in outs:
         s.send(flag, LEADER, after=signal, label=f"wire {wire} to the leader")
     return active
