@@ -55,7 +55,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from partialcoll._buffers import SLOT_WORK, BufRef
-from partialcoll.activation import BUILDERS
+from partialcoll.activation import BUILDERS, quorum, quorum_network
 from partialcoll.algorithms import ALGORITHMS, choose, model
 from partialcoll.bench.calibrate import median_time as _median_time
 from partialcoll.schedule import COMPUTE, RECV, SEND, TRIGGER, Schedule
@@ -413,6 +413,10 @@ def auto_table(sizes: Sequence[int], byte_list: Sequence[int], q: model.Params) 
 
 
 # -- the activation ---------------------------------------------------------------------
+# quorum as the model chooses it, and each of its two builders on its own
+QUORUM_BUILDERS = {"quorum": BUILDERS["quorum"], "q-leader": quorum.activation, "q-network": quorum_network.activation}
+
+
 def activation_hops(p: int, mode: str, seed: int = 0, quorum: Optional[int] = None) -> dict:
     """Round 0's activation at every rank, from the posts that start it: hops (message
     steps) until each rank is activated, and activation messages per rank.
@@ -431,13 +435,16 @@ def activation_hops(p: int, mode: str, seed: int = 0, quorum: Optional[int] = No
     for r in range(p):
         s = Schedule(rank=r, size=p)
         trig = s._trigger()               # the op the round builder starts a round with
-        go = BUILDERS[mode](s, trig, k=k) if mode == "quorum" else BUILDERS[mode](s, trig)
+        if mode in QUORUM_BUILDERS:
+            go = QUORUM_BUILDERS[mode](s, trig, k=k)
+        else:
+            go = BUILDERS[mode](s, trig)
         scheds.append(s)
         active.append(go.index)
         triggers.append(trig.index)
     if mode == "solo":
         starts = [[0]] if p & (p - 1) == 0 else [[r] for r in range(p)]
-    elif mode == "quorum":
+    elif mode in QUORUM_BUILDERS:
         starts = [list(range(k))]
     else:
         starts = [[candidates(seed, 0, p, 1 if mode == "majority" else min(2, p))[0]]]
@@ -461,7 +468,7 @@ def hops_table(sizes: Sequence[int]) -> List[dict]:
           "activation messages per rank (most sent, most received)")
     print(f"# {'mode':<9} {'P':>5} {'hops max':>9} {'hops mean':>10} {'sent/rank':>10} {'recv/rank':>10}  started by")
     for p in sizes:
-        for mode in MODES:
+        for mode in MODES[:3] + tuple(QUORUM_BUILDERS) + MODES[4:]:
             row = activation_hops(p, mode)
             rows.append(row)
             print(f"  {mode:<9} {p:>5} {row['hops_max']:>9} {row['hops_mean']:>10.2f} {row['sent_max']:>10} "
@@ -632,7 +639,9 @@ def hops(p: int, mode: str) -> int:
     if mode == "full" or p == 1:
         return 0
     if mode == "quorum":
-        return 1 + max(bin(r).count("1") for r in range(p))
+        k = max(1, p // 2)
+        net = quorum_network.depth(p, k) if quorum_network.choose(p, k) == "network" else 0
+        return 1 + net + max(bin(r).count("1") for r in range(p))
     return (p - 1).bit_length()
 
 

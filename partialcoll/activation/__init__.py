@@ -10,22 +10,35 @@ mode       builder            who may start round n
 solo       flood              every rank
 majority   flood              the one rank candidates(seed, n, p, 1)
 probe(q)   flood              the first of candidates(seed, n, p, q)
-quorum(k)  quorum             the leader, once k ranks have posted
+quorum(k)  quorum[_network]    the leader, once k ranks have posted
 full       full               nobody: each rank's own post starts its part
 =========  =================  ==========================================
+
+Quorum has two builders that start the round at the same moment, the k-th post:
+``quorum`` (rank 0 hears a notification from every rank: p - 1 receives, one hop) and
+``quorum_network`` (a comparator network: at most ceil(log2 p)(ceil(log2 p) + 1) / 2
++ 1 receives per rank, as many hops). ``quorum_network.choose`` takes the one the
+model predicts sooner.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict
 
-from . import flood, full, quorum
+from . import flood, full, quorum, quorum_network
 from .candidates import candidates
+
+
+def quorum_activation(s, trigger, *, k: int):
+    """The quorum activation the model chooses for (p, k): the leader's or the network's."""
+    build = quorum_network.activation if quorum_network.choose(s.size, k) == "network" else quorum.activation
+    return build(s, trigger, k=k)
+
 
 BUILDERS: Dict[str, Callable] = {
     "solo": flood.activation,
     "majority": flood.activation,
     "probe": flood.activation,
-    "quorum": quorum.activation,
+    "quorum": quorum_activation,
     "full": full.activation,
 }
 

@@ -45,6 +45,28 @@ def nap_until_told(side, ranks, limit):
     return heard
 
 
+def quiet_barrier(comm):
+    """A barrier that sleeps while it waits (MPICH's blocking calls spin, and the ranks
+    share few cores)."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.002)
+
+
+def communicators(world, sizes):
+    """world; with sizes (--sizes=P,Q,...): for each P a communicator of world's first P ranks,
+    in turn (the others wait), so that one launch checks several P."""
+    if not sizes:
+        yield world
+        return
+    for p in sizes:
+        sub = world.Split(0 if world.rank < p else MPI.UNDEFINED, world.rank)
+        if sub != MPI.COMM_NULL:
+            yield sub
+            sub.Free()
+        quiet_barrier(world)
+
+
 def run_module(path: str) -> None:
     """``python X_checks.py ARGS`` (under mpiexec) runs the module as ``python -m pytest --with-mpi`` would."""
     import pytest

@@ -21,33 +21,11 @@ from mpi4py import MPI
 import partialcoll as pc
 from partialcoll.algorithms import model
 from _data import Bitwise, assert_matches, combos, values
-from _util import ARGS, run_module
+from _util import ARGS, communicators, run_module
 
 QUICK = "--quick" in ARGS
 SIZES = [int(x) for a in ARGS if a.startswith("--sizes=") for x in a[len("--sizes="):].split(",")]
 MODES = ("solo", "majority", "probe", "quorum", "full")
-
-
-def quiet_barrier(comm):
-    """A barrier that sleeps while it waits (MPICH's blocking calls spin, and the ranks
-    share few cores)."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.002)
-
-
-def communicators(world):
-    """world; with --sizes=P,Q,...: for each P a communicator of world's first P ranks,
-    in turn (the others wait), so that one launch checks several P."""
-    if not SIZES:
-        yield world
-        return
-    for p in SIZES:
-        sub = world.Split(0 if world.rank < p else MPI.UNDEFINED, world.rank)
-        if sub != MPI.COMM_NULL:
-            yield sub
-            sub.Free()
-        quiet_barrier(world)
 
 
 def quick_pairs():
@@ -61,7 +39,7 @@ def quick_pairs():
 
 
 def test_full_rounds_equal_mpi_allreduce(comm):
-    for sub in communicators(comm):
+    for sub in communicators(comm, SIZES):
         _full_rounds_equal_mpi_allreduce(sub)
 
 
@@ -88,7 +66,7 @@ def _full_rounds_equal_mpi_allreduce(comm):
 
 
 def test_divisor(comm):
-    for sub in communicators(comm):
+    for sub in communicators(comm, SIZES):
         _divisor(sub)
 
 
@@ -105,7 +83,7 @@ def _divisor(comm):
 
 
 def test_every_mode_with_fold_loses_nothing(comm):
-    for sub in communicators(comm):
+    for sub in communicators(comm, SIZES):
         _every_mode_with_fold_loses_nothing(sub)
 
 
@@ -139,7 +117,7 @@ def _every_mode_with_fold_loses_nothing(comm):
 
 
 def test_auto_runs_what_it_chose(comm):
-    for sub in communicators(comm):
+    for sub in communicators(comm, SIZES):
         _auto_runs_what_it_chose(sub)
 
 
