@@ -1,10 +1,19 @@
+# Horovod's examples/pytorch/pytorch_synthetic_benchmark.py (github.com/horovod/horovod, Apache
+# License 2.0, Copyright 2018 Uber Technologies, Inc.), ported to partialcoll by changing its
+# imports only: partialcoll.integrations.torch for horovod.torch, small_vision (a ResNet-like
+# CNN with BatchNorm that two CPU cores train) for torchvision's models; mpiexec launches it:
+#
+#     mpiexec -n 4 python examples/horovod/pytorch_synthetic_benchmark.py --model resnet_small --batch-size 8
+#     PARTIALCOLL_TORCH="mode=solo,late=fold" mpiexec -n 4 python examples/horovod/pytorch_synthetic_benchmark.py ...
+#
+# Without PARTIALCOLL_TORCH, hvd.DistributedOptimizer averages every step as Horovod does.
 import argparse
 import torch.backends.cudnn as cudnn
 import torch.nn.functional as F
 import torch.optim as optim
 import torch.utils.data.distributed
-from torchvision import models
-import horovod.torch as hvd
+from small_vision import models
+import partialcoll.integrations.torch as hvd
 import timeit
 import numpy as np
 
