@@ -8,7 +8,7 @@ rank's) sleeps --slow-ms before every optimizer step (torch's global optimizer s
 pre-hook, so any torch.optim optimizer, wrapped or not). --times DIR: each rank writes
 DIR/rank<r>.json with the wall-clock time of its first step and of its exit (after the
 script's own exit handlers, so an exit that waits for peers counts) and its step count.
---hvd mpi4py: ``partialcoll.integrations.torch`` is replaced by _hvd_reference (Horovod's
+--hvd mpi4py: ``partialcoll.integrations.torch`` is replaced by tests/mpi/_hvd_reference.py (Horovod's
 calls written on mpi4py's blocking MPI_Allreduce / MPI_Bcast: the synchronous reference a
 port's default must equal).
 """
@@ -47,7 +47,7 @@ def main() -> None:
 
     register_optimizer_step_pre_hook(pre_step)
     if args.hvd == "mpi4py":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "mpi"))
         import _hvd_reference
         import partialcoll.integrations     # the package only: no collective, no hook
         sys.modules["partialcoll.integrations.torch"] = _hvd_reference

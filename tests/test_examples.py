@@ -26,3 +26,27 @@ def test_eager_sgd_examples(mpirun, script, args, rows):
     out = mpirun("example.py", 3, script, *args, timeout=240)
     for row in rows:     # each trainer's line: its steps/s and speedup
         assert re.search(rf"^\s*{re.escape(row)}\s+[\d.]+\s+[\d.]+\s", out, re.M), (row, out[-2000:])
+
+
+
+@pytest.mark.mpiexec
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_horovod_ports(mpirun, nprocs):
+    """Horovod's pytorch_mnist.py and pytorch_synthetic_benchmark.py with their imports
+    changed (examples/horovod/), run as they are (tests/mpi/horovod_port.py): on every rank,
+    every loss the MNIST script printed (each step's, the test's) and its test accuracy
+    equal those of the same script over Horovod's calls written on mpi4py's MPI_Allreduce
+    (tests/mpi/_hvd_reference.py): bit for bit at P = 2, where both sums are a + b, to the
+    last printed digit otherwise; the synthetic benchmark (a BatchNorm CNN) prints
+    Horovod's img/sec lines, and every rank ends."""
+    pytest.importorskip("torch", reason="the Horovod examples train with PyTorch (pip install -e '.[torch]')")
+    pytest.importorskip("sklearn", reason="small_vision loads scikit-learn's digits (pip install -e '.[torch]')")
+    out = mpirun("horovod_port.py", nprocs, timeout=240)
+    steps = -(-(1437 // nprocs) // 16)        # the rank's share of the 1,437 training digits, batches of 16
+    compared = re.findall(r"COMPARED rank=(\d+) values=(\d+)/(\d+) maxdiff=(\S+)", out)
+    assert sorted(int(r) for r, *_ in compared) == list(range(nprocs)), out[-3000:]
+    for r, n_port, n_ref, diff in compared:
+        assert int(n_port) == int(n_ref) == steps + (2 if r == "0" else 0), (r, n_port, n_ref)
+        assert float(diff) <= (0.0 if nprocs == 2 else 2e-5), (r, diff)
+    assert re.search(r"Img/sec per CPU: [\d.]+ \+-[\d.]+", out), out[-2000:]
+    assert re.search(rf"Total img/sec on {nprocs} CPU\(s\): [\d.]+", out), out[-2000:]

@@ -1,7 +1,8 @@
 """Horovod's torch calls that its pytorch_mnist.py and pytorch_synthetic_benchmark.py make,
 written directly on mpi4py's blocking collectives: every step's gradients summed by
 MPI_Allreduce and divided by the size, as Horovod's op=Average does. The synchronous
-reference for bench/horovod_examples.py (bench/straggle.py --hvd mpi4py); no partialcoll.
+reference of tests/test_examples.py (horovod_port.py mpi4py) and bench/horovod_examples.py
+(bench/straggle.py --hvd mpi4py); no partialcoll.
 """
 import contextlib
 import os
