@@ -74,6 +74,7 @@ TRAINERS = {
     "solo+speed": {"mode": "solo", "late": "fold", "speed": True},
     "solo+speed+avg": {"mode": "solo", "late": "fold", "speed": True, "average_models": True},
     "solo+speed+nap": {"mode": "solo", "late": "fold", "average": "nap", "speed": True, "average_models": True},
+    "solo+speed+nap-noavg": {"mode": "solo", "late": "fold", "average": "nap", "speed": True},
     "solo+speed+rna": {"mode": "solo", "late": "fold", "average": "nap", "lr_scaling": "contributors",
                        "speed": True, "average_models": True},
 }
