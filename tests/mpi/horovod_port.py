@@ -25,9 +25,9 @@ from mpi4py import MPI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples", "horovod")
-MNIST = ["--epochs", "1", "--batch-size", "16", "--lr", "0.05", "--log-interval", "1"]
+MNIST = ["--epochs", "1", "--batch-size", "32", "--lr", "0.05", "--log-interval", "1"]
 SYNTHETIC = ["--model", "resnet_small", "--batch-size", "4", "--num-warmup-batches", "1",
-             "--num-batches-per-iter", "2", "--num-iters", "2"]
+             "--num-batches-per-iter", "1", "--num-iters", "2"]
 sys.path.insert(0, EXAMPLES)
 
 
