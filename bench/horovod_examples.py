@@ -36,6 +36,7 @@ CONFIGS = {
     "solo": ("partialcoll", "mode=solo,late=fold"),
     "solo+nap": ("partialcoll", "mode=solo,late=fold,average=nap"),
     "speed": ("partialcoll", "mode=solo,late=fold,average=nap"),      # and the docs' two lines (SPEED_LINES)
+    "speed+rna": ("partialcoll", "mode=solo,late=fold,average=nap,lr_scaling=contributors"),      # the same
 }
 # the configuration docs/stragglers.md recommends for Horovod's loop with a persistent
 # straggler: pytorch_mnist.py with two lines changed (its train sampler's name, and the
@@ -71,7 +72,7 @@ def run(example, size, config, args):
     env["PYTHONPATH"] = os.pathsep.join([EXAMPLES, *filter(None, [env.get("PYTHONPATH")])])   # small_vision
     extra = (args.mnist_args if example == "mnist" else args.synthetic_args).split()
     with tempfile.TemporaryDirectory() as times:
-        script = speed_variant(times) if config == "speed" else os.path.join(EXAMPLES, SCRIPTS[example])
+        script = speed_variant(times) if config.startswith("speed") else os.path.join(EXAMPLES, SCRIPTS[example])
         cmd = ["timeout", str(args.timeout), "mpiexec", "-n", str(size), sys.executable,
                os.path.join(HERE, "straggle.py"), "--slow-ms", str(args.slow_ms), "--times", times, "--hvd", hvd,
                script, *extra]
@@ -117,7 +118,7 @@ def main():
     results = {}
     for size in map(int, args.sizes.split(",")):
         for example in args.examples.split(","):
-            configs = [c for c in args.configs.split(",") if example == "mnist" or c != "speed"]
+            configs = [c for c in args.configs.split(",") if example == "mnist" or not c.startswith("speed")]
             runs = {c: [] for c in configs}
             for rep in range(args.repeats):
                 order = configs[rep % len(configs):] + configs[:rep % len(configs)]
