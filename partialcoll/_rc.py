@@ -104,7 +104,7 @@ class RC:
                  "telemetry_rounds": 1024, "torch": {}}
 
     def __init__(self) -> None:
-        object.__setattr__(self, "_values", dict(self._defaults))
+        object.__setattr__(self, "_values", dict(self._defaults, torch={}))    # a dict of its own
         env = os.environ.get("PARTIALCOLL_PROGRESS")
         if env:
             self.progress = env
