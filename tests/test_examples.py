@@ -37,7 +37,7 @@ def test_horovod_ports(mpirun, nprocs):
     changed (examples/horovod/), run as they are (tests/mpi/horovod_port.py): on every rank,
     every loss the MNIST script printed (each step's, the test's) and its test accuracy
     equal those of the same script over Horovod's calls written on mpi4py's MPI_Allreduce
-    (tests/mpi/_hvd_reference.py): bit for bit at P = 2, where both sums are a + b (at
+    (tests/mpi/_hvd_reference.py): to every printed digit at P = 2, where both sums are a + b (at
     P = 3 the two sums' order may differ in the last printed digit: run horovod_port.py by
     hand; the calls themselves are checked at P = 2, 3, 4 by horovod_checks); the synthetic benchmark (a BatchNorm CNN) prints
     Horovod's img/sec lines, and every rank ends."""
