@@ -37,6 +37,8 @@ CONFIGS = {
     "solo+nap": ("partialcoll", "mode=solo,late=fold,average=nap"),
     "speed": ("partialcoll", "mode=solo,late=fold,average=nap"),      # and the docs' two lines (SPEED_LINES)
     "speed+rna": ("partialcoll", "mode=solo,late=fold,average=nap,lr_scaling=contributors"),      # the same
+    "speed+world": ("partialcoll", "mode=solo,late=fold"),                                           # the same
+    "speed+latest": ("partialcoll", "mode=solo,late=latest,average=nap"),                            # the same
 }
 # the configuration docs/stragglers.md recommends for Horovod's loop with a persistent
 # straggler: pytorch_mnist.py with two lines changed (its train sampler's name, and the
