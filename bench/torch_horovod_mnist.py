@@ -2,6 +2,7 @@
 straggler: what does a Horovod user gain, and which configuration gets it?
 
     flock /tmp/pc-bench.lock mpiexec -n 4 python bench/torch_horovod_mnist.py --epochs 8 --slow-ms 30
+    flock /tmp/pc-bench.lock mpiexec -n 2 python bench/torch_horovod_mnist.py --repeats 5 --trainers synch,solo+speed+nap
 
 The script is Horovod's example with its import changed (``import
 partialcoll.integrations.torch as hvd``): hvd.broadcast_parameters and
@@ -19,10 +20,16 @@ Trainers, side by side in one job, from the same initial model:
 
 Reported (rank 0): wall-clock of the training (evaluation excluded), held-out accuracy
 after each epoch, and the wall-clock at which each trainer first reached synch's final
-accuracy minus 1 point, as a fraction of synch's total.
+accuracy minus 1 point, as a fraction of synch's total. Where the time goes: each rank's
+steps and its time in the epochs' loops (the rest of the wall-clock it waited at the
+epochs' ends). ``--repeats N`` runs the trainers N times, in a rotated order (interleaved),
+each repeat's ratios against that repeat's synch, and prints the median and the range with
+the load average.
 """
 import argparse
 import json
+import os
+import statistics
 import time
 
 import torch
@@ -67,6 +74,7 @@ TRAINERS = {
     "solo+speed": {"mode": "solo", "late": "fold", "speed": True},
     "solo+speed+avg": {"mode": "solo", "late": "fold", "speed": True, "average_models": True},
     "solo+speed+nap": {"mode": "solo", "late": "fold", "average": "nap", "speed": True, "average_models": True},
+    "solo+speed+nap-noavg": {"mode": "solo", "late": "fold", "average": "nap", "speed": True},
     "solo+speed+rna": {"mode": "solo", "late": "fold", "average": "nap", "lr_scaling": "contributors",
                        "speed": True, "average_models": True},
 }
@@ -92,7 +100,7 @@ def train(trainer, args, train_set, test_set):
         sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     x_test, y_test = test_set.tensors
-    acc, times, wall = [], [], 0.0
+    acc, times, wall, busy, steps = [], [], 0.0, 0.0, 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         hvd.barrier()
@@ -104,6 +112,8 @@ def train(trainer, args, train_set, test_set):
             opt.zero_grad()
             F.nll_loss(model(x), y).backward()
             opt.step()
+            steps += 1
+        busy += time.perf_counter() - t0
         # the epoch ends when every rank is done with it (Horovod's loop synchronises here)
         if average_models:           # at the epoch's end, where every rank meets anyway
             hvd.sync_parameters(model.parameters())
@@ -115,7 +125,38 @@ def train(trainer, args, train_set, test_set):
         acc.append(metric_average(correct, "avg_accuracy"))
         times.append(wall)
     opt.close()
-    return {"accuracy": acc, "wall_s": times}
+    return {"accuracy": acc, "wall_s": times, "ranks": hvd.allgather_object({"steps": steps, "loop_s": busy})}
+
+
+def report(out, args, base):
+    """One repeat's table (rank 0): ratios against this repeat's synch."""
+    target = base["accuracy"][-1] - 0.01 if base else None
+    print(f"{'trainer':<15} {'wall s':>7} {'final acc':>9} {'vs synch':>9} {'to synch-1pt':>13}  "
+          "steps / loop s per rank; accuracy per epoch")
+    for trainer, r in out.items():
+        reach = next((t for a, t in zip(r["accuracy"], r["wall_s"]) if target is not None and a >= target), None)
+        r["to_target_x"] = reach / base["wall_s"][-1] if reach is not None and base else None
+        r["wall_x"] = r["wall_s"][-1] / base["wall_s"][-1] if base else None
+        frac = f"{r['to_target_x']:.2f}x" if r["to_target_x"] is not None else "never"
+        ranks = " ".join(f"{x['steps']}/{x['loop_s']:.1f}" for x in r["ranks"])
+        print(f"{trainer:<15} {r['wall_s'][-1]:>7.2f} {100 * r['accuracy'][-1]:>8.1f}% "
+              f"{r['wall_x'] if base else float('nan'):>8.2f}x {frac:>13}  {ranks}; "
+              + " ".join(f"{100 * a:.1f}" for a in r["accuracy"]))
+
+
+def summary(runs, trainers):
+    """Median and range over the repeats, per trainer (rank 0)."""
+    print(f"# {len(runs)} repeats: median [min - max]")
+    print(f"{'trainer':<15} {'wall vs synch':>22} {'final acc %':>22} {'to synch-1pt':>22} never")
+    for trainer in trainers:
+        rs = [run[trainer] for run in runs]
+
+        def stat(xs, scale=1.0):
+            xs = sorted(x * scale for x in xs)
+            return f"{statistics.median(xs):.2f} [{xs[0]:.2f} - {xs[-1]:.2f}]" if xs else "-"
+        reached = [r["to_target_x"] for r in rs if r["to_target_x"] is not None]
+        print(f"{trainer:<15} {stat([r['wall_x'] for r in rs]):>22} {stat([r['accuracy'][-1] for r in rs], 100):>22} "
+              f"{stat(reached):>22} {len(rs) - len(reached)}")
 
 
 def main():
@@ -127,29 +168,29 @@ def main():
     parser.add_argument("--slow-ms", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trainers", default="synch,solo,solo+speed")
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     train_set, test_set = data()
-    out = {}
-    for trainer in args.trainers.split(","):
-        out[trainer] = train(trainer, args, train_set, test_set)
-    if hvd.rank() == 0:
-        base = out.get("synch")
-        print(f"# Horovod's MNIST loop on digits, P = {hvd.size()}, rank 0 {args.slow_ms:g} ms slower per step, "
-              f"{args.epochs} epochs")
-        print(f"{'trainer':<11} {'wall s':>7} {'final acc':>9} {'vs synch':>9} {'to synch-1pt':>13}  accuracy per epoch")
-        target = base["accuracy"][-1] - 0.01 if base else None
-        for trainer, r in out.items():
-            reach = next((t for a, t in zip(r["accuracy"], r["wall_s"]) if target is not None and a >= target), None)
-            frac = f"{reach / base['wall_s'][-1]:.2f}x" if reach is not None and base else "never"
-            r["to_target_x"] = reach / base["wall_s"][-1] if reach is not None and base else None
-            print(f"{trainer:<11} {r['wall_s'][-1]:>7.2f} {100 * r['accuracy'][-1]:>8.1f}% "
-                  f"{r['wall_s'][-1] / base['wall_s'][-1] if base else float('nan'):>8.2f}x {frac:>13}  "
-                  + " ".join(f"{100 * a:.1f}" for a in r["accuracy"]))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"size": hvd.size(), "args": vars(args), "results": out}, f, indent=1)
+    trainers = args.trainers.split(",")
+    runs = []
+    for rep in range(args.repeats):
+        load = os.getloadavg()[0]
+        order = trainers[rep % len(trainers):] + trainers[:rep % len(trainers)]
+        out = {trainer: train(trainer, args, train_set, test_set) for trainer in order}
+        out = {trainer: out[trainer] for trainer in trainers}
+        if hvd.rank() == 0:
+            print(f"# Horovod's MNIST loop on digits, P = {hvd.size()}, rank 0 {args.slow_ms:g} ms slower per step, "
+                  f"{args.epochs} epochs; repeat {rep + 1}/{args.repeats}, order {','.join(order)}, "
+                  f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+            report(out, args, out.get("synch"))
+        runs.append({"load": [load, os.getloadavg()[0]], **out})
+    if hvd.rank() == 0 and args.repeats > 1 and "synch" in trainers:
+        summary(runs, trainers)
+    if hvd.rank() == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"size": hvd.size(), "args": vars(args), "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

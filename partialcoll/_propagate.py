@@ -15,9 +15,12 @@ are installed when the first collective is made, each chained to what was there:
   the signal again (the process ends as it would have);
 - atexit: at a normal exit (the end of the script, sys.exit() with 0 or None), the
   PartialAllreduces still open are closed cooperatively, together, as close_all() would
-  (their peers' rounds go on with this rank standing in; nothing is reported); a failure
-  of that close is reported. After an uncaught exception or sys.exit() with another code,
-  collectives still open are reported ("exit"). Other collectives still open are reported.
+  (their peers' rounds go on with this rank standing in; nothing is reported), then the
+  NeighborAllreduces still open, one by one in the order they were made (the order of
+  their collective creation, the same on every rank of a graph; each close() drains its
+  channels with its peers, as their own close or exit does); a failure of a close is
+  reported. After an uncaught exception or sys.exit() with another code, collectives
+  still open are reported ("exit"), and so is what a normal exit could not close.
 - abort: after an uncaught exception is reported and printed, MPI.COMM_WORLD.Abort()
   ends the job, as ``python -m mpi4py`` does (not after sys.exit(n): a program may end
   every rank with the same code on purpose), so ranks waiting in MPI calls partialcoll does not own
@@ -36,6 +39,7 @@ collectives is a WeakSet (a collective dropped without close() leaves it).
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import signal
 import sys
@@ -48,6 +52,8 @@ REPORT_SECONDS = 1.0        # how long a report waits, in all, for its messages 
 _Self = TypeVar("_Self", bound="Reporting")
 
 _open: "weakref.WeakSet" = weakref.WeakSet()
+_made: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # collective -> the order it was made in
+_counter = itertools.count()
 _installed = False
 _previous: Dict[str, Any] = {}
 _failed = False             # an uncaught exception or SIGTERM was reported: exit is no close
@@ -60,6 +66,7 @@ ABORT_FALLBACK_SECONDS = 3.0
 def register(coll) -> None:
     """A collective was made: report on it if this rank fails (hooks installed once)."""
     _open.add(coll)
+    _made[coll] = next(_counter)
     install()
 
 
@@ -267,19 +274,28 @@ def _at_exit() -> None:
 def _close_at_exit() -> None:
     """A normal exit closes the PartialAllreduces still open, together and cooperatively,
     as close_all() would: the peers' rounds go on with this rank standing in, and their own
-    close (or exit) completes the final round. One that another thread still waits on
-    cannot be closed: it is reported instead. A close that fails reports itself."""
+    close (or exit) completes the final round. Then the NeighborAllreduces, in the order
+    they were made (each close() is collective over its graph, so every rank must close
+    them in the same order). One that another thread still waits on cannot be closed: it
+    is reported instead. A close that fails reports itself."""
     from ._partial import PartialAllreduce, close_all
+    from .neighbor import NeighborAllreduce
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or mpi.Is_finalized():      # the application finalized MPI itself
         return
-    colls = [c for c in list(_open) if isinstance(c, PartialAllreduce) and not c._closed
-             and not getattr(c, "_waiting", None)]
+    open_now = [c for c in list(_open) if not getattr(c, "_closed", True) and not getattr(c, "_waiting", None)]
+    colls = [c for c in open_now if isinstance(c, PartialAllreduce)]
     # close_all begins closing every one before waiting for any: their order may differ by rank
     try:
         close_all(colls)
     except Exception as exc:    # noqa: BLE001 - reported by close_all; the exit goes on
         print(f"partialcoll: closing the collectives at exit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    for coll in sorted((c for c in open_now if isinstance(c, NeighborAllreduce)), key=lambda c: _made.get(c, 0)):
+        try:
+            coll.close()
+        except Exception as exc:    # noqa: BLE001 - close() reported it (or a peer's report came); go on
+            print(f"partialcoll: closing a NeighborAllreduce at exit failed: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
 
 
 def _install() -> None:

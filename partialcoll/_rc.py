@@ -8,6 +8,30 @@ from typing import Any
 IDLE_POLICIES = ("auto", "spin", "sleep")
 
 
+def _value(text: str) -> Any:
+    if text.lower() == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def keywords(text: str, what: str) -> dict:
+    """"a=1,b=x" -> {"a": 1, "b": "x"} (numbers become numbers, "none" None)."""
+    out = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise ValueError(f"{what}: {item.strip()!r} is not name=value (e.g. \"mode=solo,late=fold\")")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
 class RC:
     """Runtime options, read when the engine starts (first use, or after finalize).
 
@@ -66,6 +90,11 @@ class RC:
             "raise": every survivor's calls raise PeerError or MPIError; "shrink": the
             survivors agree on the failed ranks and go on without them, where the MPI can:
             partialcoll.info()["shrink"]; docs/faults.md); environment PARTIALCOLL_ON_FAILURE.
+        torch: keyword options of the torch integration's DistributedOptimizer that a
+            call does not pass itself (default {}: Horovod's behaviour, mode "full"), so a
+            launcher picks a partial mode for a script it does not edit; environment
+            PARTIALCOLL_TORCH, comma-separated, e.g. "mode=solo,late=fold,average=nap"
+            (numbers become numbers, "none" None).
 
     Whatever the timeout, a wait raises MPIError as soon as the MPI reports a peer as
     failed (MPIX_Comm_get_failed: MPICH under mpiexec -disable-auto-cleanup; ULFM untried).
@@ -76,10 +105,10 @@ class RC:
                  "deep_sleep_us": 20000.0, "busy_bytes": 65536, "busy_cap_us": 10000.0,
                  "timeout": 600.0, "stall_warning": 60.0, "idle": "auto", "close_timeout": 300.0,
                  "poll_max_us": 20000.0, "abort_on_exception": True, "telemetry": True,
-                 "telemetry_rounds": 1024, "on_failure": "raise"}
+                 "telemetry_rounds": 1024, "on_failure": "raise", "torch": {}}
 
     def __init__(self) -> None:
-        object.__setattr__(self, "_values", dict(self._defaults))
+        object.__setattr__(self, "_values", dict(self._defaults, torch={}))    # a dict of its own
         env = os.environ.get("PARTIALCOLL_PROGRESS")
         if env:
             self.progress = env
@@ -102,6 +131,9 @@ class RC:
         env = os.environ.get("PARTIALCOLL_CLOSE_TIMEOUT")
         if env:
             self.close_timeout = None if env.lower() == "none" else float(env)
+        env = os.environ.get("PARTIALCOLL_TORCH")
+        if env:
+            self.torch = keywords(env, "PARTIALCOLL_TORCH")
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -117,6 +149,8 @@ class RC:
             raise ValueError(f"progress must be 'thread' or 'inline', not {value!r}")
         if name == "on_failure" and value not in ("raise", "shrink"):
             raise ValueError(f"on_failure must be 'raise' or 'shrink', not {value!r}")
+        if name == "torch" and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+            raise ValueError(f"torch must be a dict of keyword options, not {value!r}")
         if name == "idle" and value not in IDLE_POLICIES:
             raise ValueError(f"idle must be one of {', '.join(map(repr, IDLE_POLICIES))}, not {value!r}")
         self._values[name] = value

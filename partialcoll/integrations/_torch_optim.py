@@ -43,6 +43,7 @@ from .. import _stats
 from .._agree import agree, as_problem
 from .._errors import ArgumentError, StateError, as_timeout
 from .._partial import PartialAllreduce, PartialRequest, Result, close_all
+from .._rc import rc
 from .._types import integer
 from ..averager import _wait_collective
 from ..hierarchical import SpeedGrouping, group_args
@@ -418,7 +419,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     sum and multiplied by it after, op=Average only); ``num_groups``, ``groups``,
     ``sparse_as_dense`` and ``process_set`` are refused with the option to use instead.
     partialcoll's options are keyword-only: ``mode`` (default "full"), ``late``,
-    ``average``, ``model_sync_every``, ... A partial mode with late="latest" and no
+    ``average``, ``model_sync_every``, ...; those a call does not pass come from
+    ``pc.rc.torch`` (environment ``PARTIALCOLL_TORCH="mode=solo,late=fold"``), so a
+    launcher picks a partial mode for a Horovod script as it is. A partial mode with late="latest" and no
     model_sync_every warns once (the models drift). The object is an instance of the
     wrapped optimizer's class too (``isinstance(opt, torch.optim.SGD)``), as Horovod's.
 
@@ -449,11 +452,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step: int = 1, op=None, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=None, *,
-                 mode: str = "full", comm: MPI.Comm = MPI.COMM_WORLD, average: Optional[str] = None,
+                 mode: Optional[str] = None, comm: MPI.Comm = MPI.COMM_WORLD, average: Optional[str] = None,
                  bucket_mb: float = 25.0, model_sync_every: Optional[int] = None,
                  first_bucket_mb: Optional[float] = 1.0, lr_scaling: Optional[str] = None, **options) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ArgumentError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        # the launcher's choice (pc.rc.torch, PARTIALCOLL_TORCH) where the call passes nothing
+        launcher = dict(rc.torch)
+        mode = mode if mode is not None else launcher.pop("mode", "full")
+        average = average if average is not None else launcher.pop("average", None)
+        model_sync_every = model_sync_every if model_sync_every is not None else launcher.pop("model_sync_every", None)
+        lr_scaling = lr_scaling if lr_scaling is not None else launcher.pop("lr_scaling", None)
+        for key in ("mode", "average", "model_sync_every", "lr_scaling"):
+            launcher.pop(key, None)
+        options = {**launcher, **options}
         if lr_scaling not in (None, "contributors"):
             raise ArgumentError(f"lr_scaling must be None or 'contributors', not {lr_scaling!r}")
         average = _average_of(op, average, gradient_predivide_factor)

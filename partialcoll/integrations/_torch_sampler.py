@@ -34,13 +34,25 @@ class SpeedAwareSampler(torch.utils.data.Sampler):
             sampler.set_epoch(epoch)         # collective: the shares of this epoch
             for x, y in loader: ...
 
-    The first epoch's parts are equal (nothing is measured yet). ``min_share`` (default
+    It takes DistributedSampler's arguments (``num_replicas`` and ``rank``, checked
+    against ``comm``; ``drop_last`` changes nothing: the parts cover the epoch exactly,
+    nothing is padded or dropped), so a script puts it in DistributedSampler's place by
+    its name. The first epoch's parts are equal (nothing is measured yet). ``min_share`` (default
     0.25) bounds a rank's part from below, as a fraction of an equal part, so a rank slowed
     by a passing hiccup still sees its data. ``shares`` holds the latest fractions (one per
     rank, summing to 1)."""
 
-    def __init__(self, dataset: Union[Sized, int], comm: MPI.Comm = MPI.COMM_WORLD, shuffle: bool = True,
-                 seed: int = 0, min_share: float = 0.25, smoothing: float = 0.5) -> None:
+    def __init__(self, dataset: Union[Sized, int], num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, *, comm: MPI.Comm = MPI.COMM_WORLD,
+                 min_share: float = 0.25, smoothing: float = 0.5) -> None:
+        # DistributedSampler's arguments, so that the one is put in the other's place by its name
+        if num_replicas is not None and num_replicas != comm.Get_size():
+            raise ArgumentError(f"num_replicas={num_replicas!r}: the sampler's ranks are comm's, "
+                                f"{comm.Get_size()} of them (pass comm= for another set)")
+        if rank is not None and rank != comm.Get_rank():
+            raise ArgumentError(f"rank={rank!r}: this process is rank {comm.Get_rank()} of comm")
+        if not isinstance(drop_last, bool):
+            raise ArgumentError(f"drop_last must be a bool, not {drop_last!r}")
         self.n = integer(dataset, "dataset length", 0) if isinstance(dataset, int) else len(dataset)
         self.comm, self.shuffle, self.seed = comm, shuffle, int(seed)
         if not 0.0 <= min_share <= 1.0:

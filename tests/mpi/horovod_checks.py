@@ -204,6 +204,7 @@ def distributed_grads(size: int, rank: int, **kwargs):
     model(torch.randn(8, 6, generator=g)).sum().backward()
     opt.synchronize()
     grads = [p.grad.clone() for p in model.parameters()]
+    opt.modes = [(b.coll.mode, b.coll.late) for b in opt._sync.buckets]      # close() lets the buckets go
     opt.close()
     return opt, grads
 
@@ -219,7 +220,7 @@ def test_optimizer_defaults_ops_compression():
     mean = [sum(gs) / comm.size for gs in zip(*ranks)]
     total = [sum(gs) for gs in zip(*ranks)]
     opt, got = distributed_grads(comm.size, comm.rank)
-    assert all(b.coll.mode == "full" for b in opt._sync.buckets) if opt._sync.buckets else True
+    assert opt.modes and all(mode == "full" for mode, _ in opt.modes), opt.modes
     assert isinstance(opt, torch.optim.SGD) and isinstance(opt, hvd.DistributedOptimizer)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, mean))
     _, got = distributed_grads(comm.size, comm.rank, op=hvd.Sum)
@@ -235,6 +236,35 @@ def test_optimizer_defaults_ops_compression():
     assert c.dtype == torch.float16 and hvd.Compression.fp16.decompress(c, ctx).dtype == torch.float32
     c, ctx = hvd.Compression.none.compress(t)
     assert c is t and hvd.Compression.none.decompress(c, ctx) is t
+
+
+@pytest.mark.mpi
+def test_launcher_options():
+    """pc.rc.torch (PARTIALCOLL_TORCH): DistributedOptimizer's options that the call does
+    not pass, so a launcher picks a partial mode for a script as it is; what the call
+    passes wins; the environment's text parsed, a malformed one refused."""
+    import os
+    import partialcoll as pc
+    pc.rc.torch = {"mode": "solo", "late": "fold", "average": "nap"}
+    try:
+        opt, _ = distributed_grads(MPI.COMM_WORLD.size, MPI.COMM_WORLD.rank)
+        assert opt.modes and opt.modes == [("solo", "fold")] * len(opt.modes), opt.modes
+        assert opt._sync.average == "nap"
+        opt, _ = distributed_grads(MPI.COMM_WORLD.size, MPI.COMM_WORLD.rank, mode="full", average="world")
+        assert opt.modes and all(mode == "full" for mode, _ in opt.modes), opt.modes
+        assert opt._sync.average == "world"
+    finally:
+        pc.rc.torch = {}
+    opt, _ = distributed_grads(MPI.COMM_WORLD.size, MPI.COMM_WORLD.rank)
+    assert opt.modes and all(mode == "full" for mode, _ in opt.modes), opt.modes
+    os.environ["PARTIALCOLL_TORCH"] = "mode=solo, late=fold,model_sync_every=4,max_staleness=none"
+    try:
+        assert type(pc.rc)().torch == {"mode": "solo", "late": "fold", "model_sync_every": 4, "max_staleness": None}
+        os.environ["PARTIALCOLL_TORCH"] = "mode solo"
+        expect_raises(ValueError, type(pc.rc), match="not name=value")
+    finally:
+        del os.environ["PARTIALCOLL_TORCH"]
+    expect_raises(ValueError, setattr, pc.rc, "torch", "mode=solo", match="dict")
 
 
 @pytest.mark.mpi
@@ -353,6 +383,12 @@ def test_speed_aware_sampler():
     assert len(sampler) == len(parts[comm.rank])
     assert sorted(i for p in parts for i in p) == list(range(n))
     assert parts != [list(range(n))[sum(len(q) for q in parts[:r]):][:len(p)] for r, p in enumerate(parts)]
+    # DistributedSampler's call, as Horovod's examples write it, with the name changed
+    same = hvd.SpeedAwareSampler(n, num_replicas=comm.size, rank=comm.rank, shuffle=True, seed=3, drop_last=False)
+    same.set_epoch(0)
+    assert list(same) == list(hvd.SpeedAwareSampler(n, seed=3))
+    expect_raises(ValueError, hvd.SpeedAwareSampler, n, num_replicas=comm.size + 1, match="num_replicas")
+    expect_raises(ValueError, hvd.SpeedAwareSampler, n, rank=(comm.rank + 1) % (comm.size + 1), match="rank")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,160 @@
+"""Horovod's own examples, ported by their imports (examples/horovod/), side by side with
+one persistent straggler: the synchronous reference (Horovod's calls on mpi4py), the port
+as it is (partialcoll's default, mode "full") and the port with a partial mode chosen by
+the launcher (PARTIALCOLL_TORCH), nothing else changed; and ``speed``: pytorch_mnist.py
+with the two lines docs/stragglers.md recommends for a persistent straggler
+(hvd.SpeedAwareSampler in DistributedSampler's place, the models averaged after each
+epoch) and mode=solo, late=fold, average=nap.
+
+    flock /tmp/pc-bench.lock python bench/horovod_examples.py --sizes 2,4 --repeats 3
+
+Each run is ``mpiexec -n P python bench/straggle.py --slow-ms 30 EXAMPLE ARGS`` (the
+last rank sleeps 30 ms before every optimizer step); the configurations run interleaved
+(a rotated order per repeat). Reported per example, P and configuration: the wall-clock
+from the first step to the last rank's exit (median and range over the repeats), its
+ratio to the same repeat's --base run (default: full, the port as it is); pytorch_mnist.py's held-out accuracy and loss after
+the last epoch, and whether every printed loss equals the reference's (the port's default
+against the synchronous reference, bit for bit where the sums agree); the synthetic
+benchmark's img/sec of rank 0 (a fast rank). The load average is printed with every run.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "examples", "horovod")
+CONFIGS = {
+    "reference": ("mpi4py", None),
+    "full": ("partialcoll", None),
+    "solo": ("partialcoll", "mode=solo,late=fold"),
+    "solo+nap": ("partialcoll", "mode=solo,late=fold,average=nap"),
+    "speed": ("partialcoll", "mode=solo,late=fold,average=nap"),      # and the docs' two lines (SPEED_LINES)
+    "speed+rna": ("partialcoll", "mode=solo,late=fold,average=nap,lr_scaling=contributors"),      # the same
+    "speed+world": ("partialcoll", "mode=solo,late=fold"),                                           # the same
+    "speed+latest": ("partialcoll", "mode=solo,late=latest,average=nap"),                            # the same
+}
+# the configuration docs/stragglers.md recommends for Horovod's loop with a persistent
+# straggler: pytorch_mnist.py with two lines changed (its train sampler's name, and the
+# models averaged where every rank meets at the epoch's end); MNIST only
+SPEED_LINES = [
+    ("    train_sampler = torch.utils.data.distributed.DistributedSampler(\n",
+     "    train_sampler = hvd.SpeedAwareSampler(\n"),
+    ("            train_epoch(epoch)\n",
+     "            train_epoch(epoch)\n            hvd.sync_parameters(model.parameters())\n"),
+]
+
+
+def speed_variant(folder):
+    """pytorch_mnist.py with SPEED_LINES applied, written into folder."""
+    with open(os.path.join(EXAMPLES, SCRIPTS["mnist"])) as f:
+        text = f.read()
+    for old, new in SPEED_LINES:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = os.path.join(folder, "pytorch_mnist_speed.py")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+SCRIPTS = {"mnist": "pytorch_mnist.py", "synthetic": "pytorch_synthetic_benchmark.py"}
+
+
+def run(example, size, config, args):
+    hvd, env_options = CONFIGS[config]
+    env = dict(os.environ)
+    env.pop("PARTIALCOLL_TORCH", None)
+    if env_options:
+        env["PARTIALCOLL_TORCH"] = env_options
+    env["PYTHONPATH"] = os.pathsep.join([EXAMPLES, *filter(None, [env.get("PYTHONPATH")])])   # small_vision
+    extra = (args.mnist_args if example == "mnist" else args.synthetic_args).split()
+    with tempfile.TemporaryDirectory() as times:
+        script = speed_variant(times) if config.startswith("speed") else os.path.join(EXAMPLES, SCRIPTS[example])
+        cmd = ["timeout", str(args.timeout), "mpiexec", "-n", str(size), sys.executable,
+               os.path.join(HERE, "straggle.py"), "--slow-ms", str(args.slow_ms), "--times", times, "--hvd", hvd,
+               script, *extra]
+        load = os.getloadavg()[0]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        ranks = [json.load(open(p)) for p in glob.glob(os.path.join(times, "rank*.json"))]
+        assert len(ranks) == size, ranks
+    out = proc.stdout
+    result = {"load": load, "wall_s": max(r["end"] for r in ranks) - min(r["first"] for r in ranks),
+              "steps": sorted(r["steps"] for r in ranks)}
+    if example == "mnist":
+        tests = re.findall(r"Average loss: ([\d.]+), Accuracy: ([\d.]+)%", out)
+        if not tests:
+            raise SystemExit(f"{' '.join(cmd)}: no test line printed:\n{out[-3000:]}{proc.stderr[-3000:]}")
+        result["accuracy"] = [float(a) for _, a in tests]
+        result["loss"] = float(tests[-1][0])
+        result["printed"] = sorted(re.findall(r"Loss: [\d.]+|Average loss: [\d.]+, Accuracy: [\d.]+%", out))
+    else:
+        result["img_s"] = float(re.search(r"Img/sec per CPU: ([\d.]+)", out).group(1))
+    return result
+
+
+def stat(xs, fmt="{:.2f}"):
+    xs = sorted(xs)
+    return (fmt + " [" + fmt + " - " + fmt + "]").format(statistics.median(xs), xs[0], xs[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2,4")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--examples", default="mnist,synthetic")
+    parser.add_argument("--configs", default="reference,full,solo")
+    parser.add_argument("--slow-ms", type=float, default=30.0)
+    parser.add_argument("--mnist-args", default="--epochs 8 --batch-size 16 --lr 0.05 --log-interval 1")
+    parser.add_argument("--synthetic-args", default="--model resnet_small --batch-size 8 --num-iters 5")
+    parser.add_argument("--base", default="full", help="the configuration wall-clock and img/s are compared to")
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    results = {}
+    for size in map(int, args.sizes.split(",")):
+        for example in args.examples.split(","):
+            configs = [c for c in args.configs.split(",") if example == "mnist" or not c.startswith("speed")]
+            runs = {c: [] for c in configs}
+            for rep in range(args.repeats):
+                order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+                for config in order:
+                    r = run(example, size, config, args)
+                    runs[config].append(r)
+                    print(f"P={size} {example} repeat {rep + 1} {config}: wall {r['wall_s']:.2f} s, load "
+                          f"{r['load']:.1f}, " + (f"accuracy {r['accuracy'][-1]:.2f} %" if example == "mnist"
+                                                  else f"{r['img_s']:.1f} img/s"), flush=True)
+            results[f"{example} P={size}"] = runs
+            print(f"\n## {example}, P = {size}, last rank {args.slow_ms:g} ms slower per step, {args.repeats} "
+                  "repeats: median [min - max]")
+            print(f"| configuration | wall s | vs {args.base} | " +
+                  ("final accuracy % | loss | every printed loss = reference's |" if example == "mnist"
+                   else f"img/s (rank 0) | vs {args.base} |"))
+            print("|---|---:|---:|---:|---:|" + ("---|" if example == "mnist" else ""))
+            ref, base = runs.get("reference"), runs.get(args.base)
+            for config in configs:
+                rs = runs[config]
+                ratio = stat([r["wall_s"] / b["wall_s"] for r, b in zip(rs, base)]) if base else "-"
+                row = f"| {config} | {stat([r['wall_s'] for r in rs])} | {ratio} | "
+                if example == "mnist":
+                    same = (f"{sum(r['printed'] == b['printed'] for r, b in zip(rs, ref))}/{len(rs)}"
+                            if ref else "-")
+                    row += f"{stat([r['accuracy'][-1] for r in rs])} | {stat([r['loss'] for r in rs], '{:.4f}')} | {same} |"
+                else:
+                    gain = stat([r["img_s"] / b["img_s"] for r, b in zip(rs, base)]) if base else "-"
+                    row += f"{stat([r['img_s'] for r in rs], '{:.1f}')} | {gain} |"
+                print(row, flush=True)
+            print(f"load average during the runs: {stat([r['load'] for c in configs for r in runs[c]], '{:.1f}')}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "when": time.time(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
