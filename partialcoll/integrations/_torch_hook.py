@@ -342,7 +342,8 @@ def partial_ddp(module: torch.nn.Module, mode: str = "full", comm: Optional[MPI.
 
     Returns (the DDP module, its PartialHookState). mode="full" (the default) is DDP's own
     synchronous averaging. Keyword arguments that PartialAllreduce takes (late,
-    max_staleness, seed, ...), model_sync_every and buffer_sync_every go to the hook; the
+    max_staleness, seed, ...), model_sync_every, buffer_sync_every, on_failure and on_shrink
+    (PartialHookState: training on without a rank that fails) go to the hook; the
     others (process_group, device_ids, bucket_cap_mb, ...) to DistributedDataParallel.
 
     Buffers (BatchNorm's running statistics): in the full mode DDP broadcasts them from
