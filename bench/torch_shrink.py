@@ -80,7 +80,7 @@ def worker(args):
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         first = args.die_at
-    ends, died_at = {}, None
+    ends = {}
     for s in range(first, last):
         if args.worker == "shrink" and rank == P - 1 and s == args.die_at:
             print(f"DIED at={time.time():.6f}", flush=True)
