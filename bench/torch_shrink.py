@@ -113,11 +113,9 @@ def worker(args):
 
 
 def launch(n, argv, keep_going):
-    from conftest import mpiexec
-    from hosts import keep_going_flags
-    exe = mpiexec()
-    cmd = [exe, *(keep_going_flags(exe) if keep_going else []), "-n", str(n), sys.executable, __file__, *argv]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    from conftest import launch as command, launch_env      # either MPI's mpiexec, as the suite's
+    out = subprocess.run(command(n, [sys.executable, __file__, *argv], keep_going=keep_going), capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, **launch_env()))
     return out.stdout + out.stderr
 
 
