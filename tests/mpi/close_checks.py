@@ -57,33 +57,38 @@ def post_in_pattern(comm, colls, count, pattern):
                 received[k] += res.data
                 if res.rounds == 1:
                     seen[k][res.round] = int(res.data[0])
-                    ROUNDS_SEEN.append((k, res.round, res.active, res.closing))
+                if res.rounds >= 1:
+                    ROUNDS_SEEN.append((k, res.round, res.rounds, res.active, res.closing))
     return received, seen
 
 
-ROUNDS_SEEN: list = []      # (collective, round, active, closing) of the single-round results here
+ROUNDS_SEEN: list = []      # (collective, last round, rounds, active, closing) of the results here
 
 
 def check_closing(comm, final):
     """After a round that shows a closing bit, every later round is full (each rank is in
     it: active, or closing and standing in); `closing` never loses a rank once named, and
-    names every rank in the final round. Returns whether a closing bit was seen."""
+    names every rank in the final round. Returns whether a closing bit was seen.
+    A result folding rounds a..b (a rank late to some of them, as a loaded machine makes
+    it) says who was active in any of them and who was closing by round b: it is checked
+    as the rounds a..b together (full after a closing bit seen by an earlier result)."""
     everyone = set(range(comm.size))
     rounds = {}
     for theirs in comm.allgather([r for r in ROUNDS_SEEN if r[0] == 0]):
-        for _, n, active, closing in theirs:
-            rounds[n] = (set(active), set(closing))
+        for _, last, count, active, closing in theirs:
+            rounds[(last - count + 1, last)] = (set(active), set(closing))
     ROUNDS_SEEN.clear()
     assert set(final.closing) == everyone, final
-    first = min((n for n, (_, closing) in rounds.items() if closing), default=None)
-    before = set()
-    for n in sorted(rounds):
-        active, closing = rounds[n]
-        assert before <= closing, f"round {n}: closing {sorted(closing)} lost some of {sorted(before)}"
-        before = closing
-        if first is not None and n > first:
-            assert active | closing == everyone, f"round {n} after closing bits in round {first}: not full " \
-                                                 f"(active {sorted(active)}, closing {sorted(closing)})"
+    first = min((last for (_, last), (_, closing) in rounds.items() if closing), default=None)
+    before, before_at = set(), None
+    for (start, last) in sorted(rounds, key=lambda span: (span[1], span[0])):
+        active, closing = rounds[(start, last)]
+        if before_at is None or last > before_at:
+            assert before <= closing, f"round {last}: closing {sorted(closing)} lost some of {sorted(before)}"
+            before, before_at = closing, last
+        if first is not None and start > first:
+            assert active | closing == everyone, f"rounds {start}-{last} after closing bits in round {first}: " \
+                                                 f"not full (active {sorted(active)}, closing {sorted(closing)})"
     return first is not None
 
 
