@@ -46,16 +46,12 @@ from . import _engine, _propagate
 from ._info import _first_line
 from ._errors import ArgumentError, InvalidBufferError, MPIError, PeerError, StateError
 from ._status import check
+from ._types import UFUNCS, op_code
 
 ON_FAILURE = ("raise", "shrink")
 FAILURES = (MPIError, PeerError)    # what a dead peer makes the engine raise
 _TAG = 0x5A1                        # MPI_Comm_create_group's tag (the survivors of one collective)
 AGREE_SECONDS = 10.0                # without ULFM: how long survivors may take to build their communicator
-
-# the op of a result's fold, on NumPy arrays (fold mode: a pending fold carried across a rebuild)
-_FOLD = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "BAND": np.bitwise_and,
-         "BOR": np.bitwise_or, "BXOR": np.bitwise_xor, "LAND": np.logical_and, "LOR": np.logical_or,
-         "LXOR": np.logical_xor}
 
 
 def support() -> dict:
@@ -109,7 +105,7 @@ class Shrinker:
         self.last: Optional[tuple] = None    # (round, data, active, nap, posts, closing) of the last single round
         self.carry: Optional[tuple] = None   # fold: a pending fold of the old engine, for the next result
         self.recoveries: List[dict] = []     # per failure: failed ranks, seconds, how the round in flight ended
-        self.fold = _FOLD.get(_op_name(coll.op))
+        self.fold = getattr(np, UFUNCS[op_code(coll.op)])   # fold mode: a pending fold carried across a rebuild
         self.comm: Optional[MPI.Comm] = None   # the latest shrunk communicator
         self.ulfm = support()["ulfm"]
         _propagate.leave_without_abort()     # a failing rank reports and leaves: the others go on
@@ -412,8 +408,3 @@ def _failed_ranks(comm) -> Optional[set]:
     ranks, n = ffi.new("int[]", 64), ffi.new("int *")
     check(_engine.lib.pc_comm_failed(_engine.comm_handle(comm), ranks, 64, n))
     return None if n[0] < 0 else set(ranks[0:n[0]])
-
-
-def _op_name(op) -> str:
-    from ._types import OP_NAMES, op_code
-    return OP_NAMES[op_code(op)]
