@@ -850,14 +850,17 @@ class PartialAllreduce(_propagate.Reporting):
             return self._shrink.close(self, timeout)
         return self._close(timeout)
 
-    def _close(self, timeout: Optional[float]) -> Result:
+    def _close(self, timeout: Optional[float], survivable: tuple = ()) -> Result:
+        """close() on this engine. survivable: the errors the caller recovers from (shrink):
+        they leave the collective as it is, for the caller to salvage; others drop it."""
         timeout = rc.close_timeout if timeout is None else as_timeout(timeout, "close()'s timeout")
         if not self._closing:
-            self._begin_close()
+            self._begin_close(survivable)
         try:
             result = self._take(None, 2 ** 62, timeout, self._last_on_device, what="close()'s final round")
         except PartialcollError as exc:
-            self._close_failed(exc)
+            if not isinstance(exc, survivable):
+                self._close_failed(exc)
             raise
         self._stop_balancer()            # the final round is over: no decision is needed any more
         if self._balancer is not None:
@@ -879,7 +882,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._fb = _NO_FB
         return result
 
-    def _begin_close(self) -> None:
+    def _begin_close(self, survivable: tuple = ()) -> None:
         """close()'s first half, this rank only and without waiting: from here on this
         rank shadows the collective's rounds (it triggers every round it is armed for and
         sets its closing bit); close() then waits for the final round."""
@@ -891,7 +894,8 @@ class PartialAllreduce(_propagate.Reporting):
         try:
             check_round(_engine.lib.pc_coll_close(c), self._peers, "close()")   # an error met since the last wait
         except PartialcollError as exc:
-            self._close_failed(exc)
+            if not isinstance(exc, survivable):
+                self._close_failed(exc)
             raise
 
     def _close_failed(self, exc: PartialcollError) -> None:

@@ -156,7 +156,7 @@ class Shrinker:
     def close(self, coll, timeout):
         while True:
             try:
-                res = coll._close(timeout)
+                res = coll._close(timeout, FAILURES)
             except FAILURES as exc:
                 coll._closing = False
                 self.recover(coll, exc)

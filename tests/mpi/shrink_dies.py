@@ -10,7 +10,8 @@ victims ``r`` or ``r+r`` (ranks of COMM_WORLD). Each phase makes one PartialAllr
 (the test's own MPIX_Comm_shrink, or MPI_Comm_create_group over the survivors without ULFM); every rank posts and
 waits ROUNDS times, values that differ per rank, post and element, all exact in float64;
 each victim posts its post #round and fails (HOW) before its wait (the round may be
-in flight anywhere), the others go on; then close(). So one launch tries every mode, at
+in flight anywhere), the others go on; then close(). A victim at round ROUNDS fails after
+its last wait, before close(): the survivors meet the failure in close(). So one launch tries every mode, at
 sizes that go down phase by phase.
 
 Each survivor prints per phase one line for tests/test_shrink.py, which checks it against
@@ -61,6 +62,17 @@ def die_agreeing(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def die(phase: int, i: int) -> None:
+    print(f"KILLED phase={phase} rank={me} at={time.time():.6f}", flush=True)
+    if HOW == "raise":
+        raise RuntimeError(f"rank {me} fails in round {i} (on purpose)")
+    if HOW == "exit":
+        sys.exit(3)
+    if HOW == "noreport":
+        os._exit(9)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 for phase, (mode, victims, agreeing, die_at) in enumerate(PHASES):
     if me in agreeing:
         from partialcoll import _shrink
@@ -82,14 +94,7 @@ for phase, (mode, victims, agreeing, die_at) in enumerate(PHASES):
         x = value(me, i)
         if me in victims - agreeing and i == die_at:
             coll.post(x)
-            print(f"KILLED phase={phase} rank={me} at={time.time():.6f}", flush=True)
-            if HOW == "raise":
-                raise RuntimeError(f"rank {me} fails in round {i} (on purpose)")
-            if HOW == "exit":
-                sys.exit(3)
-            if HOW == "noreport":
-                os._exit(9)
-            os.kill(os.getpid(), signal.SIGKILL)
+            die(phase, i)
         try:
             res = coll.post(x).wait()
         except pc.PeerError as exc:      # a failure this MPI cannot survive (HOW noreport, MPICH)
@@ -104,6 +109,8 @@ for phase, (mode, victims, agreeing, die_at) in enumerate(PHASES):
         if mode == "full" and i > die_at:
             want = sum(value(r, i) for r in alive)
             full_ok &= bool(np.array_equal(res.data, want)) and tuple(members[r] for r in res.active) == alive
+    if me in victims - agreeing and die_at >= ROUNDS:
+        die(phase, die_at)       # after its last wait: the survivors meet it in close()
     final = coll.close()
     total += final.data
     posts += final.posts
