@@ -30,13 +30,14 @@ def value(r, i):
 
 
 def survivors_of(out):
-    """{(phase, rank): (failed, rounds, total, posts, full_ok)} of the SURVIVOR lines."""
+    """{(phase, rank, collective): (failed, rounds, total, posts, full_ok)} of the SURVIVOR lines."""
     got = {}
-    for m in re.finditer(r"SURVIVOR phase=(\d+) rank=(\d+) failed=\(([\d, ]*)\) rounds=(\d+) total=\[([^\]]*)\] "
-                         r"posts=(\d+) full_ok=(\w+)", out):
-        failed = tuple(int(v) for v in m.group(3).replace(" ", "").split(",") if v)
-        got[int(m.group(1)), int(m.group(2))] = (failed, int(m.group(4)), np.array([float(v) for v in m.group(5).split(",")]),
-                                                 int(m.group(6)), m.group(7) == "True")
+    for m in re.finditer(r"SURVIVOR phase=(\d+)(?:\.(\d+))? rank=(\d+) failed=\(([\d, ]*)\) rounds=(\d+) "
+                         r"total=\[([^\]]*)\] posts=(\d+) full_ok=(\w+)", out):
+        failed = tuple(int(v) for v in m.group(4).replace(" ", "").split(",") if v)
+        got[int(m.group(1)), int(m.group(3)), int(m.group(2) or 0)] = (
+            failed, int(m.group(5)), np.array([float(v) for v in m.group(6).split(",")]), int(m.group(7)),
+            m.group(8) == "True")
     return got
 
 
@@ -63,21 +64,27 @@ def check_phases(out, nprocs, phases):
         agreeing = {int(v[:-1]) for v in victims if isinstance(v, str)}   # "r!": died in the agreement
         victims = {int(str(v).rstrip("!")) for v in victims}
         alive = [r for r in members if r not in victims]
-        lines = {rank: got.get((phase, rank)) for rank in alive}
-        assert all(lines.values()), (phase, mode, sorted(r for r, v in lines.items() if not v), out[-4000:])
-        totals = {tuple(v[2]) for v in lines.values()}
-        assert len(totals) == 1, (phase, mode, "survivors disagree", lines)
-        for rank, (failed, rounds, _, _, full_ok) in lines.items():
-            assert failed == tuple(sorted(victims)), (phase, mode, rank, failed)
-            assert rounds == ROUNDS and full_ok, (phase, mode, rank, rounds, full_ok)
-        failed, rounds, total, posts, _ = next(iter(lines.values()))
-        rest = total - sum((prefix(r, ROUNDS) for r in alive), np.zeros(N))
-        read = posts - len(alive) * ROUNDS
-        # a prefix j_v of each victim's posts (j_v <= die_at + 1), and the posts count says the same
-        # (a rank that died in the agreement may have posted one more: its round's next)
-        assert dead_posts_fit(rest, read, victims, die_at + 1 + bool(agreeing)), \
-            (phase, mode, "not the survivors' posts plus whole posts of the dead", rest.tolist(), read)
+        for j in range(int((mode + "*1").split("*")[1])):     # "mode*k": k collectives
+            check_collective(out, got, phase, j, mode, victims, agreeing, alive, die_at)
         members = alive
+
+
+def check_collective(out, got, phase, j, mode, victims, agreeing, alive, die_at):
+    """One collective j of a phase: its SURVIVOR lines against the value formula."""
+    lines = {rank: got.get((phase, rank, j)) for rank in alive}
+    assert all(lines.values()), (phase, j, mode, sorted(r for r, v in lines.items() if not v), out[-4000:])
+    totals = {tuple(v[2]) for v in lines.values()}
+    assert len(totals) == 1, (phase, j, mode, "survivors disagree", lines)
+    for rank, (failed, rounds, _, _, full_ok) in lines.items():
+        assert failed == tuple(sorted(victims)), (phase, j, mode, rank, failed)
+        assert rounds == ROUNDS and full_ok, (phase, j, mode, rank, rounds, full_ok)
+    failed, rounds, total, posts, _ = next(iter(lines.values()))
+    rest = total - sum((prefix(r, ROUNDS) for r in alive), np.zeros(N))
+    read = posts - len(alive) * ROUNDS
+    # a prefix j_v of each victim's posts (j_v <= die_at + 1), and the posts count says the same
+    # (a rank that died in the agreement may have posted one more: its round's next)
+    assert dead_posts_fit(rest, read, victims, die_at + 1 + bool(agreeing)), \
+        (phase, j, mode, "not the survivors' posts plus whole posts of the dead", rest.tolist(), read)
 
 
 def _choices(victims, most):
@@ -95,7 +102,7 @@ def spec(phases):
 
 CASES = {
     8: [("solo", {5}, 10), ("majority", {0}, 10), ("probe", {7}, 10), ("quorum", {2}, 10), ("full", {3}, ROUNDS)],
-    5: [("full", {4}, 10), ("majority", {1, 3}, 10), ("solo", {0}, 10)],
+    5: [("full*3", {4}, 10), ("majority", {1, 3}, 10), ("solo", {0}, 10)],
     6: [("full", {4, "2!"}, 10), ("probe", {3}, 10)],
 }
 
@@ -118,8 +125,8 @@ def test_survivors_go_on(nprocs):
 
 
 MPICH_CASES = {
-    3: ("raise", [("solo", {2}, 10), ("full", {0}, ROUNDS)]),
-    5: ("exit", [("full", {4}, 10), ("majority", {1}, 10), ("probe", {3}, ROUNDS), ("quorum", {0}, 10)]),
+    3: ("raise", [("solo*3", {2}, 10), ("full", {0}, ROUNDS)]),
+    5: ("exit", [("full*2", {4}, 10), ("majority", {1}, 10), ("probe", {3}, ROUNDS), ("quorum", {0}, 10)]),
 }
 
 
