@@ -316,6 +316,15 @@ class Shrinker:
         self.alive = list(survivors)
         self.round_base = M
         coll._rebuild(new)
+        if self.ulfm:
+            # no survivor leaves this recovery before every one has rebuilt (Dup and an
+            # allreduce over new): a second failure's pass revokes the rebuilt collective's
+            # communicator, which must not cut a slower survivor's rebuild short. A failure
+            # now shows at the collective's next use (another pass)
+            try:
+                new.Agree(1)
+            except MPI.Exception:
+                pass
         self.kept, self.posts = [], 0
         for i, x in repost:
             r = coll._post(x, None)
