@@ -499,7 +499,7 @@ def _recover_all(coll, cause: BaseException, pending_post: Optional[int]):
     ranks; each other collective recovers from the same ranks (by their COMM_WORLD rank)
     where its communicator holds one of them, and is left alone where it holds none."""
     world = MPI.COMM_WORLD.Get_group()
-    colls = [c for c in (ref() for ref in _LIVE) if _live(c)]
+    colls: list = [c for c in (ref() for ref in _LIVE) if _live(c)]
     if coll not in colls:
         colls.append(coll)
     failed_world: set = set()
@@ -516,24 +516,24 @@ def _recover_all(coll, cause: BaseException, pending_post: Optional[int]):
             coll._shrink.broken = exc
             raise
         failed_world = set(MPI.Group.Translate_ranks(coll._comm.Get_group(), mine, world))
-    moved, reached = None, 0
-    try:
-        for reached, c in enumerate(colls):
-            reported = None
-            if not c._shrink.ulfm:
-                group = c._comm.Get_group()
-                ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
-                reported = [r for r, w in enumerate(ranks) if w in failed_world]
-                if not reported:         # the failure is not in its communicator
-                    continue
+    moved = None
+    for i, c in enumerate(colls):
+        reported = None
+        if not c._shrink.ulfm:
+            group = c._comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+            reported = [r for r, w in enumerate(ranks) if w in failed_world]
+            if not reported:             # the failure is not in its communicator
+                continue
+        try:
             got = c._shrink._recover_one(c, cause if c is coll else None, pending_post if c is coll else None,
                                          reported)
-            if c is coll:
-                moved = got
-    except BaseException as exc:
-        for c in colls[reached + 1:]:    # the pass stopped: those it did not reach raise the same
-            c._shrink.broken = exc
-        raise
+        except BaseException as exc:
+            for later in colls[i + 1:]:  # the pass stopped: those it did not reach raise the same
+                later._shrink.broken = exc
+            raise
+        if c is coll:
+            moved = got
     return moved
 
 
