@@ -1,9 +1,10 @@
 """on_failure="shrink": a dead rank is the last straggler, left out while the others go on.
 
 When a peer fails (killed, exited, raised), every survivor's next call on the collective
-fails with an MPI error; the survivor that sees it first revokes the collective's
-communicator, so that every other survivor's calls fail too and all of them come here.
-Then, on every survivor:
+fails with an MPI error; the survivor that sees it first revokes the communicators of its
+shrink collectives, so that every other survivor's calls fail too and all of them come
+here (with several collectives, in one pass over all of them: see the end). Then, on
+every survivor, for each collective:
 
 1. salvage: what this rank holds of the stopped collective (native coll_salvage): rounds
    completed here, its posts, which of them are inside completed rounds, the pending
@@ -20,7 +21,8 @@ Then, on every survivor:
    steps 2-4, the survivors revoke, shrink again and redo them;
 5. rebuild: a new engine collective (the round schedules built for the survivors) on the
    shrunk communicator; results keep the original communicator's rank numbers, and round
-   numbers go on from the last completed round.
+   numbers go on from the last completed round. ULFM: an agreement after it, so that no
+   survivor leaves before all have rebuilt.
 
 Without ULFM (MPICH: its MPIX_Comm_shrink aborts, mpi4py maps Shrink to Dup) only a
 failure that reports survives: the failing rank's report (the first one every survivor
