@@ -408,3 +408,17 @@ def _failed_ranks(comm) -> Optional[set]:
     ranks, n = ffi.new("int[]", 64), ffi.new("int *")
     check(_engine.lib.pc_comm_failed(_engine.comm_handle(comm), ranks, 64, n))
     return None if n[0] < 0 else set(ranks[0:n[0]])
+
+
+def refuse(on_failure: Optional[str], who: str, why: str) -> str:
+    """At construction of a collective that cannot shrink (every rank alike, inside its
+    argument agreement): on_failure (None: partialcoll.rc.on_failure) must be "raise";
+    "shrink" raises ArgumentError naming why. Returns the value."""
+    from ._rc import rc
+    value = rc.on_failure if on_failure is None else on_failure
+    if value not in ON_FAILURE:
+        raise ArgumentError(f"on_failure must be 'raise' or 'shrink', not {value!r}")
+    if value == "shrink":
+        source = "" if on_failure is not None else " (partialcoll.rc.on_failure is 'shrink')"
+        raise ArgumentError(f"{who} has no on_failure='shrink'{source}: {why}; make it with on_failure='raise'")
+    return value
