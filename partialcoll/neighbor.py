@@ -528,14 +528,19 @@ class NeighborAllreduce(_propagate.Reporting):
         meanwhile (inline progress: in pc_hop_serve)."""
         assert self._comm is not None
         out = np.empty((self._comm.Get_size(), vec.size), np.int64)
-        req = self._comm.Iallgather(vec, out)
-        pause = 0.0002
-        while not req.Test():
-            if deadline is not None and time.monotonic() > deadline:
-                self._peers.check_failed(f"NeighborAllreduce.close() at rank {self.rank}")
-                raise Timeout(f"NeighborAllreduce.close(): not every rank has called close() (rank {self.rank})")
-            check(_engine.lib.pc_hop_serve(self._h, pause))
-            pause = min(2 * pause, 0.01)
+        what = f"NeighborAllreduce.close() at rank {self.rank}"
+        try:
+            req = self._comm.Iallgather(vec, out)
+            pause = 0.0002
+            while not req.Test():
+                if deadline is not None and time.monotonic() > deadline:
+                    self._peers.check_failed(what)
+                    raise Timeout(f"NeighborAllreduce.close(): not every rank has called close() (rank {self.rank})")
+                check(_engine.lib.pc_hop_serve(self._h, pause))
+                pause = min(2 * pause, 0.01)
+        except MPI.Exception as exc:     # a peer failed (ULFM: PROC_FAILED, REVOKED): an MPIError, as the engine's
+            self._peers.check_failed(what)
+            raise MPIError(f"{what}: the allgather of close() failed: {exc.Get_error_string()}") from exc
         return out
 
     # -- on_failure="shrink" ------------------------------------------------------------
