@@ -44,12 +44,23 @@ from ._errors import InvalidBufferError, PeerError, StateError
 from ._rc import rc
 
 
-class HopShrinker(_shrink.Shrinker):
-    """A NeighborAllreduce's state for on_failure="shrink" (the owner's thread uses it).
-    The agreement on the failed set is PartialAllreduce's (_shrink.Shrinker: _shrink,
-    _reported, _create_group with this class's _plan)."""
+class _Agreement(_shrink.Shrinker):
+    """PartialAllreduce's agreement on the failed set (Shrinker's _shrink, _reported and
+    _create_group), with the neighbour collective's plan in place of the rounds'."""
 
-    def __init__(self, coll) -> None:       # noqa: D107 - not Shrinker's: no rounds here
+    def __init__(self, owner: "HopShrinker") -> None:     # none of Shrinker's round state
+        self.owner = owner
+        self.alive = owner.alive
+        self.ulfm = owner.ulfm
+
+    def _plan(self, coll, new, *state):
+        return self.owner.plan(new, *state)
+
+
+class HopShrinker:
+    """A NeighborAllreduce's state for on_failure="shrink" (the owner's thread uses it)."""
+
+    def __init__(self, coll) -> None:
         assert coll._comm is not None
         self.group = coll._comm.Get_group()      # the original ranks: numbering of results
         self.alive: List[int] = list(range(coll.size))
@@ -62,6 +73,7 @@ class HopShrinker(_shrink.Shrinker):
         self.discards: List[Tuple[int, np.ndarray]] = []   # re-runs whose result nobody takes
         self.comm = None                          # the latest survivors' communicator
         self.ulfm = _shrink.support()["ulfm"]
+        self.agreement = _Agreement(self)
         _propagate.leave_without_abort()          # a failing rank reports and leaves
 
     @staticmethod
@@ -114,7 +126,8 @@ class HopShrinker(_shrink.Shrinker):
             causes.append(type(cause).__name__)
             done = self._salvage(coll)
             state = (self.posted, done, min(self.kept, default=self.posted))
-            old = coll._comm
+            old, agreement = coll._comm, self.agreement
+            agreement.alive = self.alive
             try:
                 if self.ulfm:
                     try:
@@ -122,11 +135,11 @@ class HopShrinker(_shrink.Shrinker):
                     except MPI.Exception:
                         pass
                     coll._abandon()
-                    new, plan, n = self._shrink(coll, old, *state)
+                    new, plan, n = agreement._shrink(coll, old, *state)
                 else:
-                    reported = self._reported(coll, cause)     # PeerError where nobody reported
+                    reported = agreement._reported(coll, cause)     # PeerError where nobody reported
                     coll._abandon()
-                    new, plan, n = self._create_group(coll, old, reported, *state)
+                    new, plan, n = agreement._create_group(coll, old, reported, *state)
             except PeerError:
                 coll._abandon()
                 raise
@@ -162,7 +175,7 @@ class HopShrinker(_shrink.Shrinker):
                 return self.posted
         return self.posted - 1
 
-    def _plan(self, coll, new, posted, done, oldest):
+    def plan(self, new, posted, done, oldest):
         """Over the survivors: where to start again, L = the smallest iterations done;
         ("rerun", L) or ("error", why). Raises MPI.Exception where another rank failed."""
         rows = new.allgather((posted, done, oldest))

@@ -48,12 +48,12 @@ from ._partial import PartialAllreduce, PartialRequest, Result
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, integer
 from .averager import AsyncAverager, _wait_collective
+from .speed_groups import check_step_time, split_by_speed
 
 # why on_failure="shrink" is refused (docs/faults.md)
 NO_SHRINK = ("average() goes through an AsyncAverager's server, which a dead server takes every group's latest "
              "model with, and the regrouping points are collectives over every rank; on_failure='shrink' on a "
              "PartialAllreduce per group goes on without a dead rank")
-from .speed_groups import check_step_time, split_by_speed
 
 
 def _partition(groups) -> Tuple[Tuple[int, ...], ...]:
