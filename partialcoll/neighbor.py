@@ -400,7 +400,10 @@ class NeighborAllreduce(_propagate.Reporting):
         return int(done[0])
 
     def _wait(self, call, timeout: Optional[float], what: str) -> None:
-        self._check(None, what, lambda: wait_in_slices(call, timeout, what=what))
+        # on_failure="shrink": a peer the MPI reports as failed ends the wait (MPIError),
+        # also where backup workers could go on without it, so that the survivors leave it out
+        peers = self._peers if self._shrink is not None else None
+        self._check(None, what, lambda: wait_in_slices(call, timeout, what=what, peers=peers))
 
     def _check(self, code: Optional[int], what: str, run=None) -> None:
         """check(code), or run(): a peer's report raises PeerError with its exception type;

@@ -102,8 +102,8 @@ ULFM_CASES = {
     8: [("ring_based", "std", {5}, 8), ("double_ring", "stale", {2, 6}, 8), ("ring", "std", set(), 0)],
 }
 MPICH_CASES = {
-    5: ([("ring", "std", {2}, 8), ("ring_based", "backup", {0}, 8), ("ring", "gap", {4}, ITERATIONS)],
-        "raise,exit,raise"),
+    5: ([("ring", "std", {2}, 8), ("ring_based", "backup", {0}, 8), ("ring", "gap", {4}, ITERATIONS),
+         ("ring", "std", {3}, 5)], "raise,exit,raise,noreport"),
 }
 
 
@@ -126,11 +126,20 @@ def test_neighbours_go_on_mpich(nprocs):
     """MPICH (no ULFM) under -disable-auto-cleanup: the victim raises (P = 5, ring;
     P = 3, ring with tokens, before close()) or calls sys.exit(3) (P = 4, ring_based,
     backup workers); its report names it to every survivor, MPI_Comm_create_group over
-    the others: the same checks."""
+    the others: the same checks. Then P = 2 where the victim calls os._exit (no report):
+    the survivor raises PeerError naming it."""
     if mpi_flavour() == "openmpi":
         pytest.skip("needs the second MPI's environment: MPICH's path (a report, then MPI_Comm_create_group); "
                     "Open MPI runs test_neighbours_go_on_ulfm")
     phases, how = MPICH_CASES[nprocs]
     out = run_mpi("neighbor_shrink_dies.py", nprocs, str(ITERATIONS), spec(phases), how, keep_going=True,
                   expect_passed=nprocs - sum(len(v) for _, _, v, _ in phases), timeout=120)
-    check(out, nprocs, phases)
+    check(out, nprocs, phases[:-1])
+    # the last phase's victim leaves without a report (os._exit): its survivor raises
+    # PeerError naming it, never a hang
+    members = [r for r in range(nprocs) if all(r not in v for _, _, v, _ in phases[:-1])]
+    (victim,) = phases[-1][2]
+    named = members.index(victim)        # in the numbering of that phase's communicator
+    unsurvived = re.findall(rf"UNSURVIVABLE phase={len(phases) - 1} rank=(\d+) rank\(s\) \({named},\) failed "
+                            rf"without a report", out)
+    assert sorted(map(int, unsurvived)) == [r for r in members if r != victim], out[-3000:]

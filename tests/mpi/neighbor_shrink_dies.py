@@ -8,7 +8,9 @@ weights="mean", on_failure="shrink") on that graph over the survivors of the pha
 before; every rank posts and waits ITERATIONS times, values exact in float64 and
 different per rank, iteration and element. A victim posts its update of the iteration
 and fails before its wait (HOW, per phase: ``kill``, SIGKILL, under Open MPI's ``mpiexec --with-ft
-ulfm``; ``raise`` or ``exit`` under MPICH's ``mpiexec -disable-auto-cleanup``); at
+ulfm``; ``raise`` or ``exit`` under MPICH's ``mpiexec -disable-auto-cleanup``; ``noreport``:
+os._exit(9), which nobody reports: without ULFM each survivor prints ``UNSURVIVABLE
+phase=K rank=R <PeerError>`` and ends); at
 iteration ITERATIONS it fails after its last wait, before close(), so the survivors meet
 it in close(). Then close(), and the next phase over the survivors.
 
@@ -61,6 +63,8 @@ def die(phase: int) -> None:
         raise RuntimeError(f"rank {me} fails (on purpose)")
     if how == "exit":
         sys.exit(3)
+    if how == "noreport":
+        os._exit(9)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -81,7 +85,12 @@ for phase, (kind, mode, victims, die_at) in enumerate(PHASES):
         if me in victims and k == die_at:
             coll.post(x)
             die(phase)
-        res = coll.post(x).wait()
+        try:
+            res = coll.post(x).wait()
+        except pc.PeerError as exc:      # a failure this MPI cannot survive (HOW noreport, MPICH)
+            print(f"UNSURVIVABLE phase={phase} rank={me} {exc}", flush=True)
+            print(f"PASSED {me}", flush=True)
+            os._exit(0)
         log.append([res.iteration, [members[a] for a in res.active], [[members[s], i] for s, i in res.updates],
                     res.data.tolist()])
     if me in victims and die_at >= ITERATIONS:
