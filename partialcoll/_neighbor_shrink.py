@@ -126,20 +126,9 @@ class HopShrinker:
             causes.append(type(cause).__name__)
             done = self._salvage(coll)
             state = (self.posted, done, min(self.kept, default=self.posted))
-            old, agreement = coll._comm, self.agreement
-            agreement.alive = self.alive
+            self.agreement.alive = self.alive
             try:
-                if self.ulfm:
-                    try:
-                        old.Revoke()             # every survivor's calls on it fail now: all come here
-                    except MPI.Exception:
-                        pass
-                    coll._abandon()
-                    new, plan, n = agreement._shrink(coll, old, *state)
-                else:
-                    reported = agreement._reported(coll, cause)     # PeerError where nobody reported
-                    coll._abandon()
-                    new, plan, n = agreement._create_group(coll, old, reported, *state)
+                new, plan, n = _shrink.agree_after_failure(self.agreement, coll, cause, *state)
             except PeerError:
                 coll._abandon()
                 raise

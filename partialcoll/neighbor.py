@@ -141,7 +141,7 @@ class NeighborRequest:
     Test = test
 
 
-class NeighborAllreduce(_propagate.Reporting):
+class NeighborAllreduce(_shrink.Shrinkable, _propagate.Reporting):
     """A persistent neighbour allreduce over a distributed-graph communicator (collective)."""
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
@@ -546,13 +546,7 @@ class NeighborAllreduce(_propagate.Reporting):
             raise MPIError(f"{what}: the allgather of close() failed: {exc.Get_error_string()}") from exc
         return out
 
-    # -- on_failure="shrink" ------------------------------------------------------------
-    @property
-    def failed(self) -> Tuple[int, ...]:
-        """on_failure="shrink": the ranks that failed, in the numbering of the communicator
-        the collective was created on (ascending; empty while none has)."""
-        return self._shrink.failed if self._shrink is not None else ()
-
+    # -- on_failure="shrink" (and failed, from _shrink.Shrinkable) ---------------------
     @property
     def recoveries(self) -> List[dict]:
         """on_failure="shrink": one entry per failure survived: "failed" (the ranks),

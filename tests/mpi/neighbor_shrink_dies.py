@@ -59,13 +59,11 @@ def value(r: int, k: int) -> np.ndarray:
 def die(phase: int) -> None:
     print(f"KILLED phase={phase} rank={me}", flush=True)
     how = HOWS[min(phase, len(HOWS) - 1)]
-    if how == "raise":
+    if how == "raise":               # an uncaught exception: the rank reports, then leaves
         raise RuntimeError(f"rank {me} fails (on purpose)")
-    if how == "exit":
-        sys.exit(3)
-    if how == "noreport":
-        os._exit(9)
-    os.kill(os.getpid(), signal.SIGKILL)
+    ends = {"exit": lambda: sys.exit(3), "noreport": lambda: os._exit(9),
+            "kill": lambda: os.kill(os.getpid(), signal.SIGKILL)}
+    ends[how]()
 
 
 comm = WORLD
