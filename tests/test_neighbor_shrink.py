@@ -14,12 +14,14 @@ and only the closed graph after that.
 The victim of the last phase fails after its last wait: the survivors meet it in close().
 """
 import json
+import random
 import re
 
 import numpy as np
 import pytest
 
 from conftest import mpi_flavour, run_mpi
+from partialcoll import topology
 
 pytestmark = pytest.mark.mpiexec
 
@@ -59,6 +61,25 @@ def closed_over(ins, dead):
                     found.add(s)
         out[r] = found - {r}
     return out
+
+
+@pytest.mark.parametrize("kind", sorted(STRIDES))
+def test_bridged_closes_over_the_dead(kind):
+    """topology.bridged (what the survivors build) against the paths through dead ranks
+    computed here, for every graph at P = 2..9 and up to three dead ranks; a ring stays a
+    ring (every survivor keeps two neighbours while three or more are left)."""
+    rng = random.Random(kind)
+    for p in range(2, 10):
+        ins = in_neighbours(kind, list(range(p)))
+        graph = {r: (sorted(ins[r]), sorted(s for s in range(p) if r in ins[s])) for r in range(p)}
+        for _ in range(6):
+            dead = set(rng.sample(range(p), rng.randint(1, min(3, p - 1))))
+            got = topology.bridged(graph, dead)
+            want = closed_over(ins, dead)
+            assert {r: set(got[r][0]) for r in got} == want, (kind, p, dead, got)
+            assert all(set(got[r][1]) == {s for s in want if r in want[s]} for r in got), (kind, p, dead, got)
+            if kind == "ring" and p - len(dead) >= 3:
+                assert all(len(want[r]) == 2 for r in want), (p, dead, want)
 
 
 def check(out, nprocs, phases):
