@@ -66,6 +66,25 @@ def die(phase: int) -> None:
     ends[how]()
 
 
+def run(phase: int, coll, members, victims, die_at) -> dict:
+    """One phase's iterations and close(): this rank's survivor line."""
+    log = []
+    for k in range(ITERATIONS):
+        x = value(me, k)
+        if me in victims and k == die_at:
+            coll.post(x)
+            die(phase)
+        res = coll.post(x).wait()
+        log.append([res.iteration, [members[a] for a in res.active], [[members[s], i] for s, i in res.updates],
+                    res.data.tolist()])
+    if me in victims and die_at >= ITERATIONS:
+        die(phase)                   # after its last wait: the survivors meet it in close()
+    coll.close()
+    return {"phase": phase, "rank": me, "failed": [members[r] for r in coll.failed],
+            "recoveries": len(coll.recoveries), "log": log,
+            "how": [{key: v for key, v in e.items() if key != "cause"} for e in coll.recoveries]}
+
+
 comm = WORLD
 for phase, (kind, mode, victims, die_at) in enumerate(PHASES):
     size = comm.Get_size()
@@ -73,29 +92,15 @@ for phase, (kind, mode, victims, die_at) in enumerate(PHASES):
     g = topology.graph(comm, kind)
     try:
         coll = pc.NeighborAllreduce(N, np.float64, comm=g, on_failure="shrink", **MODES[mode])
+        line = run(phase, coll, members, victims, die_at)
     except pc.ArgumentError as exc:
         print(f"REFUSED rank={me} {exc}", flush=True)
         print(f"PASSED {me}", flush=True)
         sys.exit(0)
-    log = []
-    for k in range(ITERATIONS):
-        x = value(me, k)
-        if me in victims and k == die_at:
-            coll.post(x)
-            die(phase)
-        try:
-            res = coll.post(x).wait()
-        except pc.PeerError as exc:      # a failure this MPI cannot survive (HOW noreport, MPICH)
-            print(f"UNSURVIVABLE phase={phase} rank={me} {exc}", flush=True)
-            print(f"PASSED {me}", flush=True)
-            os._exit(0)
-        log.append([res.iteration, [members[a] for a in res.active], [[members[s], i] for s, i in res.updates],
-                    res.data.tolist()])
-    if me in victims and die_at >= ITERATIONS:
-        die(phase)                   # after its last wait: the survivors meet it in close()
-    coll.close()
-    line = {"phase": phase, "rank": me, "failed": [members[r] for r in coll.failed],
-            "recoveries": len(coll.recoveries), "how": [{k: v for k, v in e.items() if k != "cause"} for e in coll.recoveries], "log": log}
+    except pc.PeerError as exc:          # a failure this MPI cannot survive (HOW noreport, MPICH)
+        print(f"UNSURVIVABLE phase={phase} rank={me} {exc}", flush=True)
+        print(f"PASSED {me}", flush=True)
+        os._exit(0)
     print("NSURVIVOR " + json.dumps(line), flush=True)
     if victims:                      # the next phase over the survivors
         comm = comm.Shrink() if ULFM else comm.Create_group(comm.Get_group().Excl([members.index(v) for v in victims]))
