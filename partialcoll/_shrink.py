@@ -63,7 +63,7 @@ import os
 import threading
 import time
 import weakref
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -545,3 +545,47 @@ def _failed_ranks(comm) -> Optional[set]:
     ranks, n = ffi.new("int[]", 64), ffi.new("int *")
     check(_engine.lib.pc_comm_failed(_engine.comm_handle(comm), ranks, 64, n))
     return None if n[0] < 0 else set(ranks[0:n[0]])
+
+
+def refuse(on_failure: Optional[str], who: str, why: str) -> str:
+    """At construction of a collective that cannot shrink (every rank alike, inside its
+    argument agreement): on_failure (None: partialcoll.rc.on_failure) must be "raise";
+    "shrink" raises ArgumentError naming why. Returns the value."""
+    from ._rc import rc
+    value = rc.on_failure if on_failure is None else on_failure
+    if value not in ON_FAILURE:
+        raise ArgumentError(f"on_failure must be 'raise' or 'shrink', not {value!r}")
+    if value == "shrink":
+        source = "" if on_failure is not None else " (partialcoll.rc.on_failure is 'shrink')"
+        raise ArgumentError(f"{who} has no on_failure='shrink'{source}: {why}; make it with on_failure='raise'")
+    return value
+
+
+def agree_after_failure(shrinker, coll, cause: BaseException, *state):
+    """The agreement of a failed collective, for any shrinker with ulfm, _shrink,
+    _reported and _create_group (their plan gets state): revoke (ULFM) or hear the report,
+    drop coll's engine, and agree; (survivors' communicator, plan, tries). Raises
+    PeerError where the failure cannot be survived (coll is then left as it is)."""
+    old = coll._comm
+    if shrinker.ulfm:
+        try:
+            old.Revoke()                 # every survivor's calls on it fail now: all come here
+        except MPI.Exception:
+            pass
+        coll._abandon()
+        return shrinker._shrink(coll, old, *state)
+    reported = shrinker._reported(coll, cause)     # PeerError where nobody reported
+    coll._abandon()
+    return shrinker._create_group(coll, old, reported, *state)
+
+
+class Shrinkable:
+    """What a collective with on_failure="shrink" shows (its shrinker in self._shrink)."""
+
+    _shrink: Any
+
+    @property
+    def failed(self) -> Tuple[int, ...]:
+        """on_failure="shrink": the ranks that failed, in the numbering of the communicator
+        the collective was created on (ascending; empty while none has)."""
+        return self._shrink.failed if self._shrink is not None else ()
