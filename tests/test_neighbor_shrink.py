@@ -111,6 +111,17 @@ def check(out, nprocs, phases):
                 assert fits, (phase, r, k, "not the old graph's nor the closed graph's in-neighbours", updates,
                               old[r], new[r])
                 assert all(k - stale <= i <= k for _, i in updates), (phase, r, k, updates)
+            if mode.endswith("+pa"):     # the PartialAllreduce (full) beside it: every round the sum of its
+                part = line["partial"]   # members' posts, the survivors' from the round the victims died in
+                assert part["failed"] == sorted(victims) and part["recoveries"] == 1, (phase, r, part)
+                assert [e[0] for e in part["log"]] == list(range(ITERATIONS)), (phase, r, "rounds")
+                for k, active, data in part["log"]:
+                    ranks = members if k < die_at else alive
+                    want = sum((value(s, k) for s in ranks), np.zeros(N))
+                    assert active == ranks and np.array_equal(np.array(data), want), (phase, r, k, active, data)
+                assert len(line["met"]) == 1, (phase, r, line["met"])    # one pass: one cause
+        if mode.endswith("+pa") and victims:     # the survivors met the failure in both collectives
+            assert {m for r in alive for m in lines[phase, r]["met"]} == {"hop", "partial"}, (phase, lines)
         members = alive
 
 
@@ -119,11 +130,11 @@ def spec(phases):
 
 
 ULFM_CASES = {
-    5: [("ring", "std", {2}, 8), ("ring_based", "backup", {0}, 8), ("ring", "gap", {4}, ITERATIONS)],
+    5: [("ring", "std+pa", {2}, 8), ("ring_based", "backup", {0}, 8), ("ring", "gap", {4}, ITERATIONS)],
     8: [("ring_based", "std", {5}, 8), ("double_ring", "stale", {2, 6}, 8), ("ring", "std", set(), 0)],
 }
 MPICH_CASES = {
-    5: ([("ring", "std", {2}, 8), ("ring_based", "backup", {0}, 8), ("ring", "gap", {4}, ITERATIONS),
+    5: ([("ring", "std+pa", {2}, 8), ("ring_based", "backup", {0}, 8), ("ring", "gap", {4}, ITERATIONS),
          ("ring", "std", {3}, 5)], "raise,exit,raise,noreport"),
 }
 

@@ -6,7 +6,13 @@ mode: std, backup (backup=1), gap (max_gap=2), stale (max_staleness=1); victims 
 ``r+r``, ranks of COMM_WORLD). Each phase makes one NeighborAllreduce (float64,
 weights="mean", on_failure="shrink") on that graph over the survivors of the phases
 before; every rank posts and waits ITERATIONS times, values exact in float64 and
-different per rank, iteration and element. A victim posts its update of the iteration
+different per rank, iteration and element. A mode written ``mode+pa`` also makes a
+PartialAllreduce (mode="full", on_failure="shrink", after the NeighborAllreduce) over
+the same ranks: each iteration a rank posts the same update to both, then waits for
+both, in its order: the PartialAllreduce first at even ranks of the phase, the neighbour
+collective first at odd ones; its victim posts to neither and fails, so survivors meet the failure
+in different collectives (the dead rank's odd neighbours in the NeighborAllreduce, the
+others in the PartialAllreduce). A victim posts its update of the iteration
 and fails before its wait (HOW, per phase: ``kill``, SIGKILL, under Open MPI's ``mpiexec --with-ft
 ulfm``; ``raise`` or ``exit`` under MPICH's ``mpiexec -disable-auto-cleanup``; ``noreport``:
 os._exit(9), which nobody reports: without ULFM each survivor prints ``UNSURVIVABLE
@@ -19,7 +25,9 @@ against the graph and the values it computes itself:
 
   NSURVIVOR {"phase": K, "rank": R, "failed": [..], "recoveries": n, "log": [[k, active, updates, data], ..]}
 
-(ranks of COMM_WORLD; updates [[rank, iteration], ..]). A victim prints ``KILLED
+(ranks of COMM_WORLD; updates [[rank, iteration], ..]). With ``+pa``, the line also has
+"partial": {"failed": [..], "log": [[round, active, data], ..]} and "met": which of the
+two met the failure here ("hop" or "partial": the one whose recovery has a cause). A victim prints ``KILLED
 phase=K rank=R``. Where the construction raises ArgumentError (no ULFM), every rank
 prints ``REFUSED rank=R <message>``.
 """
@@ -44,7 +52,7 @@ for spec in sys.argv[2].split(";"):
     shape, rest = spec.split(":")
     victims, at = rest.split("@")
     kind, mode = shape.split("/")
-    PHASES.append((kind, mode, {int(v) for v in victims.split("+") if v}, int(at)))
+    PHASES.append((kind, mode.split("+")[0], mode.endswith("+pa"), {int(v) for v in victims.split("+") if v}, int(at)))
 N = 3
 WORLD = MPI.COMM_WORLD
 me = WORLD.Get_rank()
@@ -66,33 +74,50 @@ def die(phase: int) -> None:
     ends[how]()
 
 
-def run(phase: int, coll, members, victims, die_at) -> dict:
+def run(phase: int, coll, members, victims, die_at, partial=None) -> dict:
     """One phase's iterations and close(): this rank's survivor line."""
-    log = []
+    log, plog = [], []
     for k in range(ITERATIONS):
         x = value(me, k)
         if me in victims and k == die_at:
-            coll.post(x)
+            if partial is None:
+                coll.post(x)
             die(phase)
-        res = coll.post(x).wait()
+        if partial is None:
+            res = coll.post(x).wait()
+        else:                        # both posted, then waited for in this rank's order
+            order = [(partial, 1), (coll, 0)] if coll.rank % 2 == 0 else [(coll, 0), (partial, 1)]
+            reqs = [(j, c.post(x)) for c, j in order]
+            got = {j: req.wait() for j, req in reqs}
+            res, pres = got[0], got[1]
+            plog.append([pres.round, [members[a] for a in pres.active], pres.data.tolist()])
         log.append([res.iteration, [members[a] for a in res.active], [[members[s], i] for s, i in res.updates],
                     res.data.tolist()])
     if me in victims and die_at >= ITERATIONS:
         die(phase)                   # after its last wait: the survivors meet it in close()
-    coll.close()
-    return {"phase": phase, "rank": me, "failed": [members[r] for r in coll.failed],
+    coll.close()                     # collective: in one order everywhere
+    line = {"phase": phase, "rank": me, "failed": [members[r] for r in coll.failed],
             "recoveries": len(coll.recoveries), "log": log,
             "how": [{key: v for key, v in e.items() if key != "cause"} for e in coll.recoveries]}
+    if partial is not None:
+        partial.close()
+        line["partial"] = {"failed": [members[r] for r in partial.failed], "log": plog,
+                           "recoveries": len(partial.recoveries)}
+        line["met"] = [name for name, c in (("hop", coll), ("partial", partial))
+                       if c.recoveries and c.recoveries[0]["cause"] != "pass"]
+    return line
 
 
 comm = WORLD
-for phase, (kind, mode, victims, die_at) in enumerate(PHASES):
+for phase, (kind, mode, with_partial, victims, die_at) in enumerate(PHASES):
     size = comm.Get_size()
     members = MPI.Group.Translate_ranks(comm.Get_group(), list(range(size)), WORLD.Get_group())
     g = topology.graph(comm, kind)
     try:
         coll = pc.NeighborAllreduce(N, np.float64, comm=g, on_failure="shrink", **MODES[mode])
-        line = run(phase, coll, members, victims, die_at)
+        partial = (pc.PartialAllreduce(N, np.float64, comm=comm, mode="full", on_failure="shrink")
+                   if with_partial else None)
+        line = run(phase, coll, members, victims, die_at, partial)
     except pc.ArgumentError as exc:
         print(f"REFUSED rank={me} {exc}", flush=True)
         print(f"PASSED {me}", flush=True)
