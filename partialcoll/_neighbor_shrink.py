@@ -39,7 +39,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine, _propagate, _shrink, topology
+from . import _engine, _shrink, topology
 from ._errors import InvalidBufferError, PeerError, StateError
 from ._rc import rc
 
@@ -50,15 +50,19 @@ class _Agreement(_shrink.Shrinker):
 
     def __init__(self, owner: "HopShrinker") -> None:     # none of Shrinker's round state
         self.owner = owner
-        self.alive = owner.alive
         self.ulfm = owner.ulfm
+
+    @property
+    def alive(self) -> List[int]:        # type: ignore[override]
+        return self.owner.alive
 
     def _plan(self, coll, new, *state):
         return self.owner.plan(new, *state)
 
 
-class HopShrinker:
-    """A NeighborAllreduce's state for on_failure="shrink" (the owner's thread uses it)."""
+class HopShrinker(_shrink.Recovering):
+    """A NeighborAllreduce's state for on_failure="shrink": one of the process's shrink
+    collectives, recovered in the one pass over all of them (_shrink's module docstring)."""
 
     def __init__(self, coll) -> None:
         assert coll._comm is not None
@@ -74,7 +78,7 @@ class HopShrinker:
         self.comm = None                          # the latest survivors' communicator
         self.ulfm = _shrink.support()["ulfm"]
         self.agreement = _Agreement(self)
-        _propagate.leave_without_abort()          # a failing rank reports and leaves
+        self._join(coll)
 
     @staticmethod
     def _keep(coll) -> int:
@@ -92,46 +96,52 @@ class HopShrinker:
             raise StateError("on_failure='shrink': wait for the previous post's request before posting again "
                              "(one outstanding request per rank, so that a re-run iteration keeps its update)")
         x, res, _ = coll._host_buffers(x, out)
-        k = self.posted
-        req = NeighborRequest(coll, k, res if res.ndim == 1 else res.reshape(-1))
-        self.kept[k] = np.array(x, copy=True)
-        self.kept.pop(k - self.keep, None)
-        self.posted, self.open = k + 1, req
-        coll._pending[k] = req
-        try:
-            self._take_discards(coll, k - coll.depth)
-            coll._enter(x, req._out)
-        except _shrink.FAILURES as exc:
-            self.recover(coll, exc)          # posts iteration k again, among the survivors
+        with _shrink._LOCK:                  # not inside another thread's pass
+            k = self.posted
+            req = NeighborRequest(coll, k, res if res.ndim == 1 else res.reshape(-1))
+            self.kept[k] = np.array(x, copy=True)
+            self.kept.pop(k - self.keep, None)
+            self.posted, self.open = k + 1, req
+            coll._pending[k] = req
+            try:
+                self._take_discards(coll, k - coll.depth)
+                coll._enter(x, req._out)
+            except _shrink.FAILURES as exc:
+                self.recover(coll, exc, self.generation)     # posts iteration k again, among the survivors
         return req
 
     def take(self, coll, req, timeout) -> None:
         while req._result is None:
+            generation = self.generation
             try:
                 coll._take_engine(req, timeout)
-            except _shrink.FAILURES as exc:
-                self.recover(coll, exc)
+            except _shrink.FAILURES + (StateError,) as exc:     # StateError: a pass on another thread
+                self.recover(coll, exc, generation)             # dropped the engine (the request re-posted)
                 continue
             if timeout == 0.0:               # a test: one look
                 break
         if req._result is not None and self.open is req:
             self.open = None
 
-    # -- recovery -------------------------------------------------------------------------
-    def recover(self, coll, cause: BaseException) -> None:
-        """Every survivor, after its collective failed: salvage, agree, rebuild, run again
-        (again from the salvage where another rank fails meanwhile)."""
+    # -- recovery (Recovering.recover begins the pass) ----------------------------------
+    def _reported(self, coll, cause) -> List[int]:
+        return self.agreement._reported(coll, cause)
+
+    def _recover(self, coll, cause, pending_post, reported) -> None:
+        """Every survivor, once its pass reaches this collective: salvage, agree, rebuild,
+        run again (again from the salvage where another rank fails meanwhile). reported
+        (without ULFM): the failed ranks where another collective's report named them."""
         started, tries, causes = time.monotonic(), 0, []
         while True:
-            causes.append(type(cause).__name__)
+            causes.append(type(cause).__name__ if cause is not None else "pass")
             done = self._salvage(coll)
             state = (self.posted, done, min(self.kept, default=self.posted))
-            self.agreement.alive = self.alive
             try:
-                new, plan, n = _shrink.agree_after_failure(self.agreement, coll, cause, *state)
+                new, plan, n = _shrink.agree_after_failure(self.agreement, coll, cause, reported, *state)
             except PeerError:
                 coll._abandon()
                 raise
+            reported = None                  # a further failure: this collective's own report
             tries += n
             survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), self.group)
             self.failed = tuple(sorted(set(range(self.group.Get_size())) - set(survivors)))
@@ -182,6 +192,7 @@ class HopShrinker:
         graph = topology.bridged(coll._graph, self.failed)
         self.alive = survivors
         coll._rebuild(new, survivors, graph, start)
+        _shrink.rebuilt(self, new)
         self.discards = []
         pending = coll._pending
         for k in range(start, self.posted):

@@ -121,7 +121,58 @@ def check_support(on_failure: str) -> None:
             raise ArgumentError(f"on_failure='shrink' cannot work here: {missing}")
 
 
-class Shrinker:
+class Recovering:
+    """What the pass over a process's shrink collectives (_recover_all) uses of each one's
+    state, the same for every kind (PartialAllreduce's Shrinker, NeighborAllreduce's
+    HopShrinker): ulfm; broken (a recovery failed: raised by every later one); generation
+    (recoveries begun: a thread whose call failed sees if a pass ran meanwhile);
+    _reported(coll, cause) (without ULFM: the failed ranks a report names, in coll's
+    current numbering); _recover(coll, cause, pending_post, reported) (this collective's
+    own recovery; cause None: another collective met the failure)."""
+
+    ulfm: bool
+
+    def _join(self, coll) -> None:
+        """At construction: coll joins this process's shrink collectives, in creation order."""
+        self.generation = 0
+        self.broken: Optional[BaseException] = None
+        _propagate.leave_without_abort()     # a failing rank reports and leaves: the others go on
+        with _LOCK:
+            _LIVE[:] = [ref for ref in _LIVE if _live(ref())]
+            _LIVE.append(weakref.ref(coll))
+
+    def recover(self, coll, cause: BaseException, generation: int, pending_post: Optional[int] = None):
+        """A call on coll failed (begun at this generation): recover every live shrink
+        collective of this process, in creation order (module docstring), unless another
+        thread's pass did meanwhile. Returns what _recover returns for coll."""
+        with _LOCK:
+            if self.broken is not None:
+                raise self.broken
+            if self.generation != generation:    # recovered meanwhile: the caller tries again
+                return None
+            if isinstance(cause, StateError):    # not a failure, nor a pass under it
+                raise cause
+            return _recover_all(coll, cause, pending_post)
+
+    def _recover_one(self, coll, cause: Optional[BaseException], pending_post: Optional[int] = None,
+                     reported: Optional[List[int]] = None):
+        """coll's own recovery, inside a pass; a failure marks it broken."""
+        try:
+            return self._recover(coll, cause, pending_post, reported)
+        except BaseException as exc:
+            self.broken = exc
+            raise
+        finally:
+            self.generation += 1
+
+    def _recover(self, coll, cause, pending_post, reported):
+        raise NotImplementedError
+
+    def _reported(self, coll, cause) -> List[int]:
+        raise NotImplementedError
+
+
+class Shrinker(Recovering):
     """A PartialAllreduce's state for on_failure="shrink" (only the owner's thread uses it)."""
 
     def __init__(self, coll) -> None:
@@ -139,12 +190,7 @@ class Shrinker:
         self.fold = getattr(np, UFUNCS[op_code(coll.op)])   # fold mode: a pending fold carried across a rebuild
         self.comm: Optional[MPI.Comm] = None   # the latest shrunk communicator
         self.ulfm = support()["ulfm"]
-        self.generation = 0                  # recoveries begun: a thread whose call failed sees if one ran meanwhile
-        self.broken: Optional[BaseException] = None     # a recovery failed: raised by every later one
-        _propagate.leave_without_abort()     # a failing rank reports and leaves: the others go on
-        with _LOCK:
-            _LIVE[:] = [ref for ref in _LIVE if _live(ref())]
-            _LIVE.append(weakref.ref(coll))
+        self._join(coll)
 
     # -- the calls of PartialAllreduce and PartialRequest in shrink mode ------------------
     def post(self, coll, x, out):
@@ -242,36 +288,13 @@ class Shrinker:
             res.active = tuple(sorted(set(res.active) | set(active)))
         return res
 
-    # -- recovery -------------------------------------------------------------------------
-    def recover(self, coll, cause: BaseException, generation: int, pending_post: Optional[int] = None):
-        """A call on coll failed (begun at this generation): recover every live shrink
-        collective of this process, in creation order (module docstring), unless another
-        thread's pass did meanwhile. Returns what _recover_one returns for coll."""
-        with _LOCK:
-            if self.broken is not None:
-                raise self.broken
-            if self.generation != generation:    # recovered meanwhile: the caller tries again
-                return None
-            if isinstance(cause, StateError):    # not a failure, nor a pass under it
-                raise cause
-            return _recover_all(coll, cause, pending_post)
-
-    def _recover_one(self, coll, cause: Optional[BaseException], pending_post: Optional[int] = None,
-                     reported: Optional[List[int]] = None):
+    # -- recovery (Recovering.recover begins the pass) ----------------------------------
+    def _recover(self, coll, cause, pending_post, reported):
         """Every survivor, once its pass reaches this collective: agree, shrink, complete or
         re-run the round in flight, rebuild. reported (without ULFM): the failed ranks, in
         this collective's current numbering, where another collective's report named them.
         Returns the request of pending_post where the old engine had counted that post (it
         is posted again on the new one), else None."""
-        try:
-            return self._recover(coll, cause, pending_post, reported)
-        except BaseException as exc:
-            self.broken = exc
-            raise
-        finally:
-            self.generation += 1
-
-    def _recover(self, coll, cause, pending_post, reported):
         started = time.monotonic()
         ffi, lib = _engine.ffi, _engine.lib
         st = ffi.new("int64_t[5]")
@@ -284,19 +307,7 @@ class Shrinker:
         active, closing = coll._ranks_of(tuple(mask[0:2 * words]))
         salvaged = (int(info.round), data, active, int(info.nap), int(info.posts), closing, int(info.post_lo),
                     int(info.post_hi))
-        old = coll._comm
-        if self.ulfm:
-            try:
-                old.Revoke()             # every survivor's calls on it fail now: all come here
-            except MPI.Exception:
-                pass
-            coll._abandon()
-            new, plan, tries = self._shrink(coll, old, done, pending, salvaged, taken, inside)
-        else:
-            if reported is None:
-                reported = self._reported(coll, cause)     # raises PeerError where nobody reported
-            coll._abandon()
-            new, plan, tries = self._create_group(coll, old, reported, done, pending, salvaged, taken, inside)
+        new, plan, tries = agree_after_failure(self, coll, cause, reported, done, pending, salvaged, taken, inside)
         self.comm = new
         survivors = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), self.group)
         self.failed = tuple(sorted(set(range(self.group.Get_size())) - set(survivors)))
@@ -318,15 +329,7 @@ class Shrinker:
         self.alive = list(survivors)
         self.round_base = M
         coll._rebuild(new)
-        if self.ulfm:
-            # no survivor leaves this recovery before every one has rebuilt (Dup and an
-            # allreduce over new): a second failure's pass revokes the rebuilt collective's
-            # communicator, which must not cut a slower survivor's rebuild short. A failure
-            # now shows at the collective's next use (another pass)
-            try:
-                new.Agree(1)
-            except MPI.Exception:
-                pass
+        rebuilt(self, new)
         self.kept, self.posts = [], 0
         for i, x in repost:
             r = coll._post(x, None)
@@ -561,11 +564,12 @@ def refuse(on_failure: Optional[str], who: str, why: str) -> str:
     return value
 
 
-def agree_after_failure(shrinker, coll, cause: BaseException, *state):
+def agree_after_failure(shrinker, coll, cause: Optional[BaseException], reported: Optional[List[int]], *state):
     """The agreement of a failed collective, for any shrinker with ulfm, _shrink,
-    _reported and _create_group (their plan gets state): revoke (ULFM) or hear the report,
-    drop coll's engine, and agree; (survivors' communicator, plan, tries). Raises
-    PeerError where the failure cannot be survived (coll is then left as it is)."""
+    _reported and _create_group (their plan gets state): revoke (ULFM) or hear the report
+    (reported: the failed ranks another collective's report named), drop coll's engine,
+    and agree; (survivors' communicator, plan, tries). Raises PeerError where the failure
+    cannot be survived without ULFM (coll's engine is then left as it is)."""
     old = coll._comm
     if shrinker.ulfm:
         try:
@@ -574,9 +578,22 @@ def agree_after_failure(shrinker, coll, cause: BaseException, *state):
             pass
         coll._abandon()
         return shrinker._shrink(coll, old, *state)
-    reported = shrinker._reported(coll, cause)     # PeerError where nobody reported
+    if reported is None:
+        reported = shrinker._reported(coll, cause)     # PeerError where nobody reported
     coll._abandon()
     return shrinker._create_group(coll, old, reported, *state)
+
+
+def rebuilt(shrinker, new) -> None:
+    """After a collective's rebuild on new (ULFM): no survivor leaves its recovery before
+    every one has rebuilt (a Dup and more over new): a second failure's pass revokes the
+    rebuilt collective's communicator, which must not cut a slower survivor's rebuild
+    short. A failure now shows at the collective's next use (another pass)."""
+    if shrinker.ulfm:
+        try:
+            new.Agree(1)
+        except MPI.Exception:
+            pass
 
 
 class Shrinkable:

@@ -497,7 +497,7 @@ class NeighborAllreduce(_shrink.Shrinkable, _propagate.Reporting):
                 if self._shrink is None:
                     self._close_failed(exc)
                     raise
-                self._shrink.recover(self, exc)      # and close() again, among the survivors
+                self._shrink.recover(self, exc, self._shrink.generation)     # and close() again, among the survivors
             except PartialcollError as exc:
                 self._close_failed(exc)
                 raise
