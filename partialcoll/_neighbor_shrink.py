@@ -26,7 +26,9 @@ others), on every survivor:
    serves the neighbours that lag, and its result is dropped. So an iteration is applied
    at a rank once, wholly over the old graph or wholly over the new one, never half.
 
-A further failure during step 4 starts again at step 1. The copies: each rank keeps its
+A further failure during step 4 starts again at step 1. Steps 1-4 run in the process's
+one pass over all its shrink collectives, in creation order (_shrink's module
+docstring), whichever of them met the failure. The copies: each rank keeps its
 last R x (diameter + 1) updates (R = depth, the diameter of the graph, as the token and
 memory bounds limit how far ranks drift apart); where a rank no longer holds a post it
 must run again, every survivor raises PeerError saying so.

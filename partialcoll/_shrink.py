@@ -34,11 +34,13 @@ One request may be outstanding per rank (post, then wait, before the next post: 
 training-loop pattern), so that re-posting keeps each post's round; this rank keeps a
 copy of each post until a result shows it inside a completed round.
 
-Several collectives (a training step's buckets): one order of recovery everywhere. Each
-recovery above is collective over the survivors, and a survivor meets the failure in
+Several collectives (a training step's buckets, a NeighborAllreduce beside a
+PartialAllreduce): one order of recovery everywhere. Each recovery above (and
+_neighbor_shrink's) is collective over the survivors, and a survivor meets the failure in
 whichever collective it is using (one in bucket 2's post, another in bucket 1's wait): if
 each recovered the collective it met it in, each would wait in its own one for the other.
-So a process recovers all its live shrink collectives at once, in the order they were
+So a process recovers every shrink collective of the process (PartialAllreduce and
+NeighborAllreduce: each one's state is a Recovering) at once, in the order they were
 created, whichever one met the failure (one pass, under a process-wide lock; ULFM: the
 pass first revokes every one's communicator, so that every survivor's next call on any of
 them fails and starts its own pass; without ULFM the report on every collective does that).
