@@ -76,7 +76,7 @@ def driver(args) -> None:
               "--link", args.link or "", "--every", str(args.every), "--servers", str(args.servers),
               *(["--verbose"] if args.verbose else []),
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
-              "--repeat", str(args.repeat),
+              "--repeat", str(args.repeat), "--only", args.only,
               "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
     if args.quota and os.geteuid() != 0:
         sys.exit("--quota needs root (it makes a cgroup)")
@@ -320,6 +320,9 @@ def worker(args) -> None:
     else:
         configs.update({"static": (ps_coll("static"), True), "proportional": (ps_coll("proportional"), True),
                         "psld": (ps_coll("psld"), True)})
+    if args.only:                                # these (and the baseline) alone
+        keep = {"baseline", *args.only.split(",")}
+        configs = {k: v for k, v in configs.items() if k in keep}
     runs: dict = {name: [] for name in configs}
     names = list(configs)
     for rep in range(args.repeat):                # rotated order: drift on the shared machine spreads evenly
@@ -354,6 +357,8 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=0,
                     help="the last SERVERS ranks are dedicated servers (workers= the others, mode quorum)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of every configuration (median reported)")
+    ap.add_argument("--only", default="", help="run only these configurations (comma-separated; the "
+                                               "baseline always), e.g. static,psld")
     ap.add_argument("--cpu", default=str(max(os.sched_getaffinity(0))))
     ap.add_argument("--timeout", type=float, default=170)
     ap.add_argument("--json", help="driver: also write the results here")

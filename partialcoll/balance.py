@@ -36,7 +36,11 @@ balance=
                   share of all of them. Noise is weighed as the measurements show it
                   (their deviations from the predictions): servers predicted within it
                   of each other count as equally fast, and a switch must gain more than
-                  it; the first epoch is not used.
+                  it; the first epoch is not used. A rank late to the rounds (the
+                  telemetry's arrivals, carried in the same rows: a worker starved of CPU
+                  posts late, and every owner's first result waits for its blocks, so the
+                  owners' times cannot single it out) is predicted that much later as an
+                  owner, where its lateness lies beyond the noise.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ from .algorithms import OWNED
 from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
+FIELDS = 5                   # PC_TIME_FIELDS: the engine's sums per rank (OwnerTimes)
 ALPHA = 0.25                 # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
                              # (0.5 chased noise: with measurements 30 % off at random, equal
                              # servers' blocks moved and rounds took 1.17x the balanced ones in
@@ -79,6 +84,19 @@ NOISE = 0.5                  # how much an owner's measurements are taken to var
                              # an owner 4x slow loses blocks at the first or second decision
                              # made (after WARMUP), 2.5 - 3x at the second, 2x at the first to
                              # third, 1.5x at the fifth
+LATE_ALPHA = 0.1             # the ranks' lateness: the mean over the epochs so far, then a moving
+                             # average (one epoch's is noisy: on this machine under load, equal
+                             # ranks' spread about as much as their mean, 10 - 20 ms; 0.25 made
+                             # LATE_Z's test below too slow to find a 30 ms straggler)
+LATE_Z = 2.5                 # a rank is late to the rounds when its averaged lateness exceeds the
+                             # lower median rank's by LATE_Z x both averages' deviations (their
+                             # epochs' deviations shrunk as an average's: _beyond). In the model
+                             # of tests/test_ps.py (arrivals exponential(15 ms) apart, per rank
+                             # and epoch), blocks moved between equal ranks in 14 of 30 runs of
+                             # 60 epochs at 2, in 2 at 2.5, 1 at 3; a rank 30 ms later still is
+                             # found in 5 - 11 epochs at 2.5 (6 - 12 at 3)
+LATE_EPOCHS = 3              # ... and not before that many epochs measured it (two epochs of a
+                             # few ms late, ranks descheduled on a loaded machine, moved blocks)
 MAX_TRIES = 3                # explorations in vain that halve a server's chance of the next:
                              # at most 8x less likely (a server found slow 3 times is still
                              # explored now and then, so it wins its blocks back once it
@@ -184,9 +202,9 @@ class OwnerTimes:
     psld predicts an owner's span for n blocks as fixed + n * marginal.
     """
 
-    def __init__(self, sums: Sequence[int]) -> None:
+    def __init__(self, sums: Sequence[int], rounds: int = 1) -> None:
         v = [float(x) for x in sums]
-        p = len(v) // 4
+        p = len(v) // FIELDS
         span, first = [x / 1e9 for x in v[:p]], [x / 1e9 for x in v[p:2 * p]]
         blocks, samples = v[2 * p:3 * p], v[3 * p:]
         per_block = [t / n if n > 0 else NAN for t, n in zip(span, blocks)]
@@ -208,6 +226,8 @@ class OwnerTimes:
         self.marginal = np.array(marginal)
         self.direct = np.array(several, bool)       # the marginal cost measured (not the others')
         self.fixed = np.array([_max0(x - m) for x, m in zip(latency, marginal)])
+        arrival = [x / 1e9 / max(rounds, 1) for x in v[4 * p:5 * p]]
+        self.late = np.array([max(arrival) - a for a in arrival]) if p else np.zeros(0)
 
 
 def _fill(t, servers: Sequence[int]) -> List[float]:
@@ -328,7 +348,19 @@ def _pool(values: Sequence[float], devs: Sequence[float], base=None, apart=None)
     return out
 
 
-def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None):
+def _beyond(late: Sequence[float], noise: Sequence[float]) -> List[float]:
+    """How much later than the others each rank is, where the measurements show it: its
+    lateness beyond the lower median rank's, if that is more than the two's noise
+    together, else 0 (a median, not the least: with several equal ranks the least is
+    the one that happened to look earliest)."""
+    if not late:
+        return []
+    m = sorted(range(len(late)), key=lambda i: late[i])[(len(late) - 1) // 2]
+    return [x - late[m] if x - late[m] > d + noise[m] else 0.0 for x, d in zip(late, noise)]
+
+
+def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
+                 late=None):
     """psld's blocks per server. tries: a list, or a function of the exploitation's
     counts alone (before the switch test and the exploration: whom the predictions find
     fast enough) that returns it (decide: the outcome of an exploration counts at once).
@@ -342,7 +374,15 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     alone and must beat only the marginal cost's deviation times the blocks it moves).
     Exploration's outcome counts at once: blocks exploration gave a server the
     predictions now leave out go back, and one they now give blocks gets the share its
-    pessimistic prediction (plus its deviations) earns, on GAIN alone."""
+    pessimistic prediction (plus its deviations) earns, on GAIN alone.
+
+    late -- (seconds per round each rank arrives after the earliest, their noise), per
+    rank -- makes a rank late to the rounds a slow owner: the others already wait for it
+    every round, and what it serves adds to that, so what it is later than the lower
+    median rank, where that is beyond the noise (_beyond), is added to its fixed delay.
+    That is a difference the measurements show already: where the two owners the switch
+    test compares have equal times, the gain is in the counts and the lateness, and need
+    beat only the counts' noise."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
@@ -351,6 +391,10 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
         apart = [bool(spread[2][s]) for s in servers] if len(spread) > 2 else None
         t = _pool(t, dt, None, apart)
         f = _pool(f, df, t, apart)
+    times = f                    # the fixed delays the owners' times show (the switch test)
+    if late is not None:
+        f = [x + v for x, v in zip(f, _beyond([float(late[0][s]) for s in servers],
+                                              [float(late[1][s]) for s in servers]))]
     exploit = _least_counts(t, f, n)
     if callable(tries):
         tries = tries(exploit)
@@ -365,7 +409,7 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     a, b = _last(now, t, f), _last(exploit, t, f)
     if a < 0 or b < 0:
         noise = 0.0
-    elif (t[a], f[a]) == (t[b], f[b]):
+    elif (t[a], times[a]) == (t[b], times[b]):
         noise = abs(now[a] - exploit[b]) * dt[a]
     else:                        # each span varies by its fixed delay's deviation + n x its marginal cost's
         noise = ((df[a] + now[a] * dt[a]) ** 2 + (df[b] + exploit[b] * dt[b]) ** 2) ** 0.5
@@ -420,6 +464,24 @@ class Predictor:
         self.probed = [False] * size             # ... after an epoch without blocks (explored)
         self.tries = [0] * size                  # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
+        self.late = [NAN] * size                 # seconds per round each rank arrives after the
+        self.late_dev = [NAN] * size             # earliest (OwnerTimes.late), averaged, the mean
+        self.late_n = [0] * size                 # deviation from it, and the epochs measured
+
+    def _late(self, measured: List[float], scale: float) -> None:
+        """Average the ranks' lateness: the mean of the epochs so far, then (from 1 /
+        LATE_ALPHA epochs on) a moving average; the deviations likewise, from a prior of
+        NOISE x (the lateness + scale, the time to a first result) counted as one."""
+        for i, x in enumerate(measured):
+            if x != x:
+                continue
+            n = self.late_n[i] = self.late_n[i] + 1
+            if n == 1:
+                self.late[i], self.late_dev[i] = x, NOISE * (x + scale)
+                continue
+            w = max(LATE_ALPHA, 1.0 / n)
+            self.late_dev[i] = w * abs(x - self.late[i]) + (1 - w) * self.late_dev[i]
+            self.late[i] = w * x + (1 - w) * self.late[i]
 
     def _average(self, est: List[float], dev: List[float], count: List[int], measured: List[float],
                  same: List[bool], base: Sequence[float], jump: Optional[float] = None,
@@ -468,6 +530,12 @@ class Predictor:
         # delay: a JUMP times off is a change too
         self._average(self.est, self.dev, self.devs, m, same, [0.0] * p, JUMP, [not d for d in direct])
         self._average(self.fixed, self.fixed_dev, self.fixed_devs, f, same, marginal, JUMP)
+        # every rank's lateness is measured in every epoch (blocks or not): one series each,
+        # its deviation's prior NOISE x the time to a first result (a rank first measured
+        # late by an epoch's chance is not taken as late before more epochs say so)
+        late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
+        scale = [x + y for x, y in zip(f, m) if x == x and y == y]
+        self._late(late, statistics.median(scale) if scale else 0.0)
         fresh = [x == x for x in m]
         self.direct = [d if fr else o for d, fr, o in zip(direct, fresh, self.direct)]
         self.probed = [fr and not was and k for fr, was, k in zip(fresh, self.fresh, known)]
@@ -487,6 +555,18 @@ class Predictor:
             typical = statistics.median(known) if known else NOISE
             out.append([typical * e if d != d else d for d, e in zip(dev, est)])
         return tuple(out) + ([not d for d in self.direct],)
+
+    def lateness(self):
+        """(lateness, its noise) per rank: the averaged lateness, and how far that average
+        may be off: LATE_Z x the deviation of one epoch's x what averaging shrinks it by
+        (1 / sqrt(n) over n epochs, sqrt(LATE_ALPHA / (2 - LATE_ALPHA)) for the moving
+        average; every rank is measured in every epoch, blocks or not; inf before
+        LATE_EPOCHS epochs measured it). psld adds the lateness to an owner's fixed delay where it lies
+        beyond that noise (_beyond)."""
+        steady = math.sqrt(LATE_ALPHA / (2 - LATE_ALPHA))
+        return ([0.0 if x != x else x for x in self.late],
+                [math.inf if n < LATE_EPOCHS else LATE_Z * d * max(steady, 1 / math.sqrt(n))
+                 for d, n in zip(self.late_dev, self.late_n)])
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
@@ -523,7 +603,7 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)
     explored = [not predictor.merit[s] for s in servers]        # before judge() updates it
     return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge, predictor.spread(),
-                               explored), servers, current)
+                               explored, predictor.lateness()), servers, current)
 
 
 class Balancer:
@@ -576,7 +656,7 @@ class Balancer:
                 check(rc)
                 if not got[0]:
                     return                           # the collective finished
-                measured = OwnerTimes(list(sums))
+                measured = OwnerTimes(list(sums), self.every)
                 new = decide(self.balance, measured, self.predictor, self.servers, self.current, self.seed,
                              epoch, self.epsilon)
                 s0 = s1 = ffi.NULL
