@@ -53,6 +53,9 @@ share of the blocks a slow rank holds at the end, and the first round at which i
 1/(2P) (for transient: its share over the last third). --json also keeps, per
 configuration, every round's time, the slow ranks' share and the blocks each server owns
 per round, and the number of switches (rounds whose assignment differs from the last).
+Then static / psld per repetition (each repetition runs the configurations back to back,
+so the machine's load drifts less between the two than between repetitions) and its
+median.
 """
 from __future__ import annotations
 
@@ -140,6 +143,10 @@ def report(res: dict, args) -> None:
               f"{(static / c['mean_ms']) if static else float('nan'):10.2f} "
               f"{'' if share is None else f'{share:.3f}':>10} {str(c.get('below_at', '')):>11}  "
               f"{' '.join(f'{v:.1f}' for v in c['all_ms'])}")
+    if static and "psld" in res["configs"]:     # repetition k of each ran back to back (rotated order)
+        pairs = [a / b for a, b in zip(res["configs"]["static"]["all_ms"], res["configs"]["psld"]["all_ms"])]
+        print(f"static / psld per repetition: {' '.join(f'{r:.2f}' for r in pairs)}; "
+              f"median {sorted(pairs)[len(pairs) // 2]:.2f}")
     if res["scenario"] == "transient":
         for name, c in res["configs"].items():
             if "recovered_share" in c:

@@ -40,7 +40,8 @@ balance=
                   telemetry's arrivals, carried in the same rows: a worker starved of CPU
                   posts late, and every owner's first result waits for its blocks, so the
                   owners' times cannot single it out) is predicted that much later as an
-                  owner, where its lateness lies beyond the noise.
+                  owner once a test says it is late beyond chance (LateTest), and for as
+                  long as it stays later than a typical rank.
 """
 from __future__ import annotations
 
@@ -84,19 +85,20 @@ NOISE = 0.5                  # how much an owner's measurements are taken to var
                              # an owner 4x slow loses blocks at the first or second decision
                              # made (after WARMUP), 2.5 - 3x at the second, 2x at the first to
                              # third, 1.5x at the fifth
-LATE_ALPHA = 0.1             # the ranks' lateness: the mean over the epochs so far, then a moving
-                             # average (one epoch's is noisy: on this machine under load, equal
-                             # ranks' spread about as much as their mean, 10 - 20 ms; 0.25 made
-                             # LATE_Z's test below too slow to find a 30 ms straggler)
-LATE_Z = 2.5                 # a rank is late to the rounds when its averaged lateness exceeds the
-                             # lower median rank's by LATE_Z x both averages' deviations (their
-                             # epochs' deviations shrunk as an average's: _beyond). In the model
-                             # of tests/test_ps.py (arrivals exponential(15 ms) apart, per rank
-                             # and epoch), blocks moved between equal ranks in 14 of 30 runs of
-                             # 60 epochs at 2, in 2 at 2.5, 1 at 3; a rank 30 ms later still is
-                             # found in 5 - 11 epochs at 2.5 (6 - 12 at 3)
-LATE_EPOCHS = 3              # ... and not before that many epochs measured it (two epochs of a
-                             # few ms late, ranks descheduled on a loaded machine, moved blocks)
+LATE_ALPHA = 1e-4            # LateTest: the chance, per decision, that a rank nobody delays is
+                             # found late, where the ranks' lateness is exchangeable within an
+                             # epoch and independent across epochs (what oversubscribed ranks
+                             # on shared cores show: who is descheduled is chance). A run of D
+                             # decisions finds one by chance with probability <= D x LATE_ALPHA
+                             # (at 1e-3, 2 of 10 runs of 30 decisions at P = 5 and 8 in the
+                             # model of tests/test_ps.py found one, as the bound allows)
+LATE_WINDOW = 8              # LateTest's epochs (at least; more where one epoch's order says
+                             # less: late_window, 10 at P = 4, 17 at P = 2). Under load here a
+                             # CPU-starved rank's lateness stood out of the others' in 8
+                             # epochs (P x p 0.0002 - 0.02), not in 5 (0.004 - 0.3)
+LATE_KEEP = 0.5              # a rank found late stays late until its p-value (x P) rises above
+                             # this: hysteresis (with fewer blocks it serves less and may look
+                             # less late, not on time)
 MAX_TRIES = 3                # explorations in vain that halve a server's chance of the next:
                              # at most 8x less likely (a server found slow 3 times is still
                              # explored now and then, so it wins its blocks back once it
@@ -348,15 +350,92 @@ def _pool(values: Sequence[float], devs: Sequence[float], base=None, apart=None)
     return out
 
 
-def _beyond(late: Sequence[float], noise: Sequence[float]) -> List[float]:
-    """How much later than the others each rank is, where the measurements show it: its
-    lateness beyond the lower median rank's, if that is more than the two's noise
-    together, else 0 (a median, not the least: with several equal ranks the least is
-    the one that happened to look earliest)."""
-    if not late:
-        return []
-    m = sorted(range(len(late)), key=lambda i: late[i])[(len(late) - 1) // 2]
-    return [x - late[m] if x - late[m] > d + noise[m] else 0.0 for x, d in zip(late, noise)]
+def late_window(size: int) -> int:
+    """LateTest's window for `size` ranks: LATE_WINDOW epochs, or enough that a rank
+    latest in all but two of them can pass LATE_ALPHA (a rank latest in every one of W
+    epochs has p = size ** -W at least)."""
+    need = math.ceil(math.log(max(size, 2) / LATE_ALPHA) / math.log(max(size, 2)))
+    return max(LATE_WINDOW, need + 2)
+
+
+class LateTest:
+    """Which ranks are late to the rounds beyond chance (psld's lateness; pure: every
+    rank feeds it the same epochs and gets the same answer).
+
+    Each epoch brings every rank's lateness (OwnerTimes.late: seconds per round behind
+    the rank that waited most). Over the last W epochs (late_window), a rank's statistic
+    is the sum of its lateness. The null hypothesis: nobody is late, who is late in an
+    epoch is chance (the ranks' values exchangeable within an epoch, epochs
+    independent). Under it, a rank's sum is distributed as the sum of one value drawn
+    at random from each epoch's P values -- a permutation test, which needs no model of
+    the noise (a descheduled rank's 100 ms in one epoch is one value among its epoch's,
+    whoever it falls to). p = the share of N such draws at or above the rank's sum
+    (Monte Carlo, N = 2 P / LATE_ALPHA, from a seed fixed by the epoch: every rank
+    draws alike; the values in whole microseconds, so the sums are exact). The ranks
+    share one null distribution, so only the latest sum is tested; it is late when
+    P x p <= LATE_ALPHA (Bonferroni over the ranks): per decision, a false finding has
+    probability <= LATE_ALPHA. A rank found late stays late (hysteresis) while P x p <=
+    LATE_KEEP and it is later than the others' median on average. What it is late by:
+    its mean, over the window, beyond the median of the others'."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.window = size, late_window(size)
+        self.epochs: List[List[int]] = []          # the last `window` epochs, microseconds per rank
+        self.late = [False] * size                 # found late (and still)
+        self.p = [1.0] * size                      # the latest test's P x p of the ranks tested
+
+    def observe(self, late: Sequence[float], epoch: int) -> List[float]:
+        """Feed an epoch's lateness (seconds per rank; NaN: none measured, skipped);
+        return each rank's lateness beyond the others' (seconds per round, 0 unless
+        found late)."""
+        p = self.size
+        if p < 2 or len(late) != p or any(x != x for x in late):
+            return [0.0] * p
+        self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in late]])[-self.window:]
+        if len(self.epochs) < self.window:
+            return [0.0] * p
+        x = np.array(self.epochs, np.int64)                        # W x P
+        sums = x.sum(axis=0)
+        top = int(np.argmax(sums))
+        test = {top} | {r for r in range(p) if self.late[r]}
+        # no rank two null deviations above the null mean and none found late before: none
+        # can pass (p there is some 0.02 or more, not LATE_ALPHA / P), no draws (a
+        # decision holds the GIL: see _fill). In integers, exact on every rank: P x (sum -
+        # mean) against P x the deviation
+        excess = p * int(sums[top]) - sum(map(int, sums))
+        var = sum(p * sum(v * v for v in e) - sum(e) ** 2 for e in self.epochs)     # P^2 x the variance
+        if (excess <= 0 or excess * excess <= 4 * var) and not any(self.late):
+            self.p = [1.0] * p
+            return [0.0] * p
+        # the null's draws: 1000 first, enough to keep or let go of a rank found late
+        # (LATE_KEEP); the test of the latest draws on to N only where its count of draws
+        # at or above its sum can still be small enough (the same draws, so the same
+        # answer as drawing all N at once)
+        n = int(math.ceil(2 * p / LATE_ALPHA))
+        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x1a7e])
+        null = self._null(x, rng, min(n, 1000))
+        drawn = {r: len(null) for r in test}
+        above = {r: int(np.count_nonzero(null >= sums[r])) for r in test}
+        if not self.late[top] and (1 + above[top]) * p <= LATE_ALPHA * (n + 1) and n > len(null):
+            above[top] += int(np.count_nonzero(self._null(x, rng, n - len(null)) >= sums[top]))
+            drawn[top] = n
+        others = [np.median(np.delete(x, r, axis=1), axis=1) for r in sorted(test)]
+        beyond = dict(zip(sorted(test), (float(np.mean(x[:, r] - o)) / 1e6 for r, o in zip(sorted(test), others))))
+        for r in range(p):
+            self.p[r] = min(1.0, p * (1 + above[r]) / (drawn[r] + 1)) if r in test else 1.0
+            if r == top and not self.late[r]:
+                self.late[r] = drawn[r] == n and p * (1 + above[r]) <= LATE_ALPHA * (n + 1)
+            elif self.late[r] and not (self.p[r] <= LATE_KEEP and beyond[r] > 0):
+                self.late[r] = False
+        return [max(beyond[r], 0.0) if self.late[r] else 0.0 for r in range(p)]
+
+    @staticmethod
+    def _null(x: np.ndarray, rng, n: int) -> np.ndarray:
+        """n sums of one value drawn from each epoch's (a rank's sum under the null)."""
+        out = np.zeros(n, np.int64)
+        for row in x:
+            out += row[rng.integers(0, len(row), n)]
+        return out
 
 
 def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
@@ -376,13 +455,12 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     predictions now leave out go back, and one they now give blocks gets the share its
     pessimistic prediction (plus its deviations) earns, on GAIN alone.
 
-    late -- (seconds per round each rank arrives after the earliest, their noise), per
-    rank -- makes a rank late to the rounds a slow owner: the others already wait for it
-    every round, and what it serves adds to that, so what it is later than the lower
-    median rank, where that is beyond the noise (_beyond), is added to its fixed delay.
-    That is a difference the measurements show already: where the two owners the switch
-    test compares have equal times, the gain is in the counts and the lateness, and need
-    beat only the counts' noise."""
+    late -- seconds per round each rank is late to the rounds beyond the others, where
+    LateTest found it so (0 elsewhere) -- makes such a rank a slow owner: the others
+    already wait for it every round, and what it serves adds to that, so its lateness is
+    added to its fixed delay. That is a difference the test has weighed already: where
+    the two owners the switch test compares have equal times, the gain is in the counts
+    and the lateness, and need beat only the counts' noise."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
@@ -393,8 +471,7 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
         f = _pool(f, df, t, apart)
     times = f                    # the fixed delays the owners' times show (the switch test)
     if late is not None:
-        f = [x + v for x, v in zip(f, _beyond([float(late[0][s]) for s in servers],
-                                              [float(late[1][s]) for s in servers]))]
+        f = [x + float(late[s]) for x, s in zip(f, servers)]
     exploit = _least_counts(t, f, n)
     if callable(tries):
         tries = tries(exploit)
@@ -464,24 +541,8 @@ class Predictor:
         self.probed = [False] * size             # ... after an epoch without blocks (explored)
         self.tries = [0] * size                  # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
-        self.late = [NAN] * size                 # seconds per round each rank arrives after the
-        self.late_dev = [NAN] * size             # earliest (OwnerTimes.late), averaged, the mean
-        self.late_n = [0] * size                 # deviation from it, and the epochs measured
-
-    def _late(self, measured: List[float], scale: float) -> None:
-        """Average the ranks' lateness: the mean of the epochs so far, then (from 1 /
-        LATE_ALPHA epochs on) a moving average; the deviations likewise, from a prior of
-        NOISE x (the lateness + scale, the time to a first result) counted as one."""
-        for i, x in enumerate(measured):
-            if x != x:
-                continue
-            n = self.late_n[i] = self.late_n[i] + 1
-            if n == 1:
-                self.late[i], self.late_dev[i] = x, NOISE * (x + scale)
-                continue
-            w = max(LATE_ALPHA, 1.0 / n)
-            self.late_dev[i] = w * abs(x - self.late[i]) + (1 - w) * self.late_dev[i]
-            self.late[i] = w * x + (1 - w) * self.late[i]
+        self.late_test = LateTest(size)          # ranks late to the rounds beyond chance
+        self.late = [0.0] * size                 # ... and by how much (seconds per round)
 
     def _average(self, est: List[float], dev: List[float], count: List[int], measured: List[float],
                  same: List[bool], base: Sequence[float], jump: Optional[float] = None,
@@ -516,9 +577,13 @@ class Predictor:
             elif new[i]:
                 est[i], dev[i], count[i] = measured[i], NAN, 0
 
-    def update(self, measured: "OwnerTimes"):
-        """(marginal, fixed) predictions after this epoch's measurements (lists)."""
+    def update(self, measured: "OwnerTimes", epoch: int = 0):
+        """(marginal, fixed) predictions after epoch's measurements (lists); self.late:
+        the ranks found late to the rounds, by how much (LateTest)."""
         p = len(self.est)
+        # every rank's lateness is measured in every epoch, blocks or not
+        late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
+        self.late = self.late_test.observe(late, epoch)
         marginal = [0.0 if x != x else x for x in self.est]       # what a fixed delay adds to
         known = [x == x for x in self.est]
         # a measurement of another kind than the series' (one block at a time, its
@@ -530,12 +595,6 @@ class Predictor:
         # delay: a JUMP times off is a change too
         self._average(self.est, self.dev, self.devs, m, same, [0.0] * p, JUMP, [not d for d in direct])
         self._average(self.fixed, self.fixed_dev, self.fixed_devs, f, same, marginal, JUMP)
-        # every rank's lateness is measured in every epoch (blocks or not): one series each,
-        # its deviation's prior NOISE x the time to a first result (a rank first measured
-        # late by an epoch's chance is not taken as late before more epochs say so)
-        late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
-        scale = [x + y for x, y in zip(f, m) if x == x and y == y]
-        self._late(late, statistics.median(scale) if scale else 0.0)
         fresh = [x == x for x in m]
         self.direct = [d if fr else o for d, fr, o in zip(direct, fresh, self.direct)]
         self.probed = [fr and not was and k for fr, was, k in zip(fresh, self.fresh, known)]
@@ -555,18 +614,6 @@ class Predictor:
             typical = statistics.median(known) if known else NOISE
             out.append([typical * e if d != d else d for d, e in zip(dev, est)])
         return tuple(out) + ([not d for d in self.direct],)
-
-    def lateness(self):
-        """(lateness, its noise) per rank: the averaged lateness, and how far that average
-        may be off: LATE_Z x the deviation of one epoch's x what averaging shrinks it by
-        (1 / sqrt(n) over n epochs, sqrt(LATE_ALPHA / (2 - LATE_ALPHA)) for the moving
-        average; every rank is measured in every epoch, blocks or not; inf before
-        LATE_EPOCHS epochs measured it). psld adds the lateness to an owner's fixed delay where it lies
-        beyond that noise (_beyond)."""
-        steady = math.sqrt(LATE_ALPHA / (2 - LATE_ALPHA))
-        return ([0.0 if x != x else x for x in self.late],
-                [math.inf if n < LATE_EPOCHS else LATE_Z * d * max(steady, 1 / math.sqrt(n))
-                 for d, n in zip(self.late_dev, self.late_n)])
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
@@ -599,11 +646,11 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
         return proportional(predictor.est, servers, current)
     if epoch < WARMUP:
         return list(current)
-    marginal, fixed = predictor.update(measured)
+    marginal, fixed = predictor.update(measured, epoch)
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)
     explored = [not predictor.merit[s] for s in servers]        # before judge() updates it
     return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge, predictor.spread(),
-                               explored, predictor.lateness()), servers, current)
+                               explored, predictor.late), servers, current)
 
 
 class Balancer:
