@@ -316,6 +316,8 @@ int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out);
  * tokens to spare after it (-1: no tokens); skip: one such triple per iteration skipped */
 int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry);
 int pc_hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries);
+/* iteration k's result: updates (rank, iteration, arrival ns) x info[0]; info: that count,
+ * when it completed, whether before this wait asked, when it was entered (ns) */
 int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info);
 int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos);
 int pc_hop_close_begin(pc_hop *h, int64_t *last);

@@ -285,7 +285,9 @@ class NeighborAllreduce(_propagate.Reporting):
         staleness), skip updates received; max_buffered (most updates held at once) and
         buffers (receive slots: ``R x |N_in|``); iterations skipped; iterations completed,
         and how many of them the engine completed before this rank asked (early); tokens
-        received from each out-neighbour and granted to each in-neighbour (max_gap)."""
+        received from each out-neighbour and granted to each in-neighbour (max_gap); who is
+        slow, as this rank saw its in-neighbours (rounds, late, stale_iterations,
+        stragglers, lateness_s, waited_for_s: docs/who-is-slow.md)."""
         self._check_open()
         stats, tokens, granted, _ = self._state()
         out: Dict[str, object] = {name: int(stats[i]) for i, name in enumerate(_STATS)}
@@ -406,8 +408,8 @@ class NeighborAllreduce(_propagate.Reporting):
 
     def _take_now(self, h, req: NeighborRequest, timeout: Optional[float]) -> None:
         ffi, lib, k = _engine.ffi, _engine.lib, req.iteration
-        upd = ffi.new("int64_t[]", 2 * max(len(self.sources), 1))     # (rank, iteration) per update
-        info = ffi.new("int64_t[3]")                                    # updates, completed ns, early
+        upd = ffi.new("int64_t[]", 3 * max(len(self.sources), 1))     # (rank, iteration, arrival ns) per update
+        info = ffi.new("int64_t[4]")                                    # updates, completed ns, early, entered ns
         what = f"NeighborAllreduce iteration {k} at rank {self.rank}"
         if timeout == 0.0:                                     # a test: one look
             code = lib.pc_hop_wait(h, k, 0.0, upd, info)
@@ -416,14 +418,15 @@ class NeighborAllreduce(_propagate.Reporting):
             self._check(code, what)
         else:
             self._wait(lambda seconds: lib.pc_hop_wait(h, k, seconds, upd, info), timeout, what)
-        updates = tuple((int(upd[2 * u]), int(upd[2 * u + 1])) for u in range(int(info[0])))
+        updates = tuple((int(upd[3 * u]), int(upd[3 * u + 1])) for u in range(int(info[0])))
         active = tuple(sorted([self.rank] + [src for src, _ in updates]))
         data = req._out
         if req._device is not None:      # the result's way to the device
             backend, out, like = req._device
             data = _device.copy_out(backend, data, out, like)
         req._result = NeighborResult(data, k, updates, active, int(info[1]), bool(info[2]))
-        _stats.note_hop(self, k, updates)          # who is slow: this rank's in-neighbours
+        _stats.note_hop(self, k, updates, [int(upd[3 * u + 2]) for u in range(len(updates))], int(info[3]),
+                        int(info[1]))              # who is slow: this rank's in-neighbours
         del self._pending[k]
 
     def close(self, timeout: Optional[float] = None) -> None:
