@@ -470,7 +470,7 @@ def test_psld_takes_the_blocks_of_a_rank_late_to_the_rounds(comm):
     """The last rank sleeps 30 ms before every post, late to every round: every rank reads
     the same sums, in which it is the latest; psld's LateTest finds it within its window
     (17 epochs at P = 2, 8 at P = 8) and gives its blocks to the others, to the end."""
-    ran, late = late_rounds(comm, 0.03)
+    ran, late = late_rounds(comm, 0.03, rounds=32)
     held = [int(np.count_nonzero(a == comm.size - 1)) for a in ran]
     assert int(np.argmax(late)) == comm.size - 1 and late[-1] > 0.02, late
     assert held[-1] == 0 and held[0] == 4, f"rank {comm.size - 1}, 30 ms late to every round, still holds blocks: {held}"
