@@ -9,11 +9,8 @@ from partialcoll import topology
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
 def test_neighbor_graphs(mpirun, nprocs):
     """Every graph, every mode, at P = 1, 2, 3, 4, 5, 8; bad input raises on every rank; 12
-    random graphs, arguments and programs (neighbor_fuzz_checks.py). At P = 5 also Hop's
-    Fig. 3 on the first three ranks: one of three workers stalls (standard, backup workers,
-    tokens)."""
-    fig3 = ["fig3"] if nprocs == 5 else []
-    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "graphs", "errors", *fig3, "12", timeout=180)
+    random graphs, arguments and programs (neighbor_fuzz_checks.py)."""
+    mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "graphs", "errors", "12", timeout=180)
 
 
 @pytest.mark.mpiexec
@@ -26,6 +23,12 @@ def test_neighbor_engine(mpirun, nprocs, idle):
     P, each at an odd and another P (what the policy changes does not depend on P)."""
     mpirun(["neighbor_checks.py", "neighbor_fuzz_checks.py"], nprocs, "engine", "6", env={"PARTIALCOLL_IDLE": idle},
            timeout=150)
+
+
+@pytest.mark.mpiexec
+def test_neighbor_fig3(mpirun):
+    """Hop's Fig. 3: one of three workers stalls (standard, backup workers, tokens)."""
+    mpirun("neighbor_checks.py", 3, "fig3", timeout=90)
 
 
 @pytest.mark.mpiexec

@@ -23,7 +23,7 @@ SUBSET = ["tests/test_faults.py::test_dead_peer_is_named[solo-4]",
           "tests/test_faults.py::test_dead_peer_in_mpi_collectives_is_named[hierarchy]",
           "tests/test_partial.py::test_partial_allreduce[2]",
           "tests/test_allreduce.py::test_allreduce_every_op_dtype_count[3]",
-          "tests/test_neighbor.py::test_neighbor_graphs[5]",   # with Hop's Fig. 3
+          "tests/test_neighbor.py::test_neighbor_graphs[5]", "tests/test_neighbor.py::test_neighbor_fig3",
           "tests/test_engine.py::test_failed_execution",
           # on_failure="shrink": every mode at P = 8 down to 4, P = 5 with two killed at once, P = 6 with
           # a death inside the survivors' agreement
