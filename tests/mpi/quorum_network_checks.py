@@ -1,4 +1,5 @@
 """Quorum through the comparator network, under MPI: python quorum_network_checks.py [--sizes=P,Q,...]
+(or --quorum-sizes=P,Q,..., which takes precedence: in a job with rabenseifner_checks.py)
 
 Every check makes the quorum builder take the network (quorum_network.choose patched on
 every rank: the model takes it only from P = 4096 on). The k-th post starts the round,
@@ -19,7 +20,9 @@ import partialcoll as pc
 from partialcoll.activation import quorum_network
 from _util import ARGS, communicators, quiet_barrier, run_module
 
-SIZES = [int(x) for a in ARGS if a.startswith("--sizes=") for x in a[len("--sizes="):].split(",")]
+# --quorum-sizes=P,Q,... where the job's --sizes are another module's (one launch for both)
+_OPT = "--quorum-sizes=" if any(a.startswith("--quorum-sizes=") for a in ARGS) else "--sizes="
+SIZES = [int(x) for a in ARGS if a.startswith(_OPT) for x in a[len(_OPT):].split(",")]
 COUNT = 7
 # the negative window: a round that k - 1 posts completed would complete within milliseconds
 # of their posts (the k - 1 posted before it opens), on a loaded machine within tens
