@@ -676,6 +676,25 @@ static int hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, in
     return rc;
 }
 
+/* on_failure="shrink": iteration k's result, where it completed before the failure that
+ * stops every other call (no progress completes an iteration once h->err is set) */
+static int hop_salvage(pc_hop *h, int64_t k, int64_t *updates, int64_t *info, int *done)
+{
+    unit_lock(&h->owner.unit);
+    hop_pending *p = &h->pend[k % h->R];
+    *done = k >= 0 && p->k == k && p->done && !p->cancelled;
+    if (*done) {
+        memcpy(updates, p->upd, sizeof(int64_t) * 3 * (size_t)p->nupd);
+        info[0] = p->nupd;
+        info[1] = p->done_ns;
+        info[2] = 1;
+        info[3] = p->entry_ns;
+        STORE(p->k, -1);
+    }
+    unit_unlock(&h->owner.unit);
+    return PC_OK;
+}
+
 /* stats: PC_HOP_STATS counters; tokens received per out-neighbour, granted per
  * in-neighbour, newest update per in-neighbour; pos: last entered, last completed */
 static int hop_get_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos)
@@ -896,6 +915,11 @@ int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeou
 int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen)
 {
     HOP_PINNED(h, hop_peer_error(h, rank, type, tlen, message, mlen));
+}
+
+int pc_hop_salvage(pc_hop *h, int64_t k, int64_t *updates, int64_t *info, int *done)
+{
+    HOP_PINNED(h, hop_salvage(h, k, updates, info, done));
 }
 
 int pc_hop_hold(pc_hop *h) { unit_pin(&h->owner.unit); return PC_OK; }

@@ -329,6 +329,10 @@ int pc_hop_free(pc_hop *h, int *deferred);
  * (their pending and later calls fail with PC_ERR_PEER), and the report heard */
 int pc_hop_abort(pc_hop *h, const char *type, const char *message, double timeout_s);
 int pc_hop_peer_error(pc_hop *h, int *rank, char *type, int tlen, char *message, int mlen);
+/* on_failure="shrink" (neighbor.py): after the collective failed, iteration k's result
+ * where it completed here before the failure (*done 1; updates and info as pc_hop_wait
+ * gives them), else *done 0 */
+int pc_hop_salvage(pc_hop *h, int64_t k, int64_t *updates, int64_t *info, int *done);
 /* Who is slow (telemetry.c, docs/who-is-slow.md): keep a ring of the last cap rounds
  * (0: off, the default); read the totals (PC_TELE_TOTALS doubles), the rounds each rank
  * missed (P) and the ring (*n records of PC_TELE_FIELDS doubles, oldest first, at most max) */

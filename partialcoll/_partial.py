@@ -17,7 +17,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -394,6 +394,9 @@ class PartialAllreduce(_propagate.Reporting):
         self._fb: tuple = _NO_FB
         self._fb_index = -1
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
+        # on_failure="shrink": called with the collective after a shrink, before its rounds are
+        # built for the survivors (the torch integrations set divisor to the survivors' count)
+        self.on_rebuild: Optional[Callable[["PartialAllreduce"], None]] = None
         self._build(comm)
         self._closed = False
         if on_failure == "shrink":
@@ -989,6 +992,8 @@ class PartialAllreduce(_propagate.Reporting):
             self.quorum = min(self.quorum, self.size)
         self._mask_cache, self._outs, self._fb, self._fb_index = {}, {}, _NO_FB, -1
         self._closing = False
+        if self.on_rebuild is not None:
+            self.on_rebuild(self)
         self._build(comm)
         self._closed = False
 

@@ -1,9 +1,10 @@
 """on_failure="shrink": a dead rank is the last straggler, left out while the others go on.
 
 When a peer fails (killed, exited, raised), every survivor's next call on the collective
-fails with an MPI error; the survivor that sees it first revokes the collective's
-communicator, so that every other survivor's calls fail too and all of them come here.
-Then, on every survivor:
+fails with an MPI error; the survivor that sees it first revokes the communicators of its
+shrink collectives, so that every other survivor's calls fail too and all of them come
+here (with several collectives, in one pass over all of them: see the end). Then, on
+every survivor, for each collective:
 
 1. salvage: what this rank holds of the stopped collective (native coll_salvage): rounds
    completed here, its posts, which of them are inside completed rounds, the pending
@@ -20,7 +21,8 @@ Then, on every survivor:
    steps 2-4, the survivors revoke, shrink again and redo them;
 5. rebuild: a new engine collective (the round schedules built for the survivors) on the
    shrunk communicator; results keep the original communicator's rank numbers, and round
-   numbers go on from the last completed round.
+   numbers go on from the last completed round. ULFM: an agreement after it, so that no
+   survivor leaves before all have rebuilt.
 
 Without ULFM (MPICH: its MPIX_Comm_shrink aborts, mpi4py maps Shrink to Dup) only a
 failure that reports survives: the failing rank's report (the first one every survivor
@@ -31,13 +33,37 @@ shrink; a failure nobody reported raises PeerError.
 One request may be outstanding per rank (post, then wait, before the next post: the
 training-loop pattern), so that re-posting keeps each post's round; this rank keeps a
 copy of each post until a result shows it inside a completed round.
+
+Several collectives (a training step's buckets): one order of recovery everywhere. Each
+recovery above is collective over the survivors, and a survivor meets the failure in
+whichever collective it is using (one in bucket 2's post, another in bucket 1's wait): if
+each recovered the collective it met it in, each would wait in its own one for the other.
+So a process recovers all its live shrink collectives at once, in the order they were
+created, whichever one met the failure (one pass, under a process-wide lock; ULFM: the
+pass first revokes every one's communicator, so that every survivor's next call on any of
+them fails and starts its own pass; without ULFM the report on every collective does that).
+Why this cannot deadlock: construction is collective (it returns only once every member
+has entered it), so a rank that makes X before Y enters Y after every member entered X:
+creation order is one order T on all collectives, and each process's pass follows it.
+Take, while survivors are in passes, the first collective X in T that some surviving member
+has not finished recovering: every surviving member has finished all its collectives before
+X (they come before X in T), holds no lock another process needs and blocks on nothing
+else, so it is in X's recovery or about to enter it; a recovery that all surviving members
+enter completes. A second death during the pass: ULFM, inside X's recovery, fails X's
+shrink, plan or agreement at every survivor alike (they shrink and agree again, as for
+one collective); before X, the collectives already recovered keep the dead rank and fail
+at their next use, which starts a second pass over all of them, by the same argument.
+Without ULFM two failures cannot be told apart from disagreement: the recovery raises
+PeerError within AGREE_SECONDS and the pass stops, the collectives it did not reach
+raising the same error at their next failed call.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import List, Optional, Tuple
+import weakref
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -52,6 +78,11 @@ ON_FAILURE = ("raise", "shrink")
 FAILURES = (MPIError, PeerError)    # what a dead peer makes the engine raise
 _TAG = 0x5A1                        # MPI_Comm_create_group's tag (the survivors of one collective)
 AGREE_SECONDS = 10.0                # without ULFM: how long survivors may take to build their communicator
+
+# this process's shrink collectives, in the order they were made (module docstring: one
+# recovery order everywhere); a pass over them, and every post, holds the lock
+_LOCK = threading.RLock()
+_LIVE: List["weakref.ref"] = []
 
 
 def support() -> dict:
@@ -108,7 +139,12 @@ class Shrinker:
         self.fold = getattr(np, UFUNCS[op_code(coll.op)])   # fold mode: a pending fold carried across a rebuild
         self.comm: Optional[MPI.Comm] = None   # the latest shrunk communicator
         self.ulfm = support()["ulfm"]
+        self.generation = 0                  # recoveries begun: a thread whose call failed sees if one ran meanwhile
+        self.broken: Optional[BaseException] = None     # a recovery failed: raised by every later one
         _propagate.leave_without_abort()     # a failing rank reports and leaves: the others go on
+        with _LOCK:
+            _LIVE[:] = [ref for ref in _LIVE if _live(ref())]
+            _LIVE.append(weakref.ref(coll))
 
     # -- the calls of PartialAllreduce and PartialRequest in shrink mode ------------------
     def post(self, coll, x, out):
@@ -118,49 +154,60 @@ class Shrinker:
             raise StateError("on_failure='shrink': wait for the previous post's request before posting again "
                              "(one outstanding request per rank, so that a re-run round keeps each post's round)")
         x = coll._check_input(x, "post buffer", writable=False)
-        while True:
-            index = self.posts
-            self.kept.append((index, np.array(x, copy=True)))
-            try:
-                req = coll._post(x, out)
-            except FAILURES as exc:
-                moved = self.recover(coll, exc, pending_post=index)
-                if moved is None:            # the engine had not counted it: post on the new one
-                    continue
-                req = moved
-            else:
-                self.posts = req.index + 1
-            self.open = req
-            return req
+        with _LOCK:                          # not inside another thread's recovery of this collective
+            while True:
+                index = self.posts
+                self.kept.append((index, np.array(x, copy=True)))
+                try:
+                    req = coll._post(x, out)
+                except FAILURES as exc:
+                    moved = self.recover(coll, exc, self.generation, pending_post=index)
+                    if moved is None:        # the engine had not counted it: post on the new one
+                        continue
+                    req = moved
+                else:
+                    self.posts = req.index + 1
+                self.open = req
+                return req
 
     def wait(self, req, timeout):
         while True:
             if req._result is not None:
                 return req._result
+            generation, alive, base = self.generation, self.alive, self.round_base
             try:
                 res = req._wait(timeout)
-            except FAILURES as exc:
-                self.recover(req._coll, exc)
+            except FAILURES + (StateError,) as exc:     # StateError: another thread's pass dropped the engine
+                self.recover(req._coll, exc, generation)
                 continue
-            return self.seen(req, res)
+            with _LOCK:
+                if self.generation == generation:
+                    return self.seen(req, res)
+            # another thread's pass salvaged the engine just after this round completed
+            # here (it counted the round): the old engine's numbering, nothing carried
+            return self.mapped(res, alive, base)
 
     def test(self, req) -> bool:
         while True:
             if req._result is not None:
                 return True
+            generation = self.generation
             try:
                 return req._test()
-            except FAILURES as exc:
-                self.recover(req._coll, exc)
+            except FAILURES + (StateError,) as exc:
+                self.recover(req._coll, exc, generation)
 
     def close(self, coll, timeout):
         while True:
+            generation = self.generation
             try:
                 res = coll._close(timeout, FAILURES)
             except FAILURES as exc:
                 coll._closing = False
-                self.recover(coll, exc)
+                self.recover(coll, exc, generation)
                 continue
+            with _LOCK:
+                _LIVE[:] = [ref for ref in _LIVE if ref() is not coll and _live(ref())]
             return self.mapped(res)
 
     # -- results ------------------------------------------------------------------------
@@ -176,13 +223,16 @@ class Shrinker:
             self.open = None
         return res
 
-    def mapped(self, res):
-        """The engine's result in the user's numbering (once per result), with a carried fold."""
-        alive = self.alive
-        res.round += self.round_base
+    def mapped(self, res, alive: Optional[List[int]] = None, base: int = 0):
+        """The engine's result in the user's numbering (once per result), with a carried fold
+        (alive, base: an engine's before the latest recovery; then nothing is carried)."""
+        carry = None
+        if alive is None:
+            alive, base = self.alive, self.round_base
+            carry, self.carry = self.carry, None
+        res.round += base
         res.active = tuple(alive[r] for r in res.active)
         res.closing = tuple(alive[r] for r in res.closing)
-        carry, self.carry = self.carry, None
         if carry is not None:        # fold: rounds the old engine completed here and no wait returned
             data, rounds, nap, posts, active = carry
             res.data[...] = self.fold(data, res.data)
@@ -193,10 +243,35 @@ class Shrinker:
         return res
 
     # -- recovery -------------------------------------------------------------------------
-    def recover(self, coll, cause: BaseException, pending_post: Optional[int] = None):
-        """Every survivor, after its collective failed: agree, shrink, complete or re-run
-        the round in flight, rebuild. Returns the request of pending_post where the old
-        engine had counted that post (it is posted again on the new one), else None."""
+    def recover(self, coll, cause: BaseException, generation: int, pending_post: Optional[int] = None):
+        """A call on coll failed (begun at this generation): recover every live shrink
+        collective of this process, in creation order (module docstring), unless another
+        thread's pass did meanwhile. Returns what _recover_one returns for coll."""
+        with _LOCK:
+            if self.broken is not None:
+                raise self.broken
+            if self.generation != generation:    # recovered meanwhile: the caller tries again
+                return None
+            if isinstance(cause, StateError):    # not a failure, nor a pass under it
+                raise cause
+            return _recover_all(coll, cause, pending_post)
+
+    def _recover_one(self, coll, cause: Optional[BaseException], pending_post: Optional[int] = None,
+                     reported: Optional[List[int]] = None):
+        """Every survivor, once its pass reaches this collective: agree, shrink, complete or
+        re-run the round in flight, rebuild. reported (without ULFM): the failed ranks, in
+        this collective's current numbering, where another collective's report named them.
+        Returns the request of pending_post where the old engine had counted that post (it
+        is posted again on the new one), else None."""
+        try:
+            return self._recover(coll, cause, pending_post, reported)
+        except BaseException as exc:
+            self.broken = exc
+            raise
+        finally:
+            self.generation += 1
+
+    def _recover(self, coll, cause, pending_post, reported):
         started = time.monotonic()
         ffi, lib = _engine.ffi, _engine.lib
         st = ffi.new("int64_t[5]")
@@ -218,7 +293,8 @@ class Shrinker:
             coll._abandon()
             new, plan, tries = self._shrink(coll, old, done, pending, salvaged, taken, inside)
         else:
-            reported = self._reported(coll, cause)     # raises PeerError where nobody reported
+            if reported is None:
+                reported = self._reported(coll, cause)     # raises PeerError where nobody reported
             coll._abandon()
             new, plan, tries = self._create_group(coll, old, reported, done, pending, salvaged, taken, inside)
         self.comm = new
@@ -242,6 +318,15 @@ class Shrinker:
         self.alive = list(survivors)
         self.round_base = M
         coll._rebuild(new)
+        if self.ulfm:
+            # no survivor leaves this recovery before every one has rebuilt (Dup and an
+            # allreduce over new): a second failure's pass revokes the rebuilt collective's
+            # communicator, which must not cut a slower survivor's rebuild short. A failure
+            # now shows at the collective's next use (another pass)
+            try:
+                new.Agree(1)
+            except MPI.Exception:
+                pass
         self.kept, self.posts = [], 0
         for i, x in repost:
             r = coll._post(x, None)
@@ -254,7 +339,8 @@ class Shrinker:
         if pending_post is not None and moved is None and pending_post < posts:
             moved = req                  # counted and inside a completed round: nothing to re-post
         self.recoveries.append({"failed": self.failed, "seconds": time.monotonic() - started, "round": kind,
-                                "reposted": len(repost), "tries": tries, "cause": type(cause).__name__,
+                                "reposted": len(repost), "tries": tries,
+                                "cause": type(cause).__name__ if cause is not None else "pass",
                                 "held": {"completed": done, "posts": posts, "inside": inside, "taken": taken,
                                          "agreed": M}})
         return moved
@@ -402,9 +488,104 @@ class Shrinker:
         return res
 
 
+def _live(coll) -> bool:
+    """A shrink collective this process still uses (not closed, dropped or given up)."""
+    return coll is not None and coll._shrink is not None and coll._shrink.broken is None and not coll._closed
+
+
+def _recover_all(coll, cause: BaseException, pending_post: Optional[int]):
+    """One pass (under _LOCK): every live shrink collective of this process recovers, in the
+    order they were made; coll (whose call failed) with its cause and pending post. ULFM:
+    every one's communicator is revoked first, so every survivor's next call on any of
+    them fails and brings it to its own pass. Without ULFM: coll's report names the failed
+    ranks; each other collective recovers from the same ranks (by their COMM_WORLD rank)
+    where its communicator holds one of them, and is left alone where it holds none."""
+    world = MPI.COMM_WORLD.Get_group()
+    colls: list = [c for c in (ref() for ref in _LIVE) if _live(c)]
+    if coll not in colls:
+        colls.append(coll)
+    failed_world: set = set()
+    if coll._shrink.ulfm:
+        for c in colls:
+            try:
+                c._comm.Revoke()
+            except MPI.Exception:
+                pass
+    else:
+        try:
+            mine = coll._shrink._reported(coll, cause)
+        except BaseException as exc:
+            coll._shrink.broken = exc
+            raise
+        failed_world = set(MPI.Group.Translate_ranks(coll._comm.Get_group(), mine, world))
+    moved = None
+    for i, c in enumerate(colls):
+        reported = None
+        if not c._shrink.ulfm:
+            group = c._comm.Get_group()
+            ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world)
+            reported = [r for r, w in enumerate(ranks) if w in failed_world]
+            if not reported:             # the failure is not in its communicator
+                continue
+        try:
+            got = c._shrink._recover_one(c, cause if c is coll else None, pending_post if c is coll else None,
+                                         reported)
+        except BaseException as exc:
+            for later in colls[i + 1:]:  # the pass stopped: those it did not reach raise the same
+                later._shrink.broken = exc
+            raise
+        if c is coll:
+            moved = got
+    return moved
+
+
 def _failed_ranks(comm) -> Optional[set]:
     """The ranks of comm the MPI reports as failed (MPIX_Comm_get_failed); None: it cannot tell."""
     ffi = _engine.ffi
     ranks, n = ffi.new("int[]", 64), ffi.new("int *")
     check(_engine.lib.pc_comm_failed(_engine.comm_handle(comm), ranks, 64, n))
     return None if n[0] < 0 else set(ranks[0:n[0]])
+
+
+def refuse(on_failure: Optional[str], who: str, why: str) -> str:
+    """At construction of a collective that cannot shrink (every rank alike, inside its
+    argument agreement): on_failure (None: partialcoll.rc.on_failure) must be "raise";
+    "shrink" raises ArgumentError naming why. Returns the value."""
+    from ._rc import rc
+    value = rc.on_failure if on_failure is None else on_failure
+    if value not in ON_FAILURE:
+        raise ArgumentError(f"on_failure must be 'raise' or 'shrink', not {value!r}")
+    if value == "shrink":
+        source = "" if on_failure is not None else " (partialcoll.rc.on_failure is 'shrink')"
+        raise ArgumentError(f"{who} has no on_failure='shrink'{source}: {why}; make it with on_failure='raise'")
+    return value
+
+
+def agree_after_failure(shrinker, coll, cause: BaseException, *state):
+    """The agreement of a failed collective, for any shrinker with ulfm, _shrink,
+    _reported and _create_group (their plan gets state): revoke (ULFM) or hear the report,
+    drop coll's engine, and agree; (survivors' communicator, plan, tries). Raises
+    PeerError where the failure cannot be survived (coll is then left as it is)."""
+    old = coll._comm
+    if shrinker.ulfm:
+        try:
+            old.Revoke()                 # every survivor's calls on it fail now: all come here
+        except MPI.Exception:
+            pass
+        coll._abandon()
+        return shrinker._shrink(coll, old, *state)
+    reported = shrinker._reported(coll, cause)     # PeerError where nobody reported
+    coll._abandon()
+    return shrinker._create_group(coll, old, reported, *state)
+
+
+class Shrinkable:
+    """What a collective with on_failure="shrink" shows (its shrinker in self._shrink)."""
+
+    _shrink: Any
+
+    @property
+    def failed(self) -> Tuple[int, ...]:
+        """on_failure="shrink": the ranks that failed, in the numbering of the communicator
+        the collective was created on (ascending; empty while none has)."""
+        return self._shrink.failed if self._shrink is not None else ()

@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine
+from . import _device, _engine, _shrink
 from ._agree import agree, as_problem
 from ._buffers import SLOT_MASK, SLOT_WORK, BufRef, as_buffer
 from ._errors import OpError, StateError, Timeout
@@ -43,6 +43,9 @@ from ._typing import Buffer, DTypeLike
 from ._types import as_dtype, check_comm, dtype_code, dtype_name, integer
 from .schedule import Request, Schedule, op_table
 
+# why on_failure="shrink" is refused (docs/faults.md)
+NO_SHRINK = ("its server holds every key's latest vector (a dead server takes them all with it) and its close() "
+             "is collective over every rank; a failed peer raises PeerError or MPIError")
 HEADER = 16          # bytes in front of a push (key, 0) and a reply (keys, pushes)
 
 
@@ -104,9 +107,14 @@ class AverageRequest:
 class AsyncAverager:
     """Averaging through a server rank, asynchronous between keys (created collectively).
 
-    Construction is collective over comm: one allgather (the ranks agree on count, dtype
-    and server), comm.Dup() (the averager's own communicator) and, on the server, one
-    persistent schedule per rank. close() is collective.
+    Construction is collective over comm: one allgather (the ranks agree on count, dtype,
+    server and on_failure), comm.Dup() (the averager's own communicator) and, on the
+    server, one persistent schedule per rank. close() is collective.
+
+    on_failure: "raise" only (default partialcoll.rc.on_failure): a failed peer raises
+    PeerError or MPIError. "shrink" raises ArgumentError on every rank: the server holds
+    every key's latest vector, which a dead server takes with it, and close() is
+    collective over every rank (docs/faults.md).
 
     Threads and buffers: push() copies x into this rank's push buffer, which the engine
     reads (the send) until the request completes; the engine writes the reply buffer,
@@ -121,7 +129,7 @@ class AsyncAverager:
     """
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, comm: MPI.Comm = MPI.COMM_WORLD,
-                 server: int = 0) -> None:
+                 server: int = 0, on_failure: Optional[str] = None) -> None:
         check_comm(comm, "AsyncAverager")
         size, rank = comm.Get_size(), comm.Get_rank()
         problem = params = None
@@ -134,7 +142,8 @@ class AsyncAverager:
             server = integer(server, "server", 0)
             if server >= size:
                 raise ValueError(f"server {server} is outside the communicator (size {size}; this is rank {rank})")
-            params = {"count": count, "dtype": dtype_name(dt), "server": server}
+            params = {"count": count, "dtype": dtype_name(dt), "server": server,
+                      "on_failure": _shrink.refuse(on_failure, "AsyncAverager", NO_SHRINK)}
             if rank == server and size > 1:      # alone, nobody waits for it
                 _engine.require_thread(f"AsyncAverager: the server (rank {server})")
         except Exception as exc:         # noqa: BLE001 - reported on every rank below

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _device
+from . import _device, _shrink
 from ._agree import agree, as_problem
 from ._buffers import as_buffer
 from ._errors import ArgumentError, PartialcollError, StateError
@@ -49,6 +49,11 @@ from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import check_comm, integer
 from .averager import AsyncAverager, _wait_collective
 from .speed_groups import check_step_time, split_by_speed
+
+# why on_failure="shrink" is refused (docs/faults.md)
+NO_SHRINK = ("average() goes through an AsyncAverager's server, which a dead server takes every group's latest "
+             "model with, and the regrouping points are collectives over every rank; on_failure='shrink' on a "
+             "PartialAllreduce per group goes on without a dead rank")
 
 
 def _partition(groups) -> Tuple[Tuple[int, ...], ...]:
@@ -102,12 +107,13 @@ class SpeedGrouping:
         self._pushes = 0
         if self.averager is not None:
             self.averager.close()
-            self.averager = AsyncAverager(self._count, self._dtype, comm=self.comm, server=self.server)
+            self.averager = AsyncAverager(self._count, self._dtype, comm=self.comm, server=self.server,
+                                          on_failure="raise")
 
     def averaging(self, count: int, dtype: Any) -> None:
         """Collective over comm: the averager between groups, for vectors of count dtype."""
         self._count, self._dtype = count, dtype
-        self.averager = AsyncAverager(count, dtype, comm=self.comm, server=self.server)
+        self.averager = AsyncAverager(count, dtype, comm=self.comm, server=self.server, on_failure="raise")
 
     def note(self, step_time: float) -> None:
         self.times.append(check_step_time(step_time))
@@ -237,6 +243,12 @@ class HierarchicalAllreduce:
     rank taken into the median; hysteresis: points in a row a new grouping must be seen
     at before it is adopted.
 
+    on_failure: "raise" only (default partialcoll.rc.on_failure): a failed peer raises
+    PeerError or MPIError. "shrink" raises ArgumentError on every rank: average() goes
+    through an AsyncAverager's server (which cannot shrink) and the regrouping points are
+    collectives over every rank; a PartialAllreduce per group with on_failure="shrink"
+    is the way to go on without a dead rank (docs/faults.md).
+
     Threads: as PartialAllreduce; post() and average() belong to one thread.
     """
 
@@ -245,7 +257,8 @@ class HierarchicalAllreduce:
                  quorum: Optional[int] = None, seed: int = 0, late: str = "fold",
                  max_staleness: Optional[int] = None, accumulate: str = "sum", algorithm: str = "auto",
                  server: int = 0, step_time: Optional[float] = None, regroup_every: Optional[int] = None,
-                 window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None) -> None:
+                 window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None,
+                 on_failure: Optional[str] = None) -> None:
         check_comm(comm, "HierarchicalAllreduce")
         problem = params = None
         try:
@@ -266,7 +279,8 @@ class HierarchicalAllreduce:
                 raise ArgumentError("regrouping adds the closed group's final round to the next result: "
                                     "regroup_every needs op MPI.SUM")
             params = {"regroup_every": regroup_every, "window": window, "hysteresis": hysteresis,
-                      "regroup_points": regroup_points, "server": server, "initial": step_time is not None}
+                      "regroup_points": regroup_points, "server": server, "initial": step_time is not None,
+                      "on_failure": _shrink.refuse(on_failure, "HierarchicalAllreduce", NO_SHRINK)}
         except Exception as exc:         # noqa: BLE001 - reported on every rank below
             problem = as_problem(exc, "HierarchicalAllreduce")
         times = agree(comm, "HierarchicalAllreduce", problem, params, step_time,
@@ -275,7 +289,7 @@ class HierarchicalAllreduce:
         self.count, self.op = count, op
         self._coll_args: Dict[str, Any] = dict(mode=mode, candidates=candidates, quorum=quorum, seed=seed, late=late,
                                                max_staleness=max_staleness, accumulate=accumulate,
-                                               algorithm=algorithm)
+                                               algorithm=algorithm, on_failure="raise")
         self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
                                       regroup_every=regroup_every, groups=groups, regroup_points=regroup_points)
         self._coll = self._group_coll(dtype)

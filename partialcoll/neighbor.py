@@ -32,7 +32,12 @@ on the arguments, enters iterations (post, skip), takes results (wait) and runs 
 (fillers for receives posted beyond what was sent; every channel drained). Up to
 R = depth = 1 + s + g requests may be outstanding (g = max_gap, else 1, or 3 with backup
 workers; s = max_staleness or 0), with R receive slots per in-neighbour. A rank that
-fails with it open tells every rank of the graph: their calls raise PeerError.
+fails with it open tells every rank of the graph: their calls raise PeerError, unless
+on_failure="shrink" (docs/faults.md): the survivors agree on the failed ranks, the graph
+closes over them (topology.bridged: each edge through a dead rank becomes the edge it
+bridged, so a ring closes over the gap), weights="mean" then divides by the survivors
+whose updates went in, and the iteration in flight completes or runs again
+(_neighbor_shrink.py).
 
 Device buffers (CuPy, and what CuPy views): x is copied to pinned memory at post(); a
 result whose out= is on the device, or that has no out= and x there, lands in a pinned
@@ -55,7 +60,7 @@ from typing import Dict, List, Optional, Tuple, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _device, _engine, _propagate, _stats
+from . import _device, _engine, _neighbor_shrink, _propagate, _shrink, _stats
 from ._agree import agree
 from ._buffers import as_buffer
 from ._errors import ArgumentError, MPIError, PartialcollError, PeerError, StateError, Timeout, as_timeout
@@ -136,12 +141,18 @@ class NeighborRequest:
     Test = test
 
 
-class NeighborAllreduce(_propagate.Reporting):
+class NeighborAllreduce(_shrink.Shrinkable, _propagate.Reporting):
     """A persistent neighbour allreduce over a distributed-graph communicator (collective)."""
 
     def __init__(self, count: int, dtype: DTypeLike = np.float32, op: ReduceOp = MPI.SUM,
                  comm: Optional[MPI.Comm] = None, *, backup: int = 0, max_staleness: Optional[int] = None,
-                 max_gap: Optional[int] = None, weights: Optional[str] = "mean") -> None:
+                 max_gap: Optional[int] = None, weights: Optional[str] = "mean",
+                 on_failure: Optional[str] = None) -> None:
+        """on_failure: "raise" (a failed peer makes every survivor's calls raise) or
+        "shrink": the survivors agree on the failed ranks, drop them from the graph
+        (topology.bridged: the graph closes over them), re-run the iteration in flight
+        where it had not completed, and go on; one outstanding request per rank, NumPy
+        buffers, no skip(); default partialcoll.rc.on_failure (docs/faults.md)."""
         if comm is None:
             raise ArgumentError("NeighborAllreduce needs comm=, a distributed-graph communicator: "
                                 "comm.Create_dist_graph_adjacent(sources, destinations), or "
@@ -160,6 +171,8 @@ class NeighborAllreduce(_propagate.Reporting):
             sources = self._neighbours(srcs, "sources", rank)
             destinations = self._neighbours(dsts, "destinations", rank)
             params = self._validate(count, dtype, op, backup, max_staleness, max_gap, weights, len(sources))
+            params["on_failure"] = on_failure = rc.on_failure if on_failure is None else on_failure
+            _shrink.check_support(on_failure)
         except PartialcollError as exc:
             problem = exc
             sources, destinations = [], []
@@ -181,6 +194,13 @@ class NeighborAllreduce(_propagate.Reporting):
         self.rank, self.size = rank, size
         self.sources, self.destinations = tuple(sources), tuple(destinations)
         self.need = len(sources) - self.backup
+        self._params = params
+        self._graph = {r: (list(s_r), list(d_r)) for r, (s_r, d_r, _) in enumerate(graph)}
+        # on_failure="shrink": engine rank -> rank of comm (the survivors), and the user's
+        # iteration of the engine's iteration 0 (identity and 0 until a rank fails)
+        self._alive: List[int] = list(range(size))
+        self._base = 0
+        self._shrink: Optional[_neighbor_shrink.HopShrinker] = None
         s = self.max_staleness or 0
         g = self.max_gap if self.max_gap is not None else (3 if self.backup else 1)
         self.depth = 1 + s + g                     # R: slots per in-neighbour, requests outstanding
@@ -199,6 +219,8 @@ class NeighborAllreduce(_propagate.Reporting):
         self._pending: Dict[int, NeighborRequest] = {}    # posted, not yet taken; their out buffers
         self._build(comm, params)
         self._closed = False
+        if params["on_failure"] == "shrink":
+            self._shrink = _neighbor_shrink.HopShrinker(self)
         self._thread = threading.get_ident()     # its maker: threading.excepthook reports on it
         _propagate.register(self)
 
@@ -243,11 +265,13 @@ class NeighborAllreduce(_propagate.Reporting):
         _engine.ensure_started()
         ffi, lib = _engine.ffi, _engine.lib
         n_in, n_out = len(self.sources), len(self.destinations)
-        self._c_sources = ffi.new("int[]", list(self.sources) or [0])
-        self._c_dests = ffi.new("int[]", list(self.destinations) or [0])
+        index = {r: i for i, r in enumerate(self._alive)}      # rank of comm -> the engine's
+        self._c_sources = ffi.new("int[]", [index[r] for r in self.sources] or [0])
+        self._c_dests = ffi.new("int[]", [index[r] for r in self.destinations] or [0])
         spec = ffi.new("pc_hopspec *")
         spec.n_in, spec.n_out, spec.sources, spec.destinations = n_in, n_out, self._c_sources, self._c_dests
-        spec.backup, spec.max_staleness, spec.max_gap = self.backup, self.max_staleness or 0, self.max_gap or 0
+        spec.backup = min(self.backup, max(n_in - 1, 0))      # fewer in-neighbours after a shrink
+        spec.max_staleness, spec.max_gap = self.max_staleness or 0, self.max_gap or 0
         spec.depth, spec.weights = self.depth, getattr(lib, _WEIGHTS[self.weights])
         spec.dtype, spec.redop, spec.count = dtype_code(self.dtype), params["op"], self.count
         spec.ident = self._ident
@@ -258,7 +282,7 @@ class NeighborAllreduce(_propagate.Reporting):
         out = ffi.new("pc_hop **")
         code = lib.pc_hop_create(spec, handle, out)
         self._h = out[0] if out[0] != ffi.NULL else None
-        self._peers = Peers(handle, self.rank, lambda: ("", ()), peer_error_of(lib.pc_hop_peer_error, self._h))
+        self._peers = Peers(handle, comm.Get_rank(), lambda: ("", ()), peer_error_of(lib.pc_hop_peer_error, self._h))
         if code:
             self._abandon()
             check(code)
@@ -303,7 +327,7 @@ class NeighborAllreduce(_propagate.Reporting):
         this rank's last iteration (0 when none is): how far skip() could usefully jump."""
         self._check_open()
         newest = self._state()[3]
-        ahead = max((int(newest[j]) for j in range(len(self.sources))), default=-1) - self._iter
+        ahead = max((int(newest[j]) + self._base for j in range(len(self.sources))), default=-1) - self._iter
         return max(ahead, 0)
 
     def post(self, x: Buffer, out: Optional[Buffer] = None) -> NeighborRequest:
@@ -314,15 +338,21 @@ class NeighborAllreduce(_propagate.Reporting):
         for a token from every out-neighbour (max_gap), or for this rank's sends of
         iteration k - R to have been received (the memory bound)."""
         self._check_open()
-        ffi, lib = _engine.ffi, _engine.lib
+        if self._shrink is not None:
+            return self._shrink.post(self, x, out)
         x, res, device = self._host_buffers(x, out)
-        xp, op_, e = ffi.cast("void *", x.ctypes.data), ffi.cast("void *", res.ctypes.data), self._c_entry
+        req = NeighborRequest(self, self._iter + 1, res if res.ndim == 1 else res.reshape(-1), device)
+        self._enter(x, req._out)
+        self._pending[self._iter] = req
+        return req
+
+    def _enter(self, x: np.ndarray, out: np.ndarray) -> None:
+        """The engine's post: enter the next iteration with update x, its result into out."""
+        ffi, lib = _engine.ffi, _engine.lib
+        xp, op_, e = ffi.cast("void *", x.ctypes.data), ffi.cast("void *", out.ctypes.data), self._c_entry
         self._wait(lambda seconds: lib.pc_hop_post(self._h, xp, op_, seconds, e), rc.timeout,
                    f"NeighborAllreduce.post() at rank {self.rank}")
         self._entered(e, 1)
-        req = NeighborRequest(self, self._iter, res if res.ndim == 1 else res.reshape(-1), device)
-        self._pending[self._iter] = req
-        return req
 
     def _host_buffers(self, x: Buffer, out: Optional[Buffer]):
         """(x, out, device) in host memory for the engine: a device x is copied into a
@@ -357,6 +387,9 @@ class NeighborAllreduce(_propagate.Reporting):
         """Jump forward by up to `iterations` iterations without computing them (Hop §5);
         returns how many were skipped (fewer where tokens do not allow them now)."""
         self._check_open()
+        if self._shrink is not None:
+            raise StateError("skip() with on_failure='shrink': a skipped iteration has no update that a re-run "
+                             "could post again; make this collective with on_failure='raise' to skip")
         j = integer(iterations, "iterations", 0)
         if self._pending:
             raise StateError(f"wait() for iteration {min(self._pending)} before skip() (rank {self.rank})")
@@ -369,7 +402,10 @@ class NeighborAllreduce(_propagate.Reporting):
         return int(done[0])
 
     def _wait(self, call, timeout: Optional[float], what: str) -> None:
-        self._check(None, what, lambda: wait_in_slices(call, timeout, what=what))
+        # on_failure="shrink": a peer the MPI reports as failed ends the wait (MPIError),
+        # also where backup workers could go on without it, so that the survivors leave it out
+        peers = self._peers if self._shrink is not None else None
+        self._check(None, what, lambda: wait_in_slices(call, timeout, what=what, peers=peers))
 
     def _check(self, code: Optional[int], what: str, run=None) -> None:
         """check(code), or run(): a peer's report raises PeerError with its exception type;
@@ -386,12 +422,18 @@ class NeighborAllreduce(_propagate.Reporting):
 
     def _entered(self, entries, n: int) -> None:
         for i in range(n):
-            self._iter = int(entries[3 * i])
+            self._iter = int(entries[3 * i]) + self._base
             if self.trace is not None:      # (iteration, time, tokens to spare after this entry)
                 spare = int(entries[3 * i + 2]) if self.max_gap is not None and self.destinations else None
                 self.trace.append((self._iter, entries[3 * i + 1] * 1e-9, spare))
 
     def _take(self, req: NeighborRequest, timeout: Optional[float]) -> None:
+        if self._shrink is not None:
+            self._shrink.take(self, req, timeout)
+        else:
+            self._take_engine(req, timeout)
+
+    def _take_engine(self, req: NeighborRequest, timeout: Optional[float]) -> None:
         if req._cancelled:
             raise StateError(f"iteration {req.iteration} was dropped by close() (rank {self.rank})")
         self._waiting.append(None)       # close() waits for no wait (module docstring: threads)
@@ -407,7 +449,7 @@ class NeighborAllreduce(_propagate.Reporting):
                 self._let_go()
 
     def _take_now(self, h, req: NeighborRequest, timeout: Optional[float]) -> None:
-        ffi, lib, k = _engine.ffi, _engine.lib, req.iteration
+        ffi, lib, k = _engine.ffi, _engine.lib, req.iteration - self._base
         upd = ffi.new("int64_t[]", 3 * max(len(self.sources), 1))     # (rank, iteration, arrival ns) per update
         info = ffi.new("int64_t[4]")                                    # updates, completed ns, early, entered ns
         what = f"NeighborAllreduce iteration {k} at rank {self.rank}"
@@ -418,7 +460,13 @@ class NeighborAllreduce(_propagate.Reporting):
             self._check(code, what)
         else:
             self._wait(lambda seconds: lib.pc_hop_wait(h, k, seconds, upd, info), timeout, what)
-        updates = tuple((int(upd[3 * u]), int(upd[3 * u + 1])) for u in range(int(info[0])))
+        self._taken(req, upd, info)
+
+    def _taken(self, req: NeighborRequest, upd, info) -> None:
+        """req's result from what the engine gave (updates in the engine's numbering:
+        (rank, iteration, arrival ns) each; info: pc_hop_wait's)."""
+        alive, base, k = self._alive, self._base, req.iteration
+        updates = tuple((alive[int(upd[3 * u])], int(upd[3 * u + 1]) + base) for u in range(int(info[0])))
         active = tuple(sorted([self.rank] + [src for src, _ in updates]))
         data = req._out
         if req._device is not None:      # the result's way to the device
@@ -445,19 +493,32 @@ class NeighborAllreduce(_propagate.Reporting):
         pending, self._pending = self._pending, {}
         for req in pending.values():
             req._cancelled = True
-        try:
-            self._close(timeout)
-        except PartialcollError as exc:  # after a peer's error at once; a Timeout tells the peers
-            if isinstance(exc, Timeout):
-                self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
-            self._abandon()
-            raise
+        while True:
+            try:
+                self._close(timeout)
+                break
+            except _shrink.FAILURES as exc:
+                if self._shrink is None:
+                    self._close_failed(exc)
+                    raise
+                self._shrink.recover(self, exc)      # and close() again, among the survivors
+            except PartialcollError as exc:
+                self._close_failed(exc)
+                raise
         self._free()
         del pending
 
+    def _close_failed(self, exc: PartialcollError) -> None:
+        """close() cannot complete here: drop the collective (after a peer's error at once;
+        a Timeout tells the peers)."""
+        if isinstance(exc, Timeout):
+            self._report("Timeout", _propagate.describe(exc), _propagate.REPORT_SECONDS)
+        self._abandon()
+
     def _close(self, timeout: Optional[float]) -> None:
         deadline = time.monotonic() + timeout if timeout is not None else None
-        ffi, lib, P = _engine.ffi, _engine.lib, self.size
+        assert self._comm is not None
+        ffi, lib, P = _engine.ffi, _engine.lib, self._comm.Get_size()
         last = ffi.new("int64_t *")
         self._check(lib.pc_hop_close_begin(self._h, last), f"NeighborAllreduce.close() at rank {self.rank}")
         every_last = self._exchange(np.array([last[0]], np.int64), deadline)[:, 0].copy()
@@ -473,16 +534,50 @@ class NeighborAllreduce(_propagate.Reporting):
         """Allgather vec over the graph's ranks (close()); the engine serves the neighbours
         meanwhile (inline progress: in pc_hop_serve)."""
         assert self._comm is not None
-        out = np.empty((self.size, vec.size), np.int64)
-        req = self._comm.Iallgather(vec, out)
-        pause = 0.0002
-        while not req.Test():
-            if deadline is not None and time.monotonic() > deadline:
-                self._peers.check_failed(f"NeighborAllreduce.close() at rank {self.rank}")
-                raise Timeout(f"NeighborAllreduce.close(): not every rank has called close() (rank {self.rank})")
-            check(_engine.lib.pc_hop_serve(self._h, pause))
-            pause = min(2 * pause, 0.01)
+        out = np.empty((self._comm.Get_size(), vec.size), np.int64)
+        what = f"NeighborAllreduce.close() at rank {self.rank}"
+        try:
+            req = self._comm.Iallgather(vec, out)
+            pause = 0.0002
+            while not req.Test():
+                if deadline is not None and time.monotonic() > deadline:
+                    self._peers.check_failed(what)
+                    raise Timeout(f"NeighborAllreduce.close(): not every rank has called close() (rank {self.rank})")
+                check(_engine.lib.pc_hop_serve(self._h, pause))
+                pause = min(2 * pause, 0.01)
+        except MPI.Exception as exc:     # a peer failed (ULFM: PROC_FAILED, REVOKED): an MPIError, as the engine's
+            self._peers.check_failed(what)
+            raise MPIError(f"{what}: the allgather of close() failed: {exc.Get_error_string()}") from exc
         return out
+
+    # -- on_failure="shrink" (and failed, from _shrink.Shrinkable) ---------------------
+    @property
+    def recoveries(self) -> List[dict]:
+        """on_failure="shrink": one entry per failure survived: "failed" (the ranks),
+        "seconds" (this rank's time from the failed call to the rebuilt collective),
+        "iteration" (where the survivors started again: the smallest iteration whose
+        result some survivor lacked), "reposted" (this rank's updates posted again),
+        "tries" (agreements), "cause" (the exception that started it), "held" (this
+        rank's posts and the iterations whose result it had)."""
+        return list(self._shrink.recoveries) if self._shrink is not None else []
+
+    @property
+    def alive(self) -> Tuple[int, ...]:
+        """The ranks still in the collective (all of them while none has failed)."""
+        return tuple(self._alive)
+
+    def _rebuild(self, comm: MPI.Comm, alive: List[int], graph, base: int) -> None:
+        """on_failure="shrink": the engine again, over comm (the survivors: alive, in comm's
+        order), on graph (topology.bridged), its iteration 0 the user's iteration base.
+        Ranks, sources and destinations keep the original communicator's numbering."""
+        self._alive = list(alive)
+        self.sources, self.destinations = tuple(graph[self.rank][0]), tuple(graph[self.rank][1])
+        self.need = len(self.sources) - min(self.backup, max(len(self.sources) - 1, 0))
+        self._base, self._iter = base, base - 1
+        self._abandoned, self._h = False, None
+        self._build(comm, self._params)
+        self._closed = False
+        _propagate.register(self)
 
     # -- lifetime ----------------------------------------------------------------------
     def _free(self) -> None:

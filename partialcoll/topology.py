@@ -85,3 +85,23 @@ def distances(adjacency: Dict[int, Tuple[List[int], List[int]]]) -> List[List[fl
                         nxt.append(b)
             frontier = nxt
     return d
+
+
+def bridged(adjacency: Dict[int, Tuple[List[int], List[int]]], failed) -> Dict[int, Tuple[List[int], List[int]]]:
+    """The graph over the survivors once the ranks `failed` left (NeighborAllreduce,
+    on_failure="shrink"): every edge u -> f -> v through a failed rank f becomes u -> v
+    (u != v), so every path between survivors survives it; the failed ranks' own edges
+    go. A ring closes over the gap (i - 1 <-> i + 1 once i died); a rank's degree grows
+    by the bridges it gains. Ranks keep their numbering; {rank: (sources, destinations)}."""
+    out = {r: set(dests) for r, (_, dests) in adjacency.items()}
+    for f in sorted(failed):
+        through = out.pop(f, set())
+        for u, dests in out.items():
+            if f in dests:
+                dests.discard(f)
+                dests.update(v for v in through if v != u)
+    sources: Dict[int, List[int]] = {r: [] for r in out}
+    for u, dests in out.items():
+        for v in dests:
+            sources[v].append(u)
+    return {r: (sorted(sources[r]), sorted(out[r])) for r in out}

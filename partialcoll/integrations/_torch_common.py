@@ -253,6 +253,55 @@ class Completer:
             last()
 
 
+class ShrinkWatch:
+    """on_failure="shrink" in the torch integrations: the survivors' count and the user's
+    callback after a rank fails.
+
+    Every collective of the integration shrinks by itself, in the wait that sees the
+    failure (_shrink.py); ``watch(coll)`` makes a fused average="world" divisor the
+    survivors' count on its rebuild (a round re-run among the survivors divides by
+    them; a round that completed before the death keeps the old divisor: its sum holds
+    the dead rank's gradient too). ``note(coll)``, after each of their waits, on one
+    thread: the first collective that shows new failed ranks sets ``size``, refuses the
+    partialcoll process group's later calls (its communicator still counts the dead
+    rank) and calls ``on_shrink(failed_ranks, new_size)`` once per failure: the ranks
+    that failed (the process group's numbering), the survivors' count."""
+
+    def __init__(self, on_failure: Optional[str], on_shrink: Optional[Callable[[Tuple[int, ...], int], None]],
+                 size: int, process_group=None) -> None:
+        if on_shrink is not None and on_failure != "shrink":
+            raise ArgumentError("on_shrink= is called after a shrink: pass on_failure='shrink' with it")
+        if on_shrink is not None and not callable(on_shrink):
+            raise ArgumentError(f"on_shrink must be callable(failed_ranks, new_size), not {on_shrink!r}")
+        self.on_failure, self.on_shrink, self.size, self.pg = on_failure, on_shrink, size, process_group
+        self.failed: Tuple[int, ...] = ()
+
+    def coll_args(self) -> dict:
+        return {} if self.on_failure is None else {"on_failure": self.on_failure}
+
+    def watch(self, coll, average: str) -> None:
+        if average == "world" and coll.divisor != 1.0:
+            coll.on_rebuild = _survivors_divide
+
+    def note(self, coll) -> bool:
+        """Whether coll shows ranks failed that no collective showed before."""
+        failed = coll.failed
+        if len(failed) <= len(self.failed):
+            return False
+        new = tuple(r for r in failed if r not in self.failed)
+        self.failed, self.size = failed, coll.size
+        if self.pg is not None and hasattr(self.pg, "_unusable"):
+            self.pg._unusable = (f"rank(s) {new} failed and the others went on without them (on_failure='shrink'); "
+                                 f"its communicator still counts them")
+        if self.on_shrink is not None:
+            self.on_shrink(new, self.size)
+        return True
+
+
+def _survivors_divide(coll) -> None:
+    coll.divisor = float(coll.size)
+
+
 def contributor_scale(results, size: int) -> float:
     """RNA's linear scaling rule: the contributors of a step's results (each NAP per
     round, averaged over the results that hold data) over the ranks that could

@@ -14,7 +14,7 @@ has been joined, so no close runs under one of its waits.
 """
 import time
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,14 +25,15 @@ from .. import _stats
 from .._partial import PartialAllreduce, Result, close_all
 from . import _torch_comm
 from ..hierarchical import SpeedGrouping, group_args
-from ._torch_common import (Completer, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
+from .._errors import ArgumentError
+from ._torch_common import (Completer, ShrinkWatch, buffer_of, check_average, contributor_scale, divisor, for_torch, fused_divisor,
                             np_dtype, settle, tensor_of, warn_drift)
 from ._torch_optim import GradientSynchronizer, ModelSync, average_models, close_with, start_averaging
 from ._torch_pg import init_process_group
 
 _HOOK_OPTIONS = ("late", "max_staleness", "seed", "candidates", "quorum", "algorithm", "start_iter",
                  "model_sync_every", "accumulate", "hierarchy", "average_every", "regroup_every", "server", "window",
-                 "hysteresis", "regroup_points", "buffer_sync_every", "report_every")
+                 "hysteresis", "regroup_points", "buffer_sync_every", "report_every", "on_failure", "on_shrink")
 
 
 class BufferSync(ModelSync):
@@ -43,8 +44,8 @@ class BufferSync(ModelSync):
     ranks that were late included; a round that holds none leaves them as they were).
     Integer buffers (num_batches_tracked) stay each rank's. Collective to make over comm."""
 
-    def __init__(self, buffers: List[torch.Tensor], comm: MPI.Comm) -> None:
-        super().__init__([b for b in buffers if b.is_floating_point()], comm, mode="solo", late="latest")
+    def __init__(self, buffers: List[torch.Tensor], comm: MPI.Comm, **options) -> None:
+        super().__init__([b for b in buffers if b.is_floating_point()], comm, mode="solo", late="latest", **options)
 
     @property
     def buffers(self) -> List[torch.Tensor]:
@@ -87,6 +88,14 @@ class PartialHookState:
                  GradientSynchronizer; the ranks' compute time is measured from the
                  forward pre-hook to the last bucket's hook (``sync_hook``, which
                  partial_ddp registers, also regroups and averages the groups' models)
+    on_failure="shrink": a rank that fails (killed, exits, raises) is left out and the
+                 others train on (docs/faults.md): averages divide by the survivors
+                 from the step it failed in; ``on_shrink(failed_ranks, new_size)`` is
+                 called once per failure (on the hook's thread, before that step's
+                 backward() returns) to rescale the learning rate or batch; later
+                 calls through the partialcoll process group raise StateError (its
+                 size counts the dead). Not with hierarchy=; the first start_iter
+                 iterations (the process group's allreduce) do not survive a failure.
     lr_scale()   RNA's linear scaling factor of the latest iteration's results (the
                  contributors' share): multiply the learning rate by it
     stats()      who is slow over the buckets' collectives (collective; pc.Stats); with
@@ -107,14 +116,16 @@ class PartialHookState:
                  model_sync_every: Optional[int] = None, hierarchy: Optional[str] = None,
                  average_every: Optional[int] = None, regroup_every: int = 20, server: int = 0, window: int = 8,
                  hysteresis: int = 2, regroup_points: Optional[int] = None, buffer_sync_every: Optional[int] = None,
-                 report_every: Optional[int] = None,
+                 report_every: Optional[int] = None, on_failure: Optional[str] = None,
+                 on_shrink: Optional[Callable[[Tuple[int, ...], int], None]] = None,
                  **options) -> None:
         # what pickling keeps (PowerSGDState's way: the process group is not pickled; an
         # unpickled state is made anew, collectively, over the default group)
         self._args = dict(mode=mode, average=average, start_iter=start_iter, model_sync_every=model_sync_every,
                           hierarchy=hierarchy, average_every=average_every, regroup_every=regroup_every,
                           server=server, window=window, hysteresis=hysteresis, regroup_points=regroup_points,
-                          buffer_sync_every=buffer_sync_every, report_every=report_every, **options)
+                          buffer_sync_every=buffer_sync_every, report_every=report_every,
+                          on_failure=on_failure, on_shrink=on_shrink, **options)
         self.mode, self.average, self.options = mode, check_average(average), options
         self.buffer_sync_every = int(buffer_sync_every or 0)
         self.buffer_sync: Optional[BufferSync] = None     # made at the first training forward
@@ -127,6 +138,11 @@ class PartialHookState:
             self.comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points,
             model_sync_every)
         self.grouping: Optional[SpeedGrouping] = None
+        self.shrink = ShrinkWatch(on_failure, on_shrink, self.size, process_group or
+                                  (dist.group.WORLD if dist.is_initialized() else None))
+        if self.hierarchy and on_failure == "shrink":
+            raise ArgumentError("on_failure='shrink' with hierarchy=: the speed groups are not rebuilt after a "
+                                "failure; leave one of them out")
         if self.hierarchy:
             self.grouping = SpeedGrouping(self.comm, server=server, window=window, hysteresis=hysteresis,
                                           regroup_every=regroup_every, regroup_points=regroup_points)
@@ -169,7 +185,8 @@ class PartialHookState:
             comm = self.grouping.group_comm if self.grouping is not None else self.comm
             coll = PartialAllreduce(buf.numel(), np_dtype(buf), MPI.SUM, comm, mode=self.mode,
                                     divisor=fused_divisor(self.average, self.size, buf),
-                                    **group_args(self.options, comm, self.comm))
+                                    **group_args(self.options, comm, self.comm), **self.shrink.coll_args())
+            self.shrink.watch(coll, self.average)
             entry = _BucketColl(coll, list(params), offsets, self.iter)
             self.colls[key] = entry
         return entry
@@ -204,7 +221,8 @@ class PartialHookState:
         every = self.model_sync_every
         if every and module.training and torch.is_grad_enabled():
             if self.model_sync is None:          # collective: every rank that trains gets here first
-                self.model_sync = ModelSync([p for p in module.parameters() if p.requires_grad], self.comm)
+                self.model_sync = ModelSync([p for p in module.parameters() if p.requires_grad], self.comm,
+                                            **self.shrink.coll_args())
             if self.iter - self._synced_at >= every:
                 self._synced_at = self.iter
                 self.model_sync.sync()
@@ -213,7 +231,7 @@ class PartialHookState:
             self.buffer_sync_every = 0           # nothing to average (the same model on every rank)
         if self.buffer_sync_every and module.training and torch.is_grad_enabled():
             if self.buffer_sync is None:         # collective, as model_sync's
-                self.buffer_sync = BufferSync(list(module.buffers()), self.comm)
+                self.buffer_sync = BufferSync(list(module.buffers()), self.comm, **self.shrink.coll_args())
             if self.iter % self.buffer_sync_every == 0:
                 self.buffer_sync.sync()
         if self.grouping is not None and module.training and torch.is_grad_enabled():
@@ -300,6 +318,8 @@ def partial_allreduce_hook(state: PartialHookState,
 
     def finish() -> torch.Tensor:
         res = req.wait()
+        if state.shrink.note(entry.coll):
+            state.size = state.shrink.size
         settle(res, land, state.average, state.size, entry.coll.divisor, buf.dtype)
         state.last[index] = res
         if state._carry:
@@ -322,7 +342,8 @@ def partial_ddp(module: torch.nn.Module, mode: str = "full", comm: Optional[MPI.
 
     Returns (the DDP module, its PartialHookState). mode="full" (the default) is DDP's own
     synchronous averaging. Keyword arguments that PartialAllreduce takes (late,
-    max_staleness, seed, ...), model_sync_every and buffer_sync_every go to the hook; the
+    max_staleness, seed, ...), model_sync_every, buffer_sync_every, on_failure and on_shrink
+    (PartialHookState: training on without a rank that fails) go to the hook; the
     others (process_group, device_ids, bucket_cap_mb, ...) to DistributedDataParallel.
 
     Buffers (BatchNorm's running statistics): in the full mode DDP broadcasts them from

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 
 from .. import _stats
@@ -48,7 +49,7 @@ from .._types import integer
 from ..averager import _wait_collective
 from ..hierarchical import SpeedGrouping, group_args
 from ._torch_horovod import Adasum, Average, Compression, Sum, wire_dtype
-from ._torch_common import (buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
+from ._torch_common import (ShrinkWatch, buffer_of, check_average, contributor_scale, divisor, fused_divisor, host_copy, host_view,
                             np_dtype, settle, tensor_of, warn_drift)
 
 
@@ -114,11 +115,13 @@ class _Bucket:
         self.land = land
         self.request = self.coll.post(x, out=out)
 
-    def finish(self, average: str, size: int) -> Result:
+    def finish(self, average: str, size: int, watch: Optional[ShrinkWatch] = None) -> Result:
         """Wait for the round; the gradients become views of its result."""
         assert self.request is not None   # post() came first
         res = self.request.wait()
         self.request = None
+        if watch is not None and watch.note(self.coll):
+            size = watch.size
         settle(res, self.land, average, size, self.coll.divisor, self.wire)
         self.land = None
         if self.predivide != 1.0:
@@ -180,6 +183,13 @@ class GradientSynchronizer:
     points with ``regroup_points``: group from the first few points, then keep the
     groups). Within a group, every member syncs the same number of steps (averaging is
     collective over the group).
+
+    on_failure="shrink": a rank that fails is left out and the others go on
+    (docs/faults.md): averages divide by the survivors from the step it failed in, and
+    ``on_shrink(failed_ranks, new_size)`` (ranks of comm) is called once per failure, in
+    the sync that first sees it, before the gradients are handed back; the partialcoll
+    default process group, if one is set up, then refuses later calls (StateError). Not
+    with hierarchy=.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], mode: str = "full",
@@ -187,8 +197,12 @@ class GradientSynchronizer:
                  model_sync_every: Optional[int] = None, first_bucket_mb: Optional[float] = None,
                  hierarchy: Optional[str] = None, average_every: Optional[int] = None, regroup_every: int = 20,
                  server: int = 0, window: int = 8, hysteresis: int = 2, regroup_points: Optional[int] = None,
-                 compression=None, gradient_predivide_factor: float = 1.0, **options) -> None:
+                 compression=None, gradient_predivide_factor: float = 1.0, on_failure: Optional[str] = None,
+                 on_shrink: Optional[Callable[[Tuple[int, ...], int], None]] = None, **options) -> None:
         self.params = _unique_params(params)
+        self.shrink = ShrinkWatch(on_failure, on_shrink, comm.Get_size(),
+                                  dist.group.WORLD if dist.is_available() and dist.is_initialized() else None)
+
         if self.params:
             wire_dtype(compression, self.params[0].dtype)            # checked before anything collective
         self._compression = compression
@@ -199,12 +213,15 @@ class GradientSynchronizer:
         self.grouping: Optional[SpeedGrouping] = None
         self._carry: Optional[List[torch.Tensor]] = None
         self._t_last: Optional[float] = None
-        self._bucket_args = (bucket_mb, dict(mode=mode, **options), first_bucket_mb)
+        self._bucket_args = (bucket_mb, dict(mode=mode, **options, **self.shrink.coll_args()), first_bucket_mb)
         warn_drift(mode, options.get("late", "latest"), model_sync_every, options.get("max_staleness"))
         self.hierarchy, self.average_every, self.every = self._agreed_options(
             comm, hierarchy, average_every, regroup_every, server, window, hysteresis, regroup_points, model_sync_every)
+        if self.hierarchy and on_failure == "shrink":
+            raise ArgumentError("on_failure='shrink' with hierarchy=: the speed groups are not rebuilt after a "
+                                "failure; leave one of them out")
         # made before the buckets (collective over comm): every rank that takes part at all has it
-        self.model_sync = ModelSync(self.params, comm) if self.every else None
+        self.model_sync = ModelSync(self.params, comm, **self.shrink.coll_args()) if self.every else None
         if self.hierarchy:
             self.grouping = SpeedGrouping(comm, server=server, window=window, hysteresis=hysteresis,
                                           regroup_every=regroup_every, regroup_points=regroup_points)
@@ -248,6 +265,8 @@ class GradientSynchronizer:
         args = group_args(args, comm, self.comm)     # comm: a speed group's, with hierarchy="auto"
         self.buckets = _make_buckets(self.params, bucket_mb, dict(comm=comm, **args), self.average, first,
                                      self._compression, self._predivide)
+        for b in self.buckets:
+            self.shrink.watch(b.coll, self.average)
 
     @property
     def colls(self) -> List[PartialAllreduce]:
@@ -267,7 +286,9 @@ class GradientSynchronizer:
 
     def _finish_all(self) -> List[Result]:
         entered = time.perf_counter()    # this step's compute ended: its rounds are posted
-        self.last = [b.finish(self.average, self.size) for b in self.buckets]
+        self.last = [b.finish(self.average, self.size, self.shrink) for b in self.buckets]
+        if self.shrink.failed:
+            self.size = self.shrink.size
         if self._carry is not None:      # what a regrouping flushed joins this step's gradients
             for b, carry in zip(self.buckets, self._carry):
                 flat = b.flats[b.dst]

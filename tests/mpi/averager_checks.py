@@ -235,6 +235,25 @@ def test_errors_everywhere(comm):
     expect_raises(pc.StateError, avg.push, np.zeros(4, np.float32), match="closed")
 
 
+def test_shrink_refused(comm):
+    """on_failure="shrink" (passed, or partialcoll.rc's) raises ArgumentError on every rank,
+    naming why (the server holds every key's latest vector); one rank asking for it makes
+    the others raise naming it; "raise" works."""
+    p, r = comm.size, comm.rank
+    expect_raises(pc.ArgumentError, pc.AsyncAverager, 4, np.float32, comm=comm, on_failure="shrink",
+                  match="server holds every key's latest vector")
+    pc.rc.on_failure = "shrink"
+    try:
+        expect_raises(pc.ArgumentError, pc.AsyncAverager, 4, np.float32, comm=comm, match="rc.on_failure is 'shrink'")
+    finally:
+        pc.rc.on_failure = "raise"
+    expect_raises(pc.ArgumentError, pc.AsyncAverager, 4, np.float32, comm=comm,
+                  on_failure="shrink" if r == p - 1 else "raise", match="no on_failure" if r == p - 1 else f"rank {p - 1}")
+    avg = pc.AsyncAverager(4, np.float32, comm=comm, on_failure="raise")
+    assert np.array_equal(avg.push(np.ones(4, np.float32)).wait(timeout=30), np.ones(4, np.float32))
+    avg.close()
+
+
 def test_server_needs_the_progress_thread(comm):
     """The server serves on its progress thread. Where its process progresses inline it
     would serve only inside its own calls of the engine (its own pushes fold locally: it

@@ -206,6 +206,31 @@ def test_a_rank_missing_a_regrouping_point_is_a_timeout(comm):
     dup.Free()
 
 
+def test_shrink_refused(comm):
+    """on_failure="shrink" (passed, or partialcoll.rc's) raises ArgumentError on every rank,
+    naming why (the averaging server, regrouping over every rank); one rank asking for it
+    makes the others raise naming it; with rc's "shrink" and on_failure="raise" passed, the
+    groups' collectives and the averager are made with "raise" (they would refuse or shrink
+    alone otherwise)."""
+    p, r = comm.size, comm.rank
+    expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm, on_failure="shrink",
+                  match="AsyncAverager's server")
+    expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm,
+                  on_failure="shrink" if r == p - 1 else "raise", match="no on_failure" if r == p - 1 else f"rank {p - 1}")
+    pc.rc.on_failure = "shrink"
+    try:
+        expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm,
+                      match="rc.on_failure is 'shrink'")
+        h = pc.HierarchicalAllreduce(4, np.float32, MPI.SUM, comm, on_failure="raise")
+    finally:
+        pc.rc.on_failure = "raise"
+    assert h._coll._shrink is None
+    res = h.post(np.ones(4, np.float32)).wait(timeout=30)
+    assert np.array_equal(res.data, np.full(4, res.posts, np.float32)), (res.data, res.posts)
+    assert np.array_equal(h.average(np.full(4, 3.0, np.float32), timeout=30), np.full(4, 3.0, np.float32))
+    h.close()
+
+
 def test_errors_everywhere(comm):
     p, r = comm.size, comm.rank
     expect_raises(pc.ArgumentError, pc.HierarchicalAllreduce, 4, np.float32, MPI.SUM, comm, server=p,

@@ -333,6 +333,47 @@ def test_errors(comm):
     g.Free()
 
 
+def test_shrink_rules(comm):
+    """on_failure: a bad value, or one rank's differing from the others', raises
+    ArgumentError on every rank; where the MPI cannot shrink (Open MPI without
+    --with-ft ulfm) "shrink" does, naming what is missing. Where it can: skip(), a device
+    or list buffer, a second post before the wait raise, and without a failure the
+    results are the plain neighbour means (partialcoll.rc.on_failure gives the mode)."""
+    asked("errors")
+    rank, size = comm.rank, comm.size
+    g = pc.ring_graph(comm)
+    E = pc.ArgumentError
+    expect_raises(E, pc.NeighborAllreduce, 4, np.float64, comm=g, on_failure="bogus", match="on_failure")
+    if size > 1:
+        expect_raises(E, pc.NeighborAllreduce, 4, np.float64, comm=g,
+                      on_failure="shrink" if rank == size - 1 else "raise", match="on_failure" if rank == size - 1
+                      else f"rank {size - 1}")
+    missing = pc.info()["shrink"]["missing"]
+    if missing:
+        expect_raises(E, pc.NeighborAllreduce, 4, np.float64, comm=g, on_failure="shrink", match=missing[:30])
+        g.Free()
+        return
+    pc.rc.on_failure = "shrink"
+    try:
+        coll = pc.NeighborAllreduce(4, np.float64, comm=g)
+    finally:
+        pc.rc.on_failure = "raise"
+    assert coll._shrink is not None and coll.failed == () and coll.recoveries == []
+    expect_raises(pc.StateError, coll.skip, 1, match="skip() with on_failure='shrink'")
+    expect_raises(pc.InvalidBufferError, coll.post, [0.0] * 4, match="NumPy")
+    sources = g.Get_dist_neighbors()[0]
+    for k in range(3):
+        req = coll.post(np.full(4, val(rank, k)))
+        if k == 0:
+            expect_raises(pc.StateError, coll.post, np.zeros(4), match="wait for the previous post")
+        res = req.wait(timeout=30)
+        ranks = sorted({rank, *sources})
+        want = sum(val(r, k) for r in ranks) / len(ranks)
+        assert res.iteration == k and res.active == tuple(ranks) and np.all(res.data == want), (res, want)
+    coll.close()
+    g.Free()
+
+
 def expected_mean(coll, rank: int, k: int) -> float:
     """Standard mode, SUM, weights="mean": iteration k's exact result at rank."""
     return (val(rank, k) + sum(val(src, k) for src in coll.sources)) / (1 + len(coll.sources))
