@@ -53,6 +53,9 @@ share of the blocks a slow rank holds at the end, and the first round at which i
 1/(2P) (for transient: its share over the last third). --json also keeps, per
 configuration, every round's time, the slow ranks' share and the blocks each server owns
 per round, and the number of switches (rounds whose assignment differs from the last).
+Then static / psld per repetition (each repetition runs the configurations back to back,
+so the machine's load drifts less between the two than between repetitions) and its
+median.
 """
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ def driver(args) -> None:
               "--link", args.link or "", "--every", str(args.every), "--servers", str(args.servers),
               *(["--verbose"] if args.verbose else []),
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
-              "--repeat", str(args.repeat),
+              "--repeat", str(args.repeat), "--only", args.only,
               "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
     if args.quota and os.geteuid() != 0:
         sys.exit("--quota needs root (it makes a cgroup)")
@@ -140,6 +143,10 @@ def report(res: dict, args) -> None:
               f"{(static / c['mean_ms']) if static else float('nan'):10.2f} "
               f"{'' if share is None else f'{share:.3f}':>10} {str(c.get('below_at', '')):>11}  "
               f"{' '.join(f'{v:.1f}' for v in c['all_ms'])}")
+    if static and "psld" in res["configs"]:     # repetition k of each ran back to back (rotated order)
+        pairs = [a / b for a, b in zip(res["configs"]["static"]["all_ms"], res["configs"]["psld"]["all_ms"])]
+        print(f"static / psld per repetition: {' '.join(f'{r:.2f}' for r in pairs)}; "
+              f"median {sorted(pairs)[len(pairs) // 2]:.2f}")
     if res["scenario"] == "transient":
         for name, c in res["configs"].items():
             if "recovered_share" in c:
@@ -320,6 +327,9 @@ def worker(args) -> None:
     else:
         configs.update({"static": (ps_coll("static"), True), "proportional": (ps_coll("proportional"), True),
                         "psld": (ps_coll("psld"), True)})
+    if args.only:                                # these (and the baseline) alone
+        keep = {"baseline", *args.only.split(",")}
+        configs = {k: v for k, v in configs.items() if k in keep}
     runs: dict = {name: [] for name in configs}
     names = list(configs)
     for rep in range(args.repeat):                # rotated order: drift on the shared machine spreads evenly
@@ -354,6 +364,8 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=0,
                     help="the last SERVERS ranks are dedicated servers (workers= the others, mode quorum)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of every configuration (median reported)")
+    ap.add_argument("--only", default="", help="run only these configurations (comma-separated; the "
+                                               "baseline always), e.g. static,psld")
     ap.add_argument("--cpu", default=str(max(os.sched_getaffinity(0))))
     ap.add_argument("--timeout", type=float, default=170)
     ap.add_argument("--json", help="driver: also write the results here")

@@ -266,7 +266,8 @@ static int coll_take(pc_owner *o)
     }
     c->input = IN_NONE;
     c->taken = 1;
-    tele_take(&c->tele, c->armed_round);   /* telemetry.c: this rank's view of the round's start */
+    /* telemetry.c: this rank's view of the round's start (and its arrivals, into its row of times) */
+    tele_take(&c->tele, c->armed_round, c->spec.timed ? c->meas : NULL);
     c->round_lo = c->taken_posts;      /* this rank's posts [round_lo, round_hi) are in the round */
     c->round_hi = c->taken_posts = c->posts;
     uint64_t *m = c->mask_slot;

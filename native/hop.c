@@ -58,8 +58,8 @@ typedef struct hop_pending {     /* an iteration entered by a post, until its wa
     int64_t k;                   /* -1: free */
     void *out;                   /* the application's result buffer (written at completion) */
     int done, cancelled, nupd;
-    int64_t *upd;                /* 2 n_in: (rank, iteration) of the updates in the result */
-    int64_t done_ns;             /* when it completed (CLOCK_MONOTONIC) */
+    int64_t *upd;                /* 3 n_in: (rank, iteration, arrival ns) of the updates in the result */
+    int64_t entry_ns, done_ns;   /* when it was entered, when it completed (CLOCK_MONOTONIC) */
     int waited;                  /* a wait or test asked before it completed */
 } hop_pending;
 
@@ -71,7 +71,7 @@ struct pc_hop {
     size_t nbytes, msg;
     char *rx, *tx;               /* n_in x R and R messages of msg bytes (engine-owned) */
     pc_sched **ch[4];            /* RX: n_in x R, TX: n_out x R, TRX: n_out x R, TTX: n_in x R */
-    int64_t *rx_iter; int *rx_state, *rx_used;           /* per receive slot (n_in x R) */
+    int64_t *rx_iter, *rx_ns; int *rx_state, *rx_used;   /* per receive slot (n_in x R); rx_ns: arrival */
     int64_t *next_post, *post_limit, *newest;            /* per in-neighbour */
     int64_t *sent;                                       /* per out-neighbour: messages started */
     int64_t *tokens, *tk_next, *tk_limit;                /* per out-neighbour */
@@ -233,8 +233,9 @@ static int combine(pc_hop *h, int64_t k, void *out, const int *slots, int n, hop
             rc = pc_reduce_local(h->spec.redop, h->spec.dtype, out, v, out, h->spec.count);
         }
         h->rx_used[i] = 1;
-        p->upd[2 * u] = h->sources[i / h->R];
-        p->upd[2 * u + 1] = m;
+        p->upd[3 * u] = h->sources[i / h->R];
+        p->upd[3 * u + 1] = m;
+        p->upd[3 * u + 2] = h->rx_ns[i];
     }
     if (rc == PC_OK && h->spec.weights == PC_HOP_STALENESS && n > 0)
         rc = pc_reduce_div(PC_OP_COPY, dt, out, out, out, cnt, wsum);
@@ -310,6 +311,7 @@ static void hop_done(pc_owner *o, pc_sched *s)
             return;
         }
         h->rx_state[i] = FULL;
+        h->rx_ns[i] = (int64_t)(now_us() * 1e3);   /* its arrival (who is slow: neighbor.py's stats) */
         if (hdr[2] & F_FILLER) drop(h, who, r);
         else {
             h->stats[PC_HOP_RECEIVED]++;
@@ -346,7 +348,7 @@ static void hop_destroy(pc_unit *u)
     if (!u->leaked) { free(h->rx); free(h->tx); }     /* else MPI may still touch them */
     for (int p = 0; h->pend && p < h->R; p++) free(h->pend[p].upd);
     free(h->pend); free(h->sources); free(h->dests);
-    free(h->rx_iter); free(h->rx_state); free(h->rx_used);
+    free(h->rx_iter); free(h->rx_ns); free(h->rx_state); free(h->rx_used);
     free(h->next_post); free(h->post_limit); free(h->newest); free(h->sent);
     free(h->tokens); free(h->tk_next); free(h->tk_limit); free(h->granted); free(h->grant_to); free(h->send_to);
     report_free(&h->rep);
@@ -420,18 +422,18 @@ int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out)
     h->dests = calloc((size_t)n_out + 1, sizeof(int));
     h->rx = calloc((size_t)n_in * R + 1, h->msg);
     h->tx = calloc((size_t)R, h->msg);
-    h->rx_iter = zeros(n_in * R); h->rx_state = calloc((size_t)n_in * R + 1, sizeof(int));
+    h->rx_iter = zeros(n_in * R); h->rx_ns = zeros(n_in * R); h->rx_state = calloc((size_t)n_in * R + 1, sizeof(int));
     h->rx_used = calloc((size_t)n_in * R + 1, sizeof(int));
     h->next_post = zeros(n_in); h->post_limit = zeros(n_in); h->newest = zeros(n_in); h->granted = zeros(n_in);
     h->sent = zeros(n_out); h->tokens = zeros(n_out); h->tk_next = zeros(n_out); h->tk_limit = zeros(n_out);
     h->pend = calloc((size_t)R, sizeof(hop_pending));
     for (int k = 0; k < 4; k++) h->ch[k] = calloc((size_t)(k == RX || k == TTX ? n_in : n_out) * R + 1, sizeof(pc_sched *));
-    int ok = h->sources && h->dests && h->rx && h->tx && h->rx_iter && h->rx_state && h->rx_used && h->next_post
+    int ok = h->sources && h->dests && h->rx && h->tx && h->rx_iter && h->rx_ns && h->rx_state && h->rx_used && h->next_post
              && h->post_limit && h->newest && h->granted && h->sent && h->tokens && h->tk_next && h->tk_limit
              && h->pend && h->ch[0] && h->ch[1] && h->ch[2] && h->ch[3];
     for (int p = 0; ok && p < R; p++) {
         h->pend[p].k = -1;
-        ok = (h->pend[p].upd = zeros(2 * n_in)) != NULL;
+        ok = (h->pend[p].upd = zeros(3 * n_in)) != NULL;
     }
     if (!ok) { hop_destroy(&h->owner.unit); return fail(PC_ERR_NOMEM, "out of memory"); }
     for (int j = 0; j < n_in; j++) { h->sources[j] = spec->sources[j]; h->post_limit[j] = NOLIMIT; h->newest[j] = -1; }
@@ -572,6 +574,7 @@ static int hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64
     if (h->nbytes) memcpy(slot + HDR, x, h->nbytes);
     hop_pending *p = &h->pend[k % h->R];
     p->out = out; p->done = p->cancelled = p->waited = 0; p->nupd = 0;
+    p->entry_ns = entry[1];
     STORE(p->k, k);
     send_and_grant(h, k);
     recycle_all(h);
@@ -625,9 +628,10 @@ static int iteration_done(void *p)
     return LOAD(a->h->err) || LOAD(q->k) != a->k || LOAD(q->done) || LOAD(q->cancelled);
 }
 
-/* Take iteration k's result (written into its out buffer): updates (rank, iteration) x
- * info[0]; info[1]: when it completed (ns, CLOCK_MONOTONIC); info[2]: 1 if it completed
- * before this rank asked for it. timeout_s 0: test once (PC_ERR_TIMEOUT: not yet). */
+/* Take iteration k's result (written into its out buffer): updates (rank, iteration,
+ * arrival ns) x info[0]; info[1]: when it completed (ns, CLOCK_MONOTONIC); info[2]: 1 if
+ * it completed before this rank asked for it; info[3]: when it was entered (ns).
+ * timeout_s 0: test once (PC_ERR_TIMEOUT: not yet). */
 static int hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info)
 {
     hop_arg a = {h, k};
@@ -662,9 +666,10 @@ static int hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, in
     if (rc == PC_OK && p->cancelled) rc = fail(PC_ERR_STATE, "iteration %lld was dropped by close() (rank %d)",
                                                (long long)k, h->rank);
     if (rc == PC_OK) {
-        memcpy(updates, p->upd, sizeof(int64_t) * 2 * (size_t)p->nupd);
+        memcpy(updates, p->upd, sizeof(int64_t) * 3 * (size_t)p->nupd);
         info[0] = p->nupd;
         info[1] = p->done_ns;
+        info[3] = p->entry_ns;
         STORE(p->k, -1);
     }
     unit_unlock(&h->owner.unit);
@@ -679,10 +684,11 @@ static int hop_salvage(pc_hop *h, int64_t k, int64_t *updates, int64_t *info, in
     hop_pending *p = &h->pend[k % h->R];
     *done = k >= 0 && p->k == k && p->done && !p->cancelled;
     if (*done) {
-        memcpy(updates, p->upd, sizeof(int64_t) * 2 * (size_t)p->nupd);
+        memcpy(updates, p->upd, sizeof(int64_t) * 3 * (size_t)p->nupd);
         info[0] = p->nupd;
         info[1] = p->done_ns;
         info[2] = 1;
+        info[3] = p->entry_ns;
         STORE(p->k, -1);
     }
     unit_unlock(&h->owner.unit);

@@ -65,8 +65,10 @@ enum { PC_LATE_LATEST = 0, PC_LATE_FOLD = 1 };
  * of a real floating dtype. */
 enum { PC_ACC_SUM = 0, PC_ACC_MEAN = 1, PC_ACC_RNA = 2 };
 /* timed owners: per owner, the sums of its spans (first block sent -> last result, ns),
- * its first results' latencies (ns), its blocks and its samples (rank x round) */
-enum { PC_TIME_FIELDS = 4 };
+ * its first results' latencies (ns), its blocks and its samples (rank x round); then per
+ * rank, its arrivals (ns, telemetry.c: + its wait in a full round, - its lateness for a
+ * post after its round's TAKE; only the rank's own word of its row is written) */
+enum { PC_TIME_FIELDS = 5 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
 /* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
  * receive ever targets memory Python may free */
@@ -240,7 +242,7 @@ int pc_coll_release(pc_coll *c);
  * round, from the first send to it to the last result from it (its span), per block. */
 int pc_sched_set_timers(pc_sched *s, int n, const int *triples);
 /* sums: PC_TIME_FIELDS x P, each summed over ranks and rounds: the owners' spans (ns),
- * first results' latencies (ns), blocks, samples: epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
+ * first results' latencies (ns), blocks, samples, then the ranks' arrivals (ns): epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
  * collective finished first); epoch < 0: the latest snapshot, or the sums so far */
 int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got);
 /* Decision `epoch` (in order, on every rank): the schedules of the rounds (NULL, NULL: keep
@@ -314,6 +316,8 @@ int pc_hop_create(const pc_hopspec *spec, void *comm_handle, pc_hop **out);
  * tokens to spare after it (-1: no tokens); skip: one such triple per iteration skipped */
 int pc_hop_post(pc_hop *h, const void *x, void *out, double timeout_s, int64_t *entry);
 int pc_hop_skip(pc_hop *h, int64_t iterations, double timeout_s, int64_t *skipped, int64_t *entries);
+/* iteration k's result: updates (rank, iteration, arrival ns) x info[0]; info: that count,
+ * when it completed, whether before this wait asked, when it was entered (ns) */
 int pc_hop_wait(pc_hop *h, int64_t k, double timeout_s, int64_t *updates, int64_t *info);
 int pc_hop_state(pc_hop *h, int64_t *stats, int64_t *tokens, int64_t *granted, int64_t *newest, int64_t *pos);
 int pc_hop_close_begin(pc_hop *h, int64_t *last);

@@ -288,12 +288,13 @@ typedef struct pc_tele {
     double late_us, wait_us; /* summed lateness of the late posts; summed full-round waits */
     int64_t lost;            /* events whose round had left the ring (totals only) */
     int64_t *missed;         /* P: rounds each rank's data was not inside (from the masks) */
+    int64_t arrival_ns;      /* since the last TAKE: + full rounds' waits - late posts' lateness */
 } pc_tele;
 
 int tele_init(pc_tele *t, int rank, int size);
 void tele_free(pc_tele *t);
 void tele_post(pc_tele *t, int64_t n);       /* post #n, before it may trigger its round */
-void tele_take(pc_tele *t, int64_t n);       /* round n's TAKE */
+void tele_take(pc_tele *t, int64_t n, int64_t *times);   /* round n's TAKE (times: a timed row, or NULL) */
 void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full);   /* round n completed */
 
 /* ------------------------------------------------------------------ collectives (coll.c) */

@@ -16,6 +16,12 @@
  * only. partialcoll/_stats.py gathers the rings on demand and attributes the full
  * rounds' waiting to the last arrivals.
  *
+ * A timed collective (balance=, partialcoll/balance.py) also carries this rank's arrivals
+ * in its row of the owners' times, which every round already gathers: at each TAKE, the
+ * sum (ns) of + its waits in the full rounds and - the lateness of its late posts since its
+ * last TAKE. Every rank then holds every rank's sums, and psld compares them: a rank that
+ * waits less than the others, or posts later, is late to the rounds.
+ *
  * Calls clock.c and progress.c (the unit lock; it reads E.last_event_us) only; coll.c calls it. Every function but
  * pc_coll_telemetry* runs under the collective's unit lock (post: the application thread;
  * TAKE and the round's end: whichever thread steps the unit). */
@@ -46,12 +52,17 @@ void tele_post(pc_tele *t, int64_t n)
         r->late_us = now - r->take_us;
         t->late++;
         t->late_us += r->late_us;
+        t->arrival_ns -= (int64_t)(r->late_us * 1e3);
     }
 }
 
-void tele_take(pc_tele *t, int64_t n)
+void tele_take(pc_tele *t, int64_t n, int64_t *times)
 {
     if (!t->cap) return;
+    if (times) {                                   /* this rank's word of its row's arrivals */
+        times[(size_t)(PC_TIME_FIELDS - 1) * (size_t)t->size + (size_t)t->rank] += t->arrival_ns;
+        t->arrival_ns = 0;
+    }
     pc_tele_rec *r = tele_slot(t, n);
     /* Only a post still to come is measured against the TAKE: when it came first, its
      * lateness is 0 whatever the TAKE's time, so no clock is read (it costs ~0.3 us here) */
@@ -77,6 +88,7 @@ void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full)
     if (full && r->post_us > 0 && r->post_us <= now) {
         r->wait_us = now - r->post_us;
         t->wait_us += r->wait_us;
+        t->arrival_ns += (int64_t)(r->wait_us * 1e3);
     }
 }
 

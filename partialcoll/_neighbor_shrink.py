@@ -167,8 +167,8 @@ class HopShrinker(_shrink.Recovering):
             return self.posted
         if coll._h is not None and not req._cancelled:
             ffi = _engine.ffi
-            upd = ffi.new("int64_t[]", 2 * max(len(coll.sources), 1))
-            info, done = ffi.new("int64_t[3]"), ffi.new("int *")
+            upd = ffi.new("int64_t[]", 3 * max(len(coll.sources), 1))
+            info, done = ffi.new("int64_t[4]"), ffi.new("int *")
             _engine.lib.pc_hop_salvage(coll._h, req.iteration - coll._base, upd, info, done)
             if done[0]:
                 coll._taken(req, upd, info)
@@ -213,8 +213,8 @@ class HopShrinker(_shrink.Recovering):
         ffi, lib = _engine.ffi, _engine.lib
         while self.discards and self.discards[0][0] <= upto:
             k, _ = self.discards[0]
-            upd = ffi.new("int64_t[]", 2 * max(len(coll.sources), 1))
-            info = ffi.new("int64_t[3]")
+            upd = ffi.new("int64_t[]", 3 * max(len(coll.sources), 1))
+            info = ffi.new("int64_t[4]")
             h = coll._h
             coll._wait(lambda seconds: lib.pc_hop_wait(h, k - coll._base, seconds, upd, info), rc.timeout,
                        f"NeighborAllreduce: the re-run of iteration {k} at rank {coll.rank}")

@@ -572,10 +572,16 @@ class PartialAllreduce(_propagate.Reporting):
         epoch's with balance=, else the mean over every round so far."""
         if self.block_bytes is None:
             raise ArgumentError(f"owner_times() is for algorithm 'ps'; this allreduce runs {self.algorithm!r}")
+        return self._owners_measured().per_block
+
+    def _owners_measured(self, epoch: int = -1) -> "balance_mod.OwnerTimes":
+        """The engine's sums of the owners' times and the ranks' arrivals, as every rank
+        has them: epoch's (waiting for it up to 10 s), or the latest epoch's with
+        balance=, else every round's so far."""
         ffi = _engine.ffi
         sums, got = ffi.new("int64_t[]", _engine.lib.PC_TIME_FIELDS * self.size), ffi.new("int *")
-        check(_engine.lib.pc_coll_stats(self._native_coll(), -1, 0.0, sums, got))
-        return balance_mod.OwnerTimes(list(sums)).per_block
+        check(_engine.lib.pc_coll_stats(self._native_coll(), epoch, 10.0 if epoch >= 0 else 0.0, sums, got))
+        return balance_mod.OwnerTimes(list(sums), self._every if epoch >= 0 else 1)
 
     def _balancer_failed(self, exc: BaseException) -> None:
         """[balancer thread] A decision could not be made: no round after it can run.

@@ -18,6 +18,7 @@ last arrivals: between the k-th and the (k+1)-th arrival, k ranks wait, and that
 on the (k+1)-th. ``coll.stats(local=True)`` asks nobody: this rank's lateness and waits,
 and every rank's missed rounds.
 """
+import collections
 import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
@@ -29,6 +30,8 @@ from ._rc import rc
 _RING_FIELDS = ("round", "post_us", "take_us", "done_us", "late_us", "wait_us", "flags")
 _COMPLETED, _FULL, _INSIDE = 1, 2, 4
 LATENESS_DTYPE = np.dtype([("mean", np.float64), ("p50", np.float64), ("p99", np.float64)])
+HOP_WINDOW = 1024            # NeighborAllreduce: the last iterations' lateness kept per in-neighbour
+NAN = float("nan")
 
 
 class Stats:
@@ -346,34 +349,55 @@ def report(stats: Stats, step: int) -> None:
     logging.getLogger("partialcoll").info("partialcoll: after step %d, %s", step, stats.table())
 
 
-def note_hop(coll, k: int, updates) -> None:
+def note_hop(coll, k: int, updates, arrivals=(), entered: int = 0, done: int = 0) -> None:
     """A NeighborAllreduce iteration k taken here: an in-neighbour whose update is missing
-    or older than k was late (this rank's view; Hop has no rounds that all ranks share)."""
+    or older than k was late (this rank's view; Hop has no rounds that all ranks share).
+    arrivals: when each update came (ns), entered / done: when this rank entered k and k
+    completed (ns; all this rank's clock): an update's lateness is how long after the
+    entry it came (0 if before; a missing or older one: at least till k completed), and
+    this rank's wait from its entry to the last update's arrival is blamed on the updates
+    in the order they came (between two arrivals, on the later: what it waited for)."""
     d = coll.__dict__
     if "_hop_late" not in d:
         d["_hop_late"] = np.zeros(coll.size, np.int64)
         d["_hop_stale"] = np.zeros(coll.size, np.int64)
         d["_hop_iterations"] = 0
+        d["_hop_lateness"] = [collections.deque(maxlen=HOP_WINDOW) for _ in range(coll.size)]
+        d["_hop_waited"] = np.zeros(coll.size)
     d["_hop_iterations"] += 1
     got = dict(updates)
+    came = {src: t for (src, _), t in zip(updates, arrivals)}
     for src in coll.sources:
         it = got.get(src)
         if it is None or it < k:
             d["_hop_late"][src] += 1
             d["_hop_stale"][src] += k - it if it is not None else 1
-    return None
+        if entered:
+            at = came[src] if it == k else done
+            d["_hop_lateness"][src].append(max(at - entered, 0) / 1e9)
+    since = entered
+    for t, src in sorted((t, src) for src, t in came.items()):
+        if entered and t > since:
+            d["_hop_waited"][src] += (t - since) / 1e9
+            since = t
 
 
 def hop_fields(coll) -> Dict[str, Any]:
     """NeighborAllreduce.stats' who-is-slow keys: per rank (every rank of the communicator;
-    0 for those that are not in-neighbours) as this rank saw them."""
+    0, or NaN for lateness, for those that are not in-neighbours) as this rank saw them."""
     d = coll.__dict__
     late = d.get("_hop_late", np.zeros(coll.size, np.int64))
     stale = d.get("_hop_stale", np.zeros(coll.size, np.int64))
     order = sorted(range(coll.size), key=lambda r: (-int(late[r]), -int(stale[r]), r))
+    kept = d.get("_hop_lateness", [()] * coll.size)
+    lateness = {"mean": [float(np.mean(v)) if len(v) else NAN for v in kept],
+                "p50": [float(np.percentile(v, 50)) if len(v) else NAN for v in kept],
+                "p99": [float(np.percentile(v, 99)) if len(v) else NAN for v in kept]}
     return {"rounds": int(d.get("_hop_iterations", 0)), "late": [int(x) for x in late],
             "stale_iterations": [int(x) for x in stale],
-            "stragglers": [r for r in order if late[r] > 0]}
+            "stragglers": [r for r in order if late[r] > 0],
+            "lateness_s": lateness,
+            "waited_for_s": [float(x) for x in d.get("_hop_waited", np.zeros(coll.size))]}
 
 
 def save(stats: Stats, path: str) -> None:

@@ -36,7 +36,12 @@ balance=
                   share of all of them. Noise is weighed as the measurements show it
                   (their deviations from the predictions): servers predicted within it
                   of each other count as equally fast, and a switch must gain more than
-                  it; the first epoch is not used.
+                  it; the first epoch is not used. A rank late to the rounds (the
+                  telemetry's arrivals, carried in the same rows: a worker starved of CPU
+                  posts late, and every owner's first result waits for its blocks, so the
+                  owners' times cannot single it out) is predicted that much later as an
+                  owner once a test says it is late beyond chance (LateTest), and for as
+                  long as it stays later than a typical rank.
 """
 from __future__ import annotations
 
@@ -56,6 +61,7 @@ from .algorithms import OWNED
 from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
+FIELDS = 5                   # PC_TIME_FIELDS: the engine's sums per rank (OwnerTimes)
 ALPHA = 0.25                 # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
                              # (0.5 chased noise: with measurements 30 % off at random, equal
                              # servers' blocks moved and rounds took 1.17x the balanced ones in
@@ -79,6 +85,20 @@ NOISE = 0.5                  # how much an owner's measurements are taken to var
                              # an owner 4x slow loses blocks at the first or second decision
                              # made (after WARMUP), 2.5 - 3x at the second, 2x at the first to
                              # third, 1.5x at the fifth
+LATE_ALPHA = 1e-4            # LateTest: the chance, per decision, that a rank nobody delays is
+                             # found late, where the ranks' lateness is exchangeable within an
+                             # epoch and independent across epochs (what oversubscribed ranks
+                             # on shared cores show: who is descheduled is chance). A run of D
+                             # decisions finds one by chance with probability <= D x LATE_ALPHA
+                             # (at 1e-3, 2 of 10 runs of 30 decisions at P = 5 and 8 in the
+                             # model of tests/test_ps.py found one, as the bound allows)
+LATE_WINDOW = 8              # LateTest's epochs (at least; more where one epoch's order says
+                             # less: late_window, 10 at P = 4, 17 at P = 2). Under load here a
+                             # CPU-starved rank's lateness stood out of the others' in 8
+                             # epochs (P x p 0.0002 - 0.02), not in 5 (0.004 - 0.3)
+LATE_KEEP = 0.5              # a rank found late stays late until its p-value (x P) rises above
+                             # this: hysteresis (with fewer blocks it serves less and may look
+                             # less late, not on time)
 MAX_TRIES = 3                # explorations in vain that halve a server's chance of the next:
                              # at most 8x less likely (a server found slow 3 times is still
                              # explored now and then, so it wins its blocks back once it
@@ -184,9 +204,9 @@ class OwnerTimes:
     psld predicts an owner's span for n blocks as fixed + n * marginal.
     """
 
-    def __init__(self, sums: Sequence[int]) -> None:
+    def __init__(self, sums: Sequence[int], rounds: int = 1) -> None:
         v = [float(x) for x in sums]
-        p = len(v) // 4
+        p = len(v) // FIELDS
         span, first = [x / 1e9 for x in v[:p]], [x / 1e9 for x in v[p:2 * p]]
         blocks, samples = v[2 * p:3 * p], v[3 * p:]
         per_block = [t / n if n > 0 else NAN for t, n in zip(span, blocks)]
@@ -208,6 +228,8 @@ class OwnerTimes:
         self.marginal = np.array(marginal)
         self.direct = np.array(several, bool)       # the marginal cost measured (not the others')
         self.fixed = np.array([_max0(x - m) for x, m in zip(latency, marginal)])
+        arrival = [x / 1e9 / max(rounds, 1) for x in v[4 * p:5 * p]]
+        self.late = np.array([max(arrival) - a for a in arrival]) if p else np.zeros(0)
 
 
 def _fill(t, servers: Sequence[int]) -> List[float]:
@@ -328,7 +350,96 @@ def _pool(values: Sequence[float], devs: Sequence[float], base=None, apart=None)
     return out
 
 
-def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None):
+def late_window(size: int) -> int:
+    """LateTest's window for `size` ranks: LATE_WINDOW epochs, or enough that a rank
+    latest in all but two of them can pass LATE_ALPHA (a rank latest in every one of W
+    epochs has p = size ** -W at least)."""
+    need = math.ceil(math.log(max(size, 2) / LATE_ALPHA) / math.log(max(size, 2)))
+    return max(LATE_WINDOW, need + 2)
+
+
+class LateTest:
+    """Which ranks are late to the rounds beyond chance (psld's lateness; pure: every
+    rank feeds it the same epochs and gets the same answer).
+
+    Each epoch brings every rank's lateness (OwnerTimes.late: seconds per round behind
+    the rank that waited most). Over the last W epochs (late_window), a rank's statistic
+    is the sum of its lateness. The null hypothesis: nobody is late, who is late in an
+    epoch is chance (the ranks' values exchangeable within an epoch, epochs
+    independent). Under it, a rank's sum is distributed as the sum of one value drawn
+    at random from each epoch's P values -- a permutation test, which needs no model of
+    the noise (a descheduled rank's 100 ms in one epoch is one value among its epoch's,
+    whoever it falls to). p = the share of N such draws at or above the rank's sum
+    (Monte Carlo, N = 2 P / LATE_ALPHA, from a seed fixed by the epoch: every rank
+    draws alike; the values in whole microseconds, so the sums are exact). The ranks
+    share one null distribution, so only the latest sum is tested; it is late when
+    P x p <= LATE_ALPHA (Bonferroni over the ranks): per decision, a false finding has
+    probability <= LATE_ALPHA. A rank found late stays late (hysteresis) while P x p <=
+    LATE_KEEP and it is later than the others' median on average. What it is late by:
+    its mean, over the window, beyond the median of the others'."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.window = size, late_window(size)
+        self.epochs: List[List[int]] = []          # the last `window` epochs, microseconds per rank
+        self.late = [False] * size                 # found late (and still)
+        self.p = [1.0] * size                      # the latest test's P x p of the ranks tested
+
+    def observe(self, late: Sequence[float], epoch: int) -> List[float]:
+        """Feed an epoch's lateness (seconds per rank; NaN: none measured, skipped);
+        return each rank's lateness beyond the others' (seconds per round, 0 unless
+        found late)."""
+        p = self.size
+        if p < 2 or len(late) != p or any(x != x for x in late):
+            return [0.0] * p
+        self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in late]])[-self.window:]
+        if len(self.epochs) < self.window:
+            return [0.0] * p
+        x = np.array(self.epochs, np.int64)                        # W x P
+        sums = x.sum(axis=0)
+        top = int(np.argmax(sums))
+        test = {top} | {r for r in range(p) if self.late[r]}
+        # no rank two null deviations above the null mean and none found late before: none
+        # can pass (p there is some 0.02 or more, not LATE_ALPHA / P), no draws (a
+        # decision holds the GIL: see _fill). In integers, exact on every rank: P x (sum -
+        # mean) against P x the deviation
+        excess = p * int(sums[top]) - sum(map(int, sums))
+        var = sum(p * sum(v * v for v in e) - sum(e) ** 2 for e in self.epochs)     # P^2 x the variance
+        if (excess <= 0 or excess * excess <= 4 * var) and not any(self.late):
+            self.p = [1.0] * p
+            return [0.0] * p
+        # the null's draws: 1000 first, enough to keep or let go of a rank found late
+        # (LATE_KEEP); the test of the latest draws on to N only where its count of draws
+        # at or above its sum can still be small enough (the same draws, so the same
+        # answer as drawing all N at once)
+        n = int(math.ceil(2 * p / LATE_ALPHA))
+        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x1a7e])
+        null = self._null(x, rng, min(n, 1000))
+        drawn = {r: len(null) for r in test}
+        above = {r: int(np.count_nonzero(null >= sums[r])) for r in test}
+        if not self.late[top] and (1 + above[top]) * p <= LATE_ALPHA * (n + 1) and n > len(null):
+            above[top] += int(np.count_nonzero(self._null(x, rng, n - len(null)) >= sums[top]))
+            drawn[top] = n
+        others = [np.median(np.delete(x, r, axis=1), axis=1) for r in sorted(test)]
+        beyond = dict(zip(sorted(test), (float(np.mean(x[:, r] - o)) / 1e6 for r, o in zip(sorted(test), others))))
+        for r in range(p):
+            self.p[r] = min(1.0, p * (1 + above[r]) / (drawn[r] + 1)) if r in test else 1.0
+            if r == top and not self.late[r]:
+                self.late[r] = drawn[r] == n and p * (1 + above[r]) <= LATE_ALPHA * (n + 1)
+            elif self.late[r] and not (self.p[r] <= LATE_KEEP and beyond[r] > 0):
+                self.late[r] = False
+        return [max(beyond[r], 0.0) if self.late[r] else 0.0 for r in range(p)]
+
+    @staticmethod
+    def _null(x: np.ndarray, rng, n: int) -> np.ndarray:
+        """n sums of one value drawn from each epoch's (a rank's sum under the null)."""
+        out = np.zeros(n, np.int64)
+        for row in x:
+            out += row[rng.integers(0, len(row), n)]
+        return out
+
+
+def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
+                 late=None):
     """psld's blocks per server. tries: a list, or a function of the exploitation's
     counts alone (before the switch test and the exploration: whom the predictions find
     fast enough) that returns it (decide: the outcome of an exploration counts at once).
@@ -342,7 +453,14 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     alone and must beat only the marginal cost's deviation times the blocks it moves).
     Exploration's outcome counts at once: blocks exploration gave a server the
     predictions now leave out go back, and one they now give blocks gets the share its
-    pessimistic prediction (plus its deviations) earns, on GAIN alone."""
+    pessimistic prediction (plus its deviations) earns, on GAIN alone.
+
+    late -- seconds per round each rank is late to the rounds beyond the others, where
+    LateTest found it so (0 elsewhere) -- makes such a rank a slow owner: the others
+    already wait for it every round, and what it serves adds to that, so its lateness is
+    added to its fixed delay. That is a difference the test has weighed already: where
+    the two owners the switch test compares have equal times, the gain is in the counts
+    and the lateness, and need beat only the counts' noise."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
@@ -351,6 +469,9 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
         apart = [bool(spread[2][s]) for s in servers] if len(spread) > 2 else None
         t = _pool(t, dt, None, apart)
         f = _pool(f, df, t, apart)
+    times = f                    # the fixed delays the owners' times show (the switch test)
+    if late is not None:
+        f = [x + float(late[s]) for x, s in zip(f, servers)]
     exploit = _least_counts(t, f, n)
     if callable(tries):
         tries = tries(exploit)
@@ -365,7 +486,7 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     a, b = _last(now, t, f), _last(exploit, t, f)
     if a < 0 or b < 0:
         noise = 0.0
-    elif (t[a], f[a]) == (t[b], f[b]):
+    elif (t[a], times[a]) == (t[b], times[b]):
         noise = abs(now[a] - exploit[b]) * dt[a]
     else:                        # each span varies by its fixed delay's deviation + n x its marginal cost's
         noise = ((df[a] + now[a] * dt[a]) ** 2 + (df[b] + exploit[b] * dt[b]) ** 2) ** 0.5
@@ -420,6 +541,8 @@ class Predictor:
         self.probed = [False] * size             # ... after an epoch without blocks (explored)
         self.tries = [0] * size                  # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
+        self.late_test = LateTest(size)          # ranks late to the rounds beyond chance
+        self.late = [0.0] * size                 # ... and by how much (seconds per round)
 
     def _average(self, est: List[float], dev: List[float], count: List[int], measured: List[float],
                  same: List[bool], base: Sequence[float], jump: Optional[float] = None,
@@ -454,9 +577,13 @@ class Predictor:
             elif new[i]:
                 est[i], dev[i], count[i] = measured[i], NAN, 0
 
-    def update(self, measured: "OwnerTimes"):
-        """(marginal, fixed) predictions after this epoch's measurements (lists)."""
+    def update(self, measured: "OwnerTimes", epoch: int = 0):
+        """(marginal, fixed) predictions after epoch's measurements (lists); self.late:
+        the ranks found late to the rounds, by how much (LateTest)."""
         p = len(self.est)
+        # every rank's lateness is measured in every epoch, blocks or not
+        late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
+        self.late = self.late_test.observe(late, epoch)
         marginal = [0.0 if x != x else x for x in self.est]       # what a fixed delay adds to
         known = [x == x for x in self.est]
         # a measurement of another kind than the series' (one block at a time, its
@@ -519,11 +646,11 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
         return proportional(predictor.est, servers, current)
     if epoch < WARMUP:
         return list(current)
-    marginal, fixed = predictor.update(measured)
+    marginal, fixed = predictor.update(measured, epoch)
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)
     explored = [not predictor.merit[s] for s in servers]        # before judge() updates it
     return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge, predictor.spread(),
-                               explored), servers, current)
+                               explored, predictor.late), servers, current)
 
 
 class Balancer:
@@ -576,7 +703,7 @@ class Balancer:
                 check(rc)
                 if not got[0]:
                     return                           # the collective finished
-                measured = OwnerTimes(list(sums))
+                measured = OwnerTimes(list(sums), self.every)
                 new = decide(self.balance, measured, self.predictor, self.servers, self.current, self.seed,
                              epoch, self.epsilon)
                 s0 = s1 = ffi.NULL

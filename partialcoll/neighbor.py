@@ -309,7 +309,9 @@ class NeighborAllreduce(_shrink.Shrinkable, _propagate.Reporting):
         staleness), skip updates received; max_buffered (most updates held at once) and
         buffers (receive slots: ``R x |N_in|``); iterations skipped; iterations completed,
         and how many of them the engine completed before this rank asked (early); tokens
-        received from each out-neighbour and granted to each in-neighbour (max_gap)."""
+        received from each out-neighbour and granted to each in-neighbour (max_gap); who is
+        slow, as this rank saw its in-neighbours (rounds, late, stale_iterations,
+        stragglers, lateness_s, waited_for_s: docs/who-is-slow.md)."""
         self._check_open()
         stats, tokens, granted, _ = self._state()
         out: Dict[str, object] = {name: int(stats[i]) for i, name in enumerate(_STATS)}
@@ -448,8 +450,8 @@ class NeighborAllreduce(_shrink.Shrinkable, _propagate.Reporting):
 
     def _take_now(self, h, req: NeighborRequest, timeout: Optional[float]) -> None:
         ffi, lib, k = _engine.ffi, _engine.lib, req.iteration - self._base
-        upd = ffi.new("int64_t[]", 2 * max(len(self.sources), 1))     # (rank, iteration) per update
-        info = ffi.new("int64_t[3]")                                    # updates, completed ns, early
+        upd = ffi.new("int64_t[]", 3 * max(len(self.sources), 1))     # (rank, iteration, arrival ns) per update
+        info = ffi.new("int64_t[4]")                                    # updates, completed ns, early, entered ns
         what = f"NeighborAllreduce iteration {k} at rank {self.rank}"
         if timeout == 0.0:                                     # a test: one look
             code = lib.pc_hop_wait(h, k, 0.0, upd, info)
@@ -461,16 +463,18 @@ class NeighborAllreduce(_shrink.Shrinkable, _propagate.Reporting):
         self._taken(req, upd, info)
 
     def _taken(self, req: NeighborRequest, upd, info) -> None:
-        """req's result from what the engine gave (updates in the engine's numbering)."""
+        """req's result from what the engine gave (updates in the engine's numbering:
+        (rank, iteration, arrival ns) each; info: pc_hop_wait's)."""
         alive, base, k = self._alive, self._base, req.iteration
-        updates = tuple((alive[int(upd[2 * u])], int(upd[2 * u + 1]) + base) for u in range(int(info[0])))
+        updates = tuple((alive[int(upd[3 * u])], int(upd[3 * u + 1]) + base) for u in range(int(info[0])))
         active = tuple(sorted([self.rank] + [src for src, _ in updates]))
         data = req._out
         if req._device is not None:      # the result's way to the device
             backend, out, like = req._device
             data = _device.copy_out(backend, data, out, like)
         req._result = NeighborResult(data, k, updates, active, int(info[1]), bool(info[2]))
-        _stats.note_hop(self, k, updates)          # who is slow: this rank's in-neighbours
+        _stats.note_hop(self, k, updates, [int(upd[3 * u + 2]) for u in range(len(updates))], int(info[3]),
+                        int(info[1]))              # who is slow: this rank's in-neighbours
         del self._pending[k]
 
     def close(self, timeout: Optional[float] = None) -> None:

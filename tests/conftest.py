@@ -234,6 +234,58 @@ def pytest_collection_modifyitems(config, items):
             modules = SHARED_MODULES.setdefault(callspec.params["nprocs"], [])
             if mark.args[0] not in modules:
                 modules.append(mark.args[0])
+        mark = item.get_closest_marker("background")
+        if mark:
+            start_background(mark.args[0], mark.args[1])
+
+
+# -- CPU-only checks in the background ------------------------------------------------------
+# A test marked background(name, argv) (mypy, sphinx-build: seconds of CPU each, no MPI, no
+# timing) has its command started when the session has collected it, at the lowest CPU
+# priority (nice 19: it takes the cores the multi-rank tests leave idle while they wait,
+# and next to nothing from a busy one); the test then reads its outcome with
+# background_result (exit status, output, and the directory that "{tmp}" in argv names).
+_background: dict = {}          # name -> (Popen, output file, its directory)
+
+
+def start_background(name: str, argv: Sequence[str]) -> None:
+    if name in _background:
+        return
+    import tempfile
+    where = tempfile.mkdtemp(prefix=f"pc-{name}-")
+    out = open(os.path.join(where, "output"), "w+")
+    proc = subprocess.Popen([a.replace("{tmp}", where) for a in argv], cwd=os.path.dirname(HERE),
+                            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=lambda: os.nice(19))
+    _background[name] = (proc, out, where)
+
+
+def background_result(request, timeout: float):
+    """(exit status, output, directory) of request's test's background command (started at
+    collection, or here if it was not), waiting for it at most timeout seconds."""
+    name, argv = request.node.get_closest_marker("background").args
+    start_background(name, argv)
+    proc, out, where = _background[name]
+    if proc.poll() is None:         # the test waits for it now: its usual priority back (where allowed)
+        try:
+            os.setpriority(os.PRIO_PGRP, proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        pytest.fail(f"{' '.join(argv)} took more than {timeout} s")
+    out.seek(0)
+    return proc.returncode, out.read(), where
+
+
+def pytest_sessionfinish(session):
+    for proc, out, where in _background.values():
+        if proc.poll() is None:                     # its test did not run (-x, a failure)
+            _end_group(proc)
+        out.close()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def run_shared(mpirun, request, nprocs: int) -> None:

@@ -6,10 +6,11 @@ import glob
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from conftest import background_result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -49,16 +50,17 @@ def test_code_names_no_issue_numbers():
     assert not hits, "issue numbers in the code:\n" + "\n".join(hits)
 
 
-def test_sphinx_builds_without_warnings(tmp_path):
-    """sphinx-build -W: the Markdown pages (myst-parser) and the API reference (autodoc + napoleon)."""
+@pytest.mark.background("sphinx", [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                                   "-d", "{tmp}/doctrees", DOCS, "{tmp}/html"])
+def test_sphinx_builds_without_warnings(request):
+    """sphinx-build -W: the Markdown pages (myst-parser) and the API reference (autodoc +
+    napoleon). It runs in the background from the session's start (conftest.py)."""
     missing = [m for m in ("sphinx", "myst_parser") if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not installed (pip install -e '.[test]' installs them)")
-    out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-                          "-d", str(tmp_path / "doctrees"), DOCS, str(tmp_path / "html")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"sphinx-build failed:\n{out.stdout}\n{out.stderr}"
-    with open(tmp_path / "html" / "api.html", encoding="utf-8") as f:
+    rc, output, where = background_result(request, timeout=300)
+    assert rc == 0, f"sphinx-build failed:\n{output}"
+    with open(os.path.join(where, "html", "api.html"), encoding="utf-8") as f:
         api = f.read()
     # autodoc found the objects and rendered their docstrings (not only the headings)
     for name in ("partialcoll.PartialAllreduce", "partialcoll.Result", "partialcoll.rc",

@@ -5,14 +5,25 @@ import pytest
 P = [1, 2, 3, 4, 5, 8]
 
 
+# the lifetime checks (lifetime_checks.py) run in the engine's job at these (P, progress):
+# objects dropped without close()/free(), mid-round, with 1 MiB vectors; objects freed
+# while passes run, each free meeting one (the freeing thread holds the lock 0.3 ms
+# longer: PARTIALCOLL_DOOM_PAUSE_US, which the engine's other checks do not mind)
+LIFETIME = {(1, "thread"), (2, "thread"), (3, "thread"), (5, "thread"), (2, "inline"), (3, "inline")}
+
+
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("nprocs,progress", [(p, "thread") for p in P] + [(p, "inline") for p in (2, 3, 5)])
 def test_engine_checks(mpirun, nprocs, progress):
     """engine_checks.py, and 25 random schedules (schedule_fuzz_checks.py: eager and
     rendezvous messages, computes, all/any/k gates; every buffer as running their steps
-    in order, after each of three executions of the persistent schedule)."""
-    mpirun(["engine_checks.py", "schedule_fuzz_checks.py"], nprocs, "25", env={"PARTIALCOLL_PROGRESS": progress},
-           timeout=240)
+    in order, after each of three executions of the persistent schedule); and at LIFETIME's
+    (P, progress) the lifetime checks, in the same job."""
+    modules, env = ["engine_checks.py", "schedule_fuzz_checks.py"], {"PARTIALCOLL_PROGRESS": progress}
+    if (nprocs, progress) in LIFETIME:
+        modules.append("lifetime_checks.py")
+        env["PARTIALCOLL_DOOM_PAUSE_US"] = "300"
+    mpirun(modules, nprocs, "25", env=env, timeout=360)
 
 
 @pytest.mark.mpiexec
@@ -20,17 +31,6 @@ def test_engine_checks(mpirun, nprocs, progress):
 def test_random_schedules_spin(mpirun, nprocs):
     """The random schedules with the progress thread polling (a node with cores to spare)."""
     mpirun("schedule_fuzz_checks.py", nprocs, "25", env={"PARTIALCOLL_IDLE": "spin"}, timeout=240)
-
-
-@pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs,progress", [(1, "thread"), (2, "thread"), (3, "thread"), (5, "thread"),
-                                             (2, "inline"), (3, "inline")])
-def test_lifetime(mpirun, nprocs, progress):
-    """Objects dropped without close()/free(), mid-round, with 1 MiB vectors; objects
-    freed while passes run, each free meeting one (the freeing thread holds the lock
-    0.3 ms longer: PARTIALCOLL_DOOM_PAUSE_US)."""
-    mpirun("lifetime_checks.py", nprocs, timeout=120,
-           env={"PARTIALCOLL_PROGRESS": progress, "PARTIALCOLL_DOOM_PAUSE_US": "300"})
 
 
 @pytest.mark.mpiexec

@@ -2,7 +2,7 @@
 finalize, CuPy-like device arrays without GPU support."""
 import pytest
 
-from conftest import run_python as run_py
+from conftest import run_python as run_py, run_shared
 
 
 def test_needs_thread_multiple():
@@ -154,11 +154,12 @@ def test_public_surface_integers_and_info():
 
 
 @pytest.mark.mpiexec
+@pytest.mark.shared_job("surface_checks.py")
 @pytest.mark.parametrize("nprocs", [2, 3, 5])
-def test_public_surface_every_rank(mpirun, nprocs):
+def test_public_surface_every_rank(mpirun, request, nprocs):
     """An unused option on one rank, or an engine OOM, raises on every rank; NumPy integers
-    agree with Python ints across ranks and give MPI_Allreduce's result."""
-    mpirun("surface_checks.py", nprocs, timeout=120)
+    agree with Python ints across ranks and give MPI_Allreduce's result (in the shared job)."""
+    run_shared(mpirun, request, nprocs)
 
 
 def test_timeout_names_silent_peers():

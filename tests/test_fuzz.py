@@ -13,22 +13,20 @@ from mpi4py import MPI
 import partialcoll as pc
 
 
-@pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs,examples", [(1, 30), (2, 80), (3, 60), (4, 40), (5, 40)])
-def test_fuzz_api(mpirun, nprocs, examples):
-    pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (pip install -e '.[test]')")
-    out = mpirun("fuzz_checks.py", nprocs, "api", str(examples), timeout=240)
-    assert f"fuzz api: {examples} cases at P={nprocs}" in out
+# (what, max_examples) per P: random valid uses ("api") at P = 1 - 5; random bad arguments,
+# on every rank or one ("bad"): a partialcoll exception that says what is wrong, on every
+# rank where the call is collective, never a hang, at P = 2, 3, 5; each P's in one launch
+FUZZ = {1: [("api", 30)], 2: [("api", 80), ("bad", 40)], 3: [("api", 60), ("bad", 40)], 4: [("api", 40)],
+        5: [("api", 40), ("bad", 25)]}
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs,examples", [(2, 40), (3, 40), (5, 25)])
-def test_fuzz_bad_input(mpirun, nprocs, examples):
-    """Random bad arguments, on every rank or one: a partialcoll exception that says what
-    is wrong, on every rank where the call is collective; never a hang."""
+@pytest.mark.parametrize("nprocs", sorted(FUZZ))
+def test_fuzz_api_and_bad_input(mpirun, nprocs):
     pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (pip install -e '.[test]')")
-    out = mpirun("fuzz_checks.py", nprocs, "bad", str(examples), timeout=240)
-    assert f"fuzz bad: {examples} cases at P={nprocs}" in out
+    out = mpirun("fuzz_checks.py", nprocs, *[a for what, n in FUZZ[nprocs] for a in (what, str(n))], timeout=400)
+    for what, n in FUZZ[nprocs]:
+        assert f"fuzz {what}: {n} cases at P={nprocs}" in out, (what, n)
 
 
 @pytest.mark.parametrize("progress_waits", [0, 1])

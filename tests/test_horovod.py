@@ -31,11 +31,12 @@ def test_uncaught_exception_ends_the_job(mpirun, case, nprocs):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", [3])
 def test_normal_exit_is_a_close(mpirun, nprocs):
     """solo with rank 0 slower, no close(): the fast ranks exit first, their exit closes
     the collectives with their peers, rank 0 trains on and every rank ends normally; no
-    PeerError, no report."""
+    PeerError, no report. At P = 3 (two fast ranks leave, one after the other; a torch
+    job at 2 would show one of them)."""
     out = mpirun("torch_exit.py", nprocs, "close", timeout=180)
     assert len(set(re.findall(r"DONE rank=(\d+)", out))) == nprocs, out[-3000:]
     for bad in ("PeerError", "failed with", "closing the collectives at exit failed", "Traceback"):

@@ -54,7 +54,7 @@ def test_placement_and_modes(mpirun_on, four, nprocs, ppn):
 @pytest.mark.mpiexec
 @pytest.mark.parametrize("script,nprocs,args", [
     ("allreduce_checks.py", 4, ("recursive_doubling,ring",)),     # "auto" picks one of them
-    ("partial_checks.py", 4, ("probe", "60")),
+    ("partial_checks.py", 4, ("probe", "40")),
     ("close_checks.py", 3, ("solo", "fold,latest", "1")),
     ("idle_checks.py", 4, ()),          # one rank per host: MPI sees cores to spare, auto spun
 ])

@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import run_shared
 
-@pytest.mark.parametrize("nprocs,idle", [(2, "spin"), (3, None)])
-def test_lifetimes(mpirun, nprocs, idle):
-    mpirun("lifetimes_checks.py", nprocs, timeout=120, env={"PARTIALCOLL_IDLE": idle} if idle else {})
+
+def test_lifetimes_spin(mpirun):
+    """P = 2 under the polling policy."""
+    mpirun("lifetimes_checks.py", 2, timeout=120, env={"PARTIALCOLL_IDLE": "spin"})
+
+
+@pytest.mark.mpiexec
+@pytest.mark.shared_job("lifetimes_checks.py")
+@pytest.mark.parametrize("nprocs", [3])
+def test_lifetimes(mpirun, request, nprocs):
+    """P = 3 under the default policy, in the shared job."""
+    run_shared(mpirun, request, nprocs)
 
 
 def test_balancer_rounds_not_leaked(mpirun, request):

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from conftest import background_result
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -22,10 +24,13 @@ def _run(argv, timeout):
     return out.returncode, out.stdout + out.stderr
 
 
-def test_mypy_clean():
-    """mypy partialcoll with the project's settings: no errors (only stub-less packages ignored)."""
+@pytest.mark.background("mypy", [sys.executable, "-m", "mypy"])
+def test_mypy_clean(request):
+    """mypy partialcoll with the project's settings: no errors (only stub-less packages
+    ignored). It runs in the background from the session's start (conftest.py), on the
+    cores the multi-rank tests leave idle."""
     _need("mypy", "torch")          # the integration is checked against torch's own types
-    rc, output = _run(["mypy"], timeout=600)
+    rc, output, _ = background_result(request, timeout=600)
     assert rc == 0, output
 
 

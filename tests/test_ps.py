@@ -164,15 +164,26 @@ def test_static_is_round_robin_and_kept():
     assert balance.decide("static", measured, pred, [1, 3], rr, 0, 0, 0.1) == rr
 
 
-def observe(t, counts, latency=0.0, ranks=3):
+def observe(t, counts, latency=0.0, ranks=3, late=None):
     """The engine's sums for owners of per-block cost t holding counts blocks, each of
     `ranks` senders seeing its first result after latency + t and its last after
-    latency + n t."""
+    latency + n t; late: each rank's arrival in the round after the earliest (s), as the
+    telemetry carries it: its wait in a full round, late ranks waiting less."""
     t, n = np.asarray(t, float), np.asarray(counts, float)
     held = n > 0
     span = np.where(held, (latency + n * t) * ranks, 0) * 1e9
     first = np.where(held, (latency + t) * ranks, 0) * 1e9
-    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks]).astype(np.int64))
+    waits = (1.0 - (0 * n if late is None else np.asarray(late, float))) * 1e9
+    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits]).astype(np.int64))
+
+
+def test_owner_times_read_the_engine_sums():
+    """OwnerTimes reads PC_TIME_FIELDS words per rank; the last are the ranks' arrivals
+    (their waits), so the rank that waited least is the latest."""
+    from partialcoll import _engine
+    assert balance.FIELDS == _engine.lib.PC_TIME_FIELDS
+    m = observe([0.01] * 3, [1, 1, 1], late=[0.0, 0.002, 0.0005])
+    assert np.allclose(m.late, [0.0, 0.002, 0.0005])
 
 
 def test_owner_times_marginal_cost_excludes_latency():
@@ -236,6 +247,97 @@ def test_psld_drops_an_owner_that_starts_late():
         cur = balance.decide("psld", m, pred, list(range(p)), cur, 0, e, 0.0)
         got.append(counts(cur, p))
     assert got == [[4, 4, 4, 4], [4, 4, 4, 4], [6, 5, 5, 0], [6, 5, 5, 0]], got
+
+
+def late_rounds(extra, seed, epochs, p=4, mean=0.015):
+    """psld's decisions for equal owners (2 ms a block after 45 ms every owner's first
+    result waits for: the slowest sender) whose ranks arrive exponential(15 ms) apart
+    (every rank and epoch its own draw: bench/psld.py's epochs on this machine spread so,
+    the deviation about the mean), the last rank `extra` seconds later still: the counts
+    of every epoch."""
+    rng = np.random.default_rng(seed)
+    cur, pred, got = ps.round_robin(16, range(p)), balance.Predictor(p), []
+    for e in range(epochs):
+        arrival = rng.exponential(mean, p)
+        arrival[-1] += extra
+        m = observe([0.002] * p, counts(cur, p), latency=0.045, late=arrival - arrival.min())
+        cur = balance.decide("psld", m, pred, list(range(p)), cur, seed, e, 0.0)
+        got.append(counts(cur, p))
+    return got
+
+
+def test_psld_drops_a_rank_late_to_the_rounds():
+    """A CPU-starved rank that is also a worker: every owner's first result waits for its
+    blocks, so the owners' times are equal, but it arrives late to every round (the
+    telemetry's waits, carried in the rounds: OwnerTimes.late). 30 ms late: psld gives
+    its blocks to the others (16 blocks on 3 owners: 6, 5, 5, worked by hand) once
+    LateTest finds it (its window: epochs 1 - 8, epoch 0 is psld's warm-up; in 8 epochs
+    more at most) and keeps
+    them there to the end. With every rank late alike, no block moves in 30 runs."""
+    w = balance.late_window(4)
+    for seed in range(10):
+        late = late_rounds(0.030, seed, 24)
+        first = next((e for e, c in enumerate(late) if c == [6, 5, 5, 0]), None)
+        assert first is not None and first <= w + 8 and all(c == [6, 5, 5, 0] for c in late[first:]), (seed, late)
+        assert all(c == [4, 4, 4, 4] for c in late[:w]), (seed, late)      # not before the test can say
+    moved = [s for s in range(30) if any(c != [4, 4, 4, 4] for c in late_rounds(0.0, s, 24))]
+    assert not moved, moved
+
+
+def lateness(kind, rng, p):
+    """One epoch's lateness per rank (s, behind the rank that waited most) with nobody
+    late: exponential(15 ms) (ranks descheduled at random), heavy-tailed (Pareto 1.2: now
+    and then one rank 10x the typical), or mostly on time with a 100 ms stall at 10 %."""
+    a = {"exponential": lambda: rng.exponential(0.015, p), "pareto": lambda: rng.pareto(1.2, p) * 0.015,
+         "stall": lambda: rng.exponential(0.001, p) + (rng.random(p) < 0.1) * 0.1}[kind]()
+    return a - a.min()
+
+
+@pytest.mark.parametrize("kind", ["exponential", "pareto", "stall"])
+def test_late_test_false_findings_within_their_bound(kind, monkeypatch):
+    """LateTest's bound: with nobody late (who is late in an epoch is chance), a decision
+    finds a rank late with probability <= LATE_ALPHA, whatever the noise's shape (a
+    permutation test). Tested at LATE_ALPHA 0.05, where the rate is measurable: 600
+    single decisions (a fresh test fed one window each) per P = 2, 8 find at most
+    1.5 x 0.05 x 600 (the bound + 2.8 binomial deviations; where one epoch's 10x value
+    decides, Bonferroni's union is nearly exact and the rate near 0.05). Without the
+    Bonferroni factor (p against LATE_ALPHA, not P x p) up to P x more."""
+    monkeypatch.setattr(balance, "LATE_ALPHA", 0.05)
+    rng = np.random.default_rng(["exponential", "pareto", "stall"].index(kind))
+    for p in (2, 8):
+        found = 0
+        for k in range(600):
+            t = balance.LateTest(p)
+            for e in range(t.window):
+                got = t.observe(lateness(kind, rng, p).tolist(), k * 100 + e)
+            found += any(t.late)
+            assert any(t.late) == any(x > 0 for x in got)
+        assert found <= 1.5 * 0.05 * 600, (p, found)
+
+
+@pytest.mark.parametrize("p", [2, 8])
+def test_late_test_finds_a_late_rank_and_keeps_it(p):
+    """A rank 30 ms later than its peers' exponential(15 ms) lateness, every epoch: found
+    within 40 epochs in 9 of 10 seeds (not before the window is full: late_window), never
+    another rank, and once found kept to the end (hysteresis: LATE_KEEP). With nobody
+    late, at the real LATE_ALPHA, no rank is found in 10 runs of 40 epochs."""
+    hits = 0
+    for seed in range(10):
+        rng, t, found = np.random.default_rng(seed), balance.LateTest(p), []
+        for e in range(40):
+            a = rng.exponential(0.015, p)
+            a[-1] += 0.030
+            got = t.observe((a - a.min()).tolist(), e)
+            assert all(x == 0 for x in got[:-1]), (seed, e, got)
+            found.append(got[-1] > 0)
+        first = found.index(True) if True in found else None
+        hits += first is not None
+        assert first is None or (first >= t.window - 1 and all(found[first:])), (seed, found)
+    assert hits >= 9, hits
+    for seed in range(10):
+        rng, t = np.random.default_rng(100 + seed), balance.LateTest(p)
+        for e in range(40):
+            assert not any(t.observe(lateness("exponential", rng, p).tolist(), e)), (seed, e)
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):

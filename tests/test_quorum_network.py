@@ -2,7 +2,7 @@
 a timed event simulation written here (ops fire at the time their need-th dependency
 completed; a message arrives a latency after its send fires; the k-th send of a pair
 matches its k-th receive), against the k-th smallest post time from NumPy.
-The MPI checks are in tests/test_quorum_network_mpi.py."""
+The MPI checks run in tests/test_rabenseifner_mpi.py's 9-rank job (quorum_network_checks.py)."""
 from __future__ import annotations
 
 import heapq

@@ -1,20 +1,26 @@
 """Rabenseifner's allreduce and "auto" against MPI_Allreduce under mpiexec, every mode
-(tests/mpi/rabenseifner_checks.py): one job of 9 ranks checking P = 1 - 9 in turn, and
-one of 24 ranks checking P = 12, 13, 16, 24 (--quick: fewer counts and rounds)."""
+(tests/mpi/rabenseifner_checks.py): one job of 9 ranks checking P = 1 - 9 in turn (and the
+quorum network's checks), and one of 16 ranks checking P = 12, 13, 16 (--quick: fewer
+counts and rounds)."""
 import pytest
 
 
 @pytest.mark.mpiexec
 def test_rabenseifner(mpirun):
     """P = 1 - 9 in one launch of 9 ranks (sub-communicators in turn: starting the ranks
-    is most of a small check's time)."""
-    mpirun("rabenseifner_checks.py", 9, "--sizes=1,2,3,4,5,6,7,8,9", timeout=300)
+    is most of a small check's time); in the same launch, the quorum through the comparator
+    network at P = 2, 3, 4, 5, 8 (quorum_network_checks.py): the k-th post starts the round
+    and not the (k - 1)-th, results equal the posters' values summed in the check, and with
+    late="fold" MPI_Allreduce of everything posted."""
+    mpirun(["rabenseifner_checks.py", "quorum_network_checks.py"], 9, "--sizes=1,2,3,4,5,6,7,8,9",
+           "--quorum-sizes=2,3,4,5,8", timeout=300)
 
 
 @pytest.mark.mpiexec
 def test_rabenseifner_large_p(mpirun):
-    """P = 12, 13, 16 and 24 in one launch of 24 ranks (sub-communicators in turn)."""
-    mpirun("rabenseifner_checks.py", 24, "--quick", "--sizes=12,13,16,24", timeout=300)
+    """P = 12, 13 and 16 in one launch of 16 ranks (sub-communicators in turn): P - 2^k
+    ranks folded in, 4 and 5 of them, and none."""
+    mpirun("rabenseifner_checks.py", 16, "--quick", "--sizes=12,13,16", timeout=300)
 
 
 @pytest.mark.mpiexec

@@ -1,5 +1,5 @@
 """Who is slow (issue 55): pc.Stats from hand-made records (the attribution, worked by
-hand), and under mpiexec at P = 3, 5, 8 with injected delays (tests/mpi/stats_checks.py)."""
+hand), and under mpiexec at P = 3, 8 with injected delays (tests/mpi/stats_checks.py)."""
 import json
 
 import numpy as np
@@ -85,10 +85,12 @@ def test_table_dict_and_plot(tmp_path):
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [3, 5, 8])
+@pytest.mark.parametrize("nprocs", [3, 8])
 def test_who_is_slow(mpirun, nprocs):
     """One rank delayed 20 ms +- 5 ms, nobody, two (20 and 10 ms), one phase-shifted, in
-    every mode (tests/mpi/stats_checks.py)."""
+    every mode (tests/mpi/stats_checks.py); at an odd P and a power of two (who is slow
+    is read from the rounds' records, the same at every P; each check's sleeps are most
+    of its time)."""
     mpirun("stats_checks.py", nprocs, "20", timeout=300)
 
 

@@ -27,15 +27,16 @@ def _cuda() -> bool:
 # (seconds of CPU) once for all of them; a failure names its module's check and ranks.
 TORCH_CHECKS = ["torch_checks.py", "torch_contract_checks.py", "torch_rna_checks.py",
                 "horovod_checks.py"]   # Horovod's API (test/parallel/test_torch.py's cases)
-# P = 5 (a third process count, the largest): the checks whose cases change with P past 3
-# (groups of the hierarchy, data-parallel groups of 2 and the same-size-other-processes
-# case at P >= 4, Horovod's averages); torch_checks.py's hook, optimizer and process-group
-# paths do the same at every P and run at 2 and 3 (and on the device paths below).
+# P = 5 (the largest, odd): the checks whose cases change with P (groups of the hierarchy,
+# which need P >= 3, data-parallel groups of 2 and the same-size-other-processes case at
+# P >= 4, Horovod's averages; torch.compile and FSDP2 on CPU tensors, uneven shards);
+# torch_checks.py's hook, optimizer and process-group paths do the same at every P and run
+# at 2 here and at 3 on the stand-in CuPy's device path below (every check of the module).
 TORCH_CHECKS_5 = ["torch_contract_checks.py", "torch_rna_checks.py", "horovod_checks.py"]
 
 
 @pytest.mark.mpiexec
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", [2])
 def test_torch_integration_contracts_rna(mpirun, nprocs):
     """torch_checks.py, torch_contract_checks.py and torch_rna_checks.py (hierarchy="auto"
     regroups a slow rank and averages the groups' models; lr_scaling="contributors"; bad
@@ -45,7 +46,8 @@ def test_torch_integration_contracts_rna(mpirun, nprocs):
 
 @pytest.mark.mpiexec
 def test_torch_contracts_rna_5(mpirun):
-    """The contracts, RNA and Horovod's API at P = 5 too, in one job."""
+    """The contracts, RNA and Horovod's API at P = 5 too, in one job (torch.compile and
+    FSDP2 on CPU tensors here only)."""
     mpirun(TORCH_CHECKS_5, 5, timeout=600)
 
 

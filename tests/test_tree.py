@@ -236,5 +236,5 @@ TREE_PARTIAL = {3: "solo:uneven,majority:levels,probe:chunked,quorum:uneven,full
 @pytest.mark.parametrize("nprocs", sorted(TREE_PARTIAL))
 def test_tree_partial_semantics(mpirun, nprocs):
     """partial_checks.py's checks (nothing lost, agreement, membership, staleness, liveness,
-    bad input) with algorithm="tree", 60 rounds, in TREE_PARTIAL's cases."""
-    mpirun("tree_partial_checks.py", nprocs, TREE_PARTIAL[nprocs], "60", timeout=400)
+    bad input) with algorithm="tree", 40 rounds, in TREE_PARTIAL's cases."""
+    mpirun("tree_partial_checks.py", nprocs, TREE_PARTIAL[nprocs], "40", timeout=400)

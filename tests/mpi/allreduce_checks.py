@@ -140,11 +140,13 @@ def test_divisor_bad_input_raises_everywhere(comm):
 
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "auto"])
 def test_persistent_500_executions(comm, algorithm):
-    """One persistent allreduce, 500 executions with fresh data each time."""
+    """One persistent allreduce, 500 executions with fresh data each time (at P <= 4; at
+    P = 5 and 8, where each execution costs the most on few cores, 100: the schedule and
+    its buffers reused execution after execution are the same at every P)."""
     if LARGE or CHUNKED:
         pytest.skip("--large, --chunked: the plain run checks it")
     coll = pc.allreduce_init(37, np.int64, MPI.SUM, comm, algorithm=algorithm)
-    for it in range(500):
+    for it in range(500 if comm.size <= 4 else 100):
         x = values(np.int64, MPI.SUM, 37, comm.rank, salt=it)
         ref = np.empty_like(x)
         comm.Allreduce(x, ref)

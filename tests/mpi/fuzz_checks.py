@@ -1,6 +1,7 @@
-"""Hypothesis-driven fuzzing of the public API (issue 14, item 4): python fuzz_checks.py WHAT N
+"""Hypothesis-driven fuzzing of the public API (issue 14, item 4): python fuzz_checks.py WHAT N [WHAT N]
 
-WHAT: "api" (random valid uses) or "bad" (random bad arguments); N: max_examples.
+WHAT: "api" (random valid uses) or "bad" (random bad arguments); N: max_examples; each
+pair one case of the check (both in one launch).
 
 Rank 0 runs hypothesis (derandomized, no example database, so a run is reproducible) and
 broadcasts each drawn case; every rank runs it, collectively, and the ranks agree on the
@@ -36,6 +37,7 @@ import time
 import traceback
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
@@ -44,8 +46,7 @@ import partialcoll as pc
 from partialcoll._types import BFLOAT16
 from _util import ARGS, run_module
 
-WHAT = ARGS[0] if ARGS else "api"
-EXAMPLES = int(ARGS[1]) if len(ARGS) > 1 else 20
+RUNS = [(what, int(n)) for what, n in zip(ARGS[::2], ARGS[1::2])] or [("api", 20)]
 WAIT = float(os.environ.get("PC_FUZZ_WAIT", "30"))       # every wait/close timeout: a hang is a failure
 
 MODES = ["solo", "majority", "probe", "quorum", "full"]
@@ -436,8 +437,9 @@ def run_case(comm, fn, case):
     return comm.allgather(err)
 
 
-def test_fuzz_against_mpi_allreduce(comm):
-    fn, strategy = (run_api, api_cases) if WHAT == "api" else (run_bad, bad_cases)
+@pytest.mark.parametrize("what,examples", RUNS)
+def test_fuzz_against_mpi_allreduce(comm, what, examples):
+    fn, strategy = (run_api, api_cases) if what == "api" else (run_bad, bad_cases)
     if comm.rank != 0:
         while True:
             case = comm.bcast(None, root=0)
@@ -449,7 +451,7 @@ def test_fuzz_against_mpi_allreduce(comm):
 
     explore = os.environ.get("PC_FUZZ_SEED")     # another stream of examples (exploring)
 
-    @settings(max_examples=EXAMPLES, derandomize=explore is None, database=None, deadline=None, phases=phases,
+    @settings(max_examples=examples, derandomize=explore is None, database=None, deadline=None, phases=phases,
               suppress_health_check=list(HealthCheck), print_blob=True)
     @given(case=strategy(comm.size))
     def prop(case):
@@ -466,7 +468,7 @@ def test_fuzz_against_mpi_allreduce(comm):
         prop()
     finally:
         comm.bcast(None, root=0)
-    print(f"fuzz {WHAT}: {stats['cases']} cases at P={comm.size}", flush=True)
+    print(f"fuzz {what}: {stats['cases']} cases at P={comm.size}", flush=True)
 
 
 if __name__ == "__main__":

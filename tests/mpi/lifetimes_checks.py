@@ -37,7 +37,7 @@ def test_neighbor_dropped_under_a_waiter(comm):
         from partialcoll._engine import ffi, lib
         req = hop.post(np.ones(4))
         inside = threading.Event()
-        upd, info = ffi.new("int64_t[]", 4), ffi.new("int64_t[3]")
+        upd, info = ffi.new("int64_t[]", 3 * comm.size), ffi.new("int64_t[4]")   # pc_hop_wait: 3 per update, 4 of info
         handle = hop._h
 
         def waiter():

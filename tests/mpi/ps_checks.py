@@ -427,6 +427,67 @@ def test_transient_owner_wins_its_blocks_back(comm):
     assert all(e == everyone[0] for e in everyone), "ranks disagree on the assignments"
 
 
+def late_rounds(comm, delay, rounds=40):
+    """Full mode, psld, rebalance_every 1: the last rank sleeps `delay` before every post.
+    The owners' times are replaced by equal ones (1 ms to start, 1 ms a block) in every
+    decision, so only the lateness (the telemetry's waits, carried in the rounds) can move
+    blocks. Every result is checked against the closed form; returns every round's
+    assignment and epoch 18's arrivals (round 18's; OwnerTimes), after checking that every
+    rank read the same arrivals and ran the same assignments."""
+    from partialcoll import balance
+    p, late = comm.size, comm.size - 1
+    count = 4 * p * 64                   # 4 blocks per rank
+    real = balance.decide
+
+    def decide(kind, measured, *args):
+        held = ~np.isnan(measured.marginal)
+        measured.marginal = measured.fixed = np.where(held, 1e-3, np.nan)
+        return real(kind, measured, *args)
+
+    balance.decide = decide
+    try:
+        coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64 * 8,
+                                 balance="psld", epsilon=0.0, rebalance_every=1)
+        for i in range(rounds):
+            if comm.rank == late:
+                time.sleep(delay)
+            x = np.arange(count, dtype=np.float64) * (comm.rank + 1) + i
+            want = np.arange(count, dtype=np.float64) * (p * (p + 1) // 2) + p * i
+            assert np.array_equal(coll.post(x).wait(timeout=60).data, want), i
+            if i == 20:                  # while the engine keeps it (its last few epochs)
+                measured = coll._owners_measured(18)
+        coll.close()
+    finally:
+        balance.decide = real
+    ran = [coll.assignment(round=n) for n in range(rounds)]
+    everyone = comm.allgather((measured.late.tobytes(), [a.tobytes() for a in ran]))
+    assert all(e == everyone[0] for e in everyone), "ranks disagree on the arrivals or the assignments"
+    return ran, measured.late
+
+
+@pytest.mark.mpi(min_size=2)
+def test_psld_takes_the_blocks_of_a_rank_late_to_the_rounds(comm):
+    """The last rank sleeps 30 ms before every post, late to every round: every rank reads
+    the same sums, in which it is the latest; psld's LateTest finds it within its window
+    (17 epochs at P = 2, 8 at P = 8) and gives its blocks to the others, to the end."""
+    ran, late = late_rounds(comm, 0.03, rounds=32)
+    held = [int(np.count_nonzero(a == comm.size - 1)) for a in ran]
+    assert int(np.argmax(late)) == comm.size - 1 and late[-1] > 0.02, late
+    assert held[-1] == 0 and held[0] == 4, f"rank {comm.size - 1}, 30 ms late to every round, still holds blocks: {held}"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_psld_moves_no_block_with_nobody_late(comm):
+    """Nobody sleeps: who is late in a round is the machine's chance (oversubscribed
+    ranks descheduled), and LateTest finds nobody (per decision, by chance, with
+    probability <= LATE_ALPHA = 1e-4): no block ever moves (every round ran the first
+    round's round-robin assignment)."""
+    ran, _ = late_rounds(comm, 0.0)
+    moved = [(n, np.bincount(a, minlength=comm.size).tolist()) for n, a in enumerate(ran) if not np.array_equal(a, ran[0])]
+    assert np.array_equal(ran[0], np.arange(len(ran[0])) % comm.size) and not moved, \
+        f"nobody late, yet blocks moved: (round, blocks per rank) {moved[:3]}"
+
+
 def test_bad_owner_options(comm):
     p = comm.size
     for kwargs, exc, match in [

@@ -9,8 +9,8 @@ late="fold" and skewed posts: the sum of every result and close()'s equals
 MPI_Allreduce of everything posted, on every rank. "auto": the same choice, and why, on
 every rank, rank 0's also where another rank's cache says otherwise.
 --quick (the large P, on few cores): counts 1, P + 1, 37 P + 5, four op x dtype pairs,
-fewer rounds. --sizes=12,13,16,24 (under 24 ranks): every check on the first 12, 13, 16
-and 24 ranks in turn, in one launch."""
+fewer rounds. --sizes=12,13,16 (under 16 ranks): every check on the first 12, 13 and 16
+ranks in turn, in one launch."""
 from __future__ import annotations
 
 import time

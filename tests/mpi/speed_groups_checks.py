@@ -1,4 +1,5 @@
-"""speed_groups under mpiexec: python speed_groups_checks.py (any P).
+"""speed_groups under mpiexec: python speed_groups_checks.py (any P; at P = 8 every check
+runs on the first 6, the first 7 and all 8 ranks in turn, the others waiting).
 
 Each case gives every rank a step time and the group it must get; the rule's answer must
 be the same on every rank (each rank also reports the groups it saw for the others
@@ -10,7 +11,7 @@ import math
 import pytest
 
 import partialcoll as pc
-from _util import expect_raises, run_module
+from _util import communicators, expect_raises, run_module
 
 
 def cases(p):
@@ -28,33 +29,41 @@ def cases(p):
     return out
 
 
+def each_size(world):
+    """world; at P = 8 its first 6, first 7 and all 8 ranks in turn (P = 6 and 7 without
+    launches of their own)."""
+    return communicators(world, [6, 7, 8] if world.size == 8 else [])
+
+
 @pytest.mark.parametrize("case", ["all equal", "two clusters", "reversed order", "lone slow rank", "three decades"])
 def test_cases(comm, case):
-    table = cases(comm.size)
-    if case not in table:
+    if case not in cases(comm.size):                  # every case is there from P = 3 on
         pytest.skip(f"{case!r} needs more ranks")
-    times, expected = table[case]
-    g = pc.speed_groups(times[comm.rank], comm=comm)
-    assert isinstance(g, int)
-    assert comm.allgather(g) == expected
+    for sub in each_size(comm):
+        times, expected = cases(sub.size)[case]
+        g = pc.speed_groups(times[sub.rank], comm=sub)
+        assert isinstance(g, int)
+        assert sub.allgather(g) == expected, (sub.size, case)
 
 
 def test_repeatable(comm):
     """The same times give the same groups, call after call, with numpy scalars too."""
     import numpy as np
-    t = np.float64(0.01 if comm.rank % 2 else 0.08)
-    first = pc.speed_groups(t, comm=comm)
-    assert all(pc.speed_groups(t, comm=comm) == first for _ in range(3))
+    for sub in each_size(comm):
+        t = np.float64(0.01 if sub.rank % 2 else 0.08)
+        first = pc.speed_groups(t, comm=sub)
+        assert all(pc.speed_groups(t, comm=sub) == first for _ in range(3))
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.5, math.nan, math.inf, "fast", None, True])
 def test_bad_step_time_everywhere(comm, bad):
     """A bad step time on the last rank raises ArgumentError on every rank, naming it."""
-    t = bad if comm.rank == comm.size - 1 else 0.01
-    exc = expect_raises(pc.ArgumentError, pc.speed_groups, t, comm=comm, match="step_time")
-    if comm.rank != comm.size - 1:
-        assert f"rank {comm.size - 1}" in str(exc)
-    assert pc.speed_groups(0.01, comm=comm) == 0      # the communicator is still usable
+    for sub in each_size(comm):
+        t = bad if sub.rank == sub.size - 1 else 0.01
+        exc = expect_raises(pc.ArgumentError, pc.speed_groups, t, comm=sub, match="step_time")
+        if sub.rank != sub.size - 1:
+            assert f"rank {sub.size - 1}" in str(exc)
+        assert pc.speed_groups(0.01, comm=sub) == 0      # the communicator is still usable
 
 
 def test_bad_comm(comm):

@@ -112,22 +112,34 @@ def test_late_without_being_slow(comm, mode, period=0.06, shift=0.02):
 
 def test_neighbor_stats_name_the_slow_neighbour(comm):
     """NeighborAllreduce (a two-way ring, staleness 2): the ring neighbours of the rank that
-    sleeps 20 ms before each post find its updates late most often (their own view)."""
+    sleeps 20 ms before each post find its updates late most often (their own view), and
+    latest on average, and blame it for most of their waiting (lateness_s, waited_for_s:
+    the updates' arrival times against this rank's entries); the seconds blamed are
+    within the loop's own time (time.monotonic); ranks that are not in-neighbours have
+    none."""
     s, r, P = _slow(comm), comm.rank, comm.size
     adjacency = sorted({(r - 1) % P, (r + 1) % P} - {r})
     g = comm.Create_dist_graph_adjacent(adjacency, adjacency, reorder=False)
     coll = pc.NeighborAllreduce(2, np.float64, comm=g, max_staleness=2)
     x = np.ones(2)
+    t0 = time.monotonic()
     for _ in range(ROUNDS):
         if r == s:
             time.sleep(0.02)
         coll.post(x).wait()
+    spent = time.monotonic() - t0
     stats = coll.stats
     coll.close()
     g.Free()
     assert stats["rounds"] == ROUNDS and len(stats["late"]) == P, stats
+    waited, mean = np.array(stats["waited_for_s"]), np.array(stats["lateness_s"]["mean"])
+    others = [q for q in range(P) if q not in adjacency]
+    assert 0 <= waited.sum() <= spent and not waited[others].any() and np.isnan(mean[others]).all(), stats
     if s in adjacency:
         assert stats["stragglers"][:1] == [s], f"rank {r}: its neighbour {s} was delayed: {stats}"
+        assert max(adjacency, key=lambda q: waited[q]) == s and max(adjacency, key=lambda q: mean[q]) == s, \
+            f"rank {r}: its neighbour {s} was delayed: {stats}"
+        assert waited[s] >= 0.5 * waited.sum() > 0 and mean[s] > 0, f"rank {r}: its neighbour {s} was delayed: {stats}"
 
 
 def test_local_view_and_after_close(comm):
