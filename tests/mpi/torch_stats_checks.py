@@ -3,7 +3,8 @@
 partial_ddp(report_every=5): every rank takes equal steps, but rank P - 1 sleeps 20 ms
 before each backward (the reference: the delay this check injects). The table logged on
 "partialcoll" after the first 5 steps names it first, in the full and the solo mode, and
-state.stats() (collective) does too; so does DistributedOptimizer.stats().
+state.stats() (collective) does too; so do DistributedOptimizer.stats() and the
+partialcoll process group's stats().
 """
 from __future__ import annotations
 
@@ -80,6 +81,26 @@ def test_optimizer_stats_name_the_slow_rank(comm):
     finally:
         opt.close()
     assert stats.stragglers()[0] == slow and stats.full == stats.rounds, stats
+
+
+def test_process_group_stats_name_the_slow_rank(comm):
+    """The partialcoll process group's stats(): dist.all_reduce of a tensor large enough to
+    go through the engine, rank P - 1 sleeping 20 ms before each; it is named first."""
+    import partialcoll.integrations.torch as pct
+    pct.init_process_group(comm)
+    slow = comm.size - 1
+    try:
+        pg = dist.group.WORLD                     # the partialcoll process group itself
+        t = torch.ones(40000)
+        for _ in range(6):
+            if comm.rank == slow:
+                time.sleep(0.02)
+            dist.all_reduce(t)
+        stats = pg.stats()
+    finally:
+        dist.destroy_process_group()
+    assert t[0].item() == comm.size ** 6          # the allreduces did run (the reference: P^6)
+    assert stats.rounds >= 6 and stats.stragglers()[0] == slow, stats
 
 
 if __name__ == "__main__":
