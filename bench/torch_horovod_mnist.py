@@ -64,27 +64,15 @@ class Net(torch.nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-class HorovodNet(torch.nn.Module):
-    """Horovod's MNIST network as it is (28x28 inputs, dropout)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 10, kernel_size=5)
-        self.conv2 = torch.nn.Conv2d(10, 20, kernel_size=5)
-        self.conv2_drop = torch.nn.Dropout2d()
-        self.fc1 = torch.nn.Linear(320, 50)
-        self.fc2 = torch.nn.Linear(50, 10)
-
-    def forward(self, x):
-        x = F.relu(F.max_pool2d(self.conv1(x), 2))
-        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
-        x = x.view(-1, 320)
-        x = F.relu(self.fc1(x))
-        x = F.dropout(x, training=self.training)
-        return F.log_softmax(self.fc2(x), dim=1)
+def horovod_net():
+    """Horovod's MNIST network as it is (28x28 inputs, dropout): examples/horovod/pytorch_mnist.py's."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "horovod"))
+    from pytorch_mnist import Net as HorovodNet
+    return HorovodNet()
 
 
-NETS = {"small": Net, "horovod": HorovodNet}
+NETS = {"small": Net, "horovod": horovod_net}
 
 
 def data(net="small"):
