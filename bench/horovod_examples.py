@@ -65,14 +65,32 @@ def speed_variant(folder):
 SCRIPTS = {"mnist": "pytorch_mnist.py", "synthetic": "pytorch_synthetic_benchmark.py"}
 
 
-def run(example, size, config, args):
-    hvd, env_options = CONFIGS[config]
+def with_options(extra, config):
+    """The script's arguments for a configuration named NAME[:lr=F][:momentum=M][:epochs=N]:
+    --lr times F, --momentum M, --epochs N (a configuration at another learning rate or
+    momentum, or run longer to show when it reaches an accuracy)."""
+    extra = list(extra)
+    for option in config.split(":")[1:]:
+        key, value = option.split("=")
+        flag = {"lr": "--lr", "epochs": "--epochs", "momentum": "--momentum"}[key]
+        if flag not in extra:
+            extra += [flag, value]
+        else:
+            i = extra.index(flag)
+            extra[i + 1] = f"{float(extra[i + 1]) * float(value):g}" if key == "lr" else value
+    return extra
+
+
+def run(example, size, config, args, seed=None):
+    hvd, env_options = CONFIGS[config.split(":")[0]]
     env = dict(os.environ)
     env.pop("PARTIALCOLL_TORCH", None)
     if env_options:
         env["PARTIALCOLL_TORCH"] = env_options
     env["PYTHONPATH"] = os.pathsep.join([EXAMPLES, *filter(None, [env.get("PYTHONPATH")])])   # small_vision
-    extra = (args.mnist_args if example == "mnist" else args.synthetic_args).split()
+    extra = with_options((args.mnist_args if example == "mnist" else args.synthetic_args).split(), config)
+    if seed is not None and example == "mnist":
+        extra += ["--seed", str(seed)]
     with tempfile.TemporaryDirectory() as times:
         script = speed_variant(times) if config.startswith("speed") else os.path.join(EXAMPLES, SCRIPTS[example])
         cmd = ["timeout", str(args.timeout), "mpiexec", "-n", str(size), sys.executable,
@@ -85,8 +103,10 @@ def run(example, size, config, args):
         ranks = [json.load(open(p)) for p in glob.glob(os.path.join(times, "rank*.json"))]
         assert len(ranks) == size, ranks
     out = proc.stdout
-    result = {"load": load, "wall_s": max(r["end"] for r in ranks) - min(r["first"] for r in ranks),
-              "steps": sorted(r["steps"] for r in ranks)}
+    start = min(r["first"] for r in ranks)
+    result = {"load": load, "wall_s": max(r["end"] for r in ranks) - start,
+              "steps": sorted(r["steps"] for r in ranks),
+              "test_s": [t - start for r in ranks for t in r["tests"]]}     # when each epoch's test line came
     if example == "mnist":
         tests = re.findall(r"Average loss: ([\d.]+), Accuracy: ([\d.]+)%", out)
         if not tests:
@@ -99,6 +119,14 @@ def run(example, size, config, args):
     return result
 
 
+def reached(r, base):
+    """When run r's held-out accuracy first came within one point of base's final one, as a
+    fraction of base's wall-clock (None: never)."""
+    target = base["accuracy"][-1] - 1.0
+    times = r["test_s"]
+    return next((t / base["wall_s"] for a, t in zip(r["accuracy"], times) if a >= target), None)
+
+
 def stat(xs, fmt="{:.2f}"):
     xs = sorted(xs)
     return (fmt + " [" + fmt + " - " + fmt + "]").format(statistics.median(xs), xs[0], xs[-1])
@@ -108,6 +136,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2,4")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", help="pytorch_mnist.py's --seed per repeat (comma-separated; sets --repeats)")
     parser.add_argument("--examples", default="mnist,synthetic")
     parser.add_argument("--configs", default="reference,full,solo")
     parser.add_argument("--slow-ms", type=float, default=30.0)
@@ -117,6 +146,9 @@ def main():
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--json")
     args = parser.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+    if seeds:
+        args.repeats = len(seeds)
     results = {}
     for size in map(int, args.sizes.split(",")):
         for example in args.examples.split(","):
@@ -125,18 +157,19 @@ def main():
             for rep in range(args.repeats):
                 order = configs[rep % len(configs):] + configs[:rep % len(configs)]
                 for config in order:
-                    r = run(example, size, config, args)
+                    r = run(example, size, config, args, seeds[rep] if seeds else None)
                     runs[config].append(r)
                     print(f"P={size} {example} repeat {rep + 1} {config}: wall {r['wall_s']:.2f} s, load "
-                          f"{r['load']:.1f}, " + (f"accuracy {r['accuracy'][-1]:.2f} %" if example == "mnist"
+                          f"{r['load']:.1f}, steps {r['steps']}, " + (f"accuracy per epoch {' '.join(f'{a:.1f}' for a in r['accuracy'])} %" if example == "mnist"
                                                   else f"{r['img_s']:.1f} img/s"), flush=True)
             results[f"{example} P={size}"] = runs
             print(f"\n## {example}, P = {size}, last rank {args.slow_ms:g} ms slower per step, {args.repeats} "
                   "repeats: median [min - max]")
             print(f"| configuration | wall s | vs {args.base} | " +
-                  ("final accuracy % | loss | every printed loss = reference's |" if example == "mnist"
+                  (f"final accuracy % | loss | every printed loss = reference's | reached {args.base}'s final "
+                   f"accuracy - 1 pt at (x {args.base}'s wall) | never |" if example == "mnist"
                    else f"img/s (rank 0) | vs {args.base} |"))
-            print("|---|---:|---:|---:|---:|" + ("---|" if example == "mnist" else ""))
+            print("|---|---:|---:|---:|---:|" + ("---|---:|---:|" if example == "mnist" else ""))
             ref, base = runs.get("reference"), runs.get(args.base)
             for config in configs:
                 rs = runs[config]
@@ -145,11 +178,21 @@ def main():
                 if example == "mnist":
                     same = (f"{sum(r['printed'] == b['printed'] for r, b in zip(rs, ref))}/{len(rs)}"
                             if ref else "-")
-                    row += f"{stat([r['accuracy'][-1] for r in rs])} | {stat([r['loss'] for r in rs], '{:.4f}')} | {same} |"
+                    reach = [reached(r, b) for r, b in zip(rs, base)] if base else []
+                    got = [x for x in reach if x is not None]
+                    row += (f"{stat([r['accuracy'][-1] for r in rs])} | {stat([r['loss'] for r in rs], '{:.4f}')} | "
+                            f"{same} | {stat(got) if got else '-'} | {len(reach) - len(got) if base else '-'} |")
                 else:
                     gain = stat([r["img_s"] / b["img_s"] for r, b in zip(rs, base)]) if base else "-"
                     row += f"{stat([r['img_s'] for r in rs], '{:.1f}')} | {gain} |"
                 print(row, flush=True)
+            if example == "mnist" and base:
+                print(f"\nevery repeat (seed: wall vs {args.base}, reached at, final accuracy %):")
+                for config in configs:
+                    print(f"- {config}: " + "; ".join(
+                        f"{seeds[i] if seeds else i + 1}: {r['wall_s'] / b['wall_s']:.2f}x, "
+                        + (f"{x:.2f}x" if (x := reached(r, b)) is not None else "never")
+                        + f", {r['accuracy'][-1]:.2f}" for i, (r, b) in enumerate(zip(runs[config], base))))
             print(f"load average during the runs: {stat([r['load'] for c in configs for r in runs[c]], '{:.1f}')}\n")
     if args.json:
         with open(args.json, "w") as f:

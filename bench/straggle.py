@@ -8,6 +8,9 @@ rank's) sleeps --slow-ms before every optimizer step (torch's global optimizer s
 pre-hook, so any torch.optim optimizer, wrapped or not). --times DIR: each rank writes
 DIR/rank<r>.json with the wall-clock time of its first step and of its exit (after the
 script's own exit handlers, so an exit that waits for peers counts) and its step count.
+DIR/rank<r>.json also holds ``tests``: the wall-clock time at which each line the script
+printed with "Test set:" in it was written (pytorch_mnist.py's held-out accuracy after
+each epoch, on rank 0), for the time to reach an accuracy.
 --hvd mpi4py: ``partialcoll.integrations.torch`` is replaced by tests/mpi/_hvd_reference.py (Horovod's
 calls written on mpi4py's blocking MPI_Allreduce / MPI_Bcast: the synchronous reference a
 port's default must equal).
@@ -36,7 +39,7 @@ def main() -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     slow = args.slow_rank % size
     from torch.optim.optimizer import register_optimizer_step_pre_hook
-    state = {"first": None, "steps": 0}
+    state = {"first": None, "steps": 0, "tests": []}
 
     def pre_step(optimizer, a, kw):
         if state["first"] is None:
@@ -57,8 +60,23 @@ def main() -> None:
         if args.times:
             with open(os.path.join(args.times, f"rank{rank}.json"), "w") as f:
                 json.dump({"first": state["first"], "end": time.time(), "steps": state["steps"],
-                           "slow": rank == slow}, f)
+                           "slow": rank == slow, "tests": state["tests"]}, f)
 
+    class Stamped:
+        """sys.stdout, noting when each test line is written."""
+
+        def __init__(self, out):
+            self.out = out
+
+        def write(self, text):
+            if "Test set:" in text:
+                state["tests"].append(time.time())
+            return self.out.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.out, name)
+
+    sys.stdout = Stamped(sys.stdout)
     atexit.register(written)      # before the script's handlers: it runs after them
     sys.argv = [args.script, *args.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))

@@ -18,6 +18,12 @@ Trainers, side by side in one job, from the same initial model:
   solo+speed    mode="solo", late="fold", SpeedAwareSampler: each rank's share of the
                 epoch in proportion to its measured speed
 
+``--net horovod`` trains Horovod's network as it is (28x28 inputs, dropout) instead of its
+8x8 scaling; ``--slow-rank`` picks the straggler. A trainer name may carry overrides for
+that trainer alone, ``NAME:momentum=M`` and ``NAME:lr_x=F`` (the learning rate times F), or
+any DistributedOptimizer option as ``NAME:key=value`` (``solo+speed+avg:late=latest``).
+Repeat r seeds the models, the dropout and the sampler with ``--seed + r``.
+
 Reported (rank 0): wall-clock of the training (evaluation excluded), held-out accuracy
 after each epoch, and the wall-clock at which each trainer first reached synch's final
 accuracy minus 1 point, as a fraction of synch's total. Where the time goes: each rank's
@@ -58,10 +64,24 @@ class Net(torch.nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
-def data():
+def horovod_net():
+    """Horovod's MNIST network as it is (28x28 inputs, dropout): examples/horovod/pytorch_mnist.py's."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "horovod"))
+    from pytorch_mnist import Net as HorovodNet
+    return HorovodNet()
+
+
+NETS = {"small": Net, "horovod": horovod_net}
+
+
+def data(net="small"):
     from sklearn.datasets import load_digits
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    if net == "horovod":            # MNIST's size, as examples/horovod/small_vision.py
+        x = F.interpolate(x, size=(28, 28), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+        x = (x - 0.1307) / 0.3081
     y = torch.tensor(digits.target, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     test, train = order[:360], order[360:]
@@ -72,6 +92,7 @@ TRAINERS = {
     "synch": {},
     "solo": {"mode": "solo", "late": "fold"},
     "solo+speed": {"mode": "solo", "late": "fold", "speed": True},
+    "solo+avg": {"mode": "solo", "late": "fold", "average_models": True},
     "solo+speed+avg": {"mode": "solo", "late": "fold", "speed": True, "average_models": True},
     "solo+speed+nap": {"mode": "solo", "late": "fold", "average": "nap", "speed": True, "average_models": True},
     "solo+speed+nap-noavg": {"mode": "solo", "late": "fold", "average": "nap", "speed": True},
@@ -84,20 +105,25 @@ def metric_average(val, name):
     return hvd.allreduce(torch.tensor(val), name=name).item()     # Horovod's example's helper
 
 
-def train(trainer, args, train_set, test_set):
-    torch.manual_seed(args.seed + hvd.rank())          # the ranks start apart: broadcast_parameters
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+def train(trainer, args, train_set, test_set, seed):
+    torch.manual_seed(seed + hvd.rank())          # the ranks start apart: broadcast_parameters
+    model = NETS[args.net]()
+    options = dict(TRAINERS[trainer.split(":")[0]])
+    for extra in trainer.split(":")[1:]:           # name:key=value, e.g. solo+speed+avg:momentum=0
+        key, value = extra.split("=")
+        options[key] = float(value) if key in ("momentum", "lr_x") else value
+    momentum = options.pop("momentum", args.momentum)
+    lr = args.lr * hvd.size() * options.pop("lr_x", 1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    options = dict(TRAINERS[trainer])
     average_models = options.pop("average_models", False)
     speed = options.pop("speed", False)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **options)
     if speed:
-        sampler = hvd.SpeedAwareSampler(train_set, seed=args.seed)
+        sampler = hvd.SpeedAwareSampler(train_set, seed=seed)
     else:
-        sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
+        sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), seed=seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     x_test, y_test = test_set.tensors
     acc, times, wall, busy, steps = [], [], 0.0, 0.0, 0
@@ -107,7 +133,7 @@ def train(trainer, args, train_set, test_set):
         t0 = time.perf_counter()
         model.train()
         for x, y in loader:
-            if hvd.rank() == 0:
+            if hvd.rank() == args.slow_rank % hvd.size():
                 time.sleep(args.slow_ms / 1000)
             opt.zero_grad()
             F.nll_loss(model(x), y).backward()
@@ -167,18 +193,21 @@ def main():
     parser.add_argument("--momentum", type=float, default=0.5)
     parser.add_argument("--slow-ms", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--net", choices=sorted(NETS), default="small",
+                        help="small: Horovod's network scaled to 8x8 digits; horovod: Horovod's as it is (28x28, dropout)")
+    parser.add_argument("--slow-rank", type=int, default=0, help="the straggler (negative: from the end)")
     parser.add_argument("--trainers", default="synch,solo,solo+speed")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    train_set, test_set = data()
+    train_set, test_set = data(args.net)
     trainers = args.trainers.split(",")
     runs = []
     for rep in range(args.repeats):
         load = os.getloadavg()[0]
         order = trainers[rep % len(trainers):] + trainers[:rep % len(trainers)]
-        out = {trainer: train(trainer, args, train_set, test_set) for trainer in order}
+        out = {trainer: train(trainer, args, train_set, test_set, args.seed + rep) for trainer in order}
         out = {trainer: out[trainer] for trainer in trainers}
         if hvd.rank() == 0:
             print(f"# Horovod's MNIST loop on digits, P = {hvd.size()}, rank 0 {args.slow_ms:g} ms slower per step, "
