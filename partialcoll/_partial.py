@@ -73,6 +73,8 @@ def _wait1(c, index, out, res, seconds):
 
 _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
+_post_take = _engine.lib.pc_coll_post_take
+_copyto = np.copyto
 _pc_wait1 = _engine.lib.pc_coll_wait1
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
@@ -131,7 +133,9 @@ class PartialRequest:
 
     The request owns its result: any number of threads may wait on it or test it, in any
     order; the first to wait takes the result from the engine (once), and every wait
-    returns that same Result, with the same data in out."""
+    returns that same Result, with the same data in out. Where the round completed within
+    the post (post+wait in one engine call: PartialAllreduce.post), the post took it, and
+    wait() only returns it."""
 
     __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout", "_token")
 
@@ -144,7 +148,10 @@ class PartialRequest:
         self._on_device = on_device
         self._result: Optional[Result] = None
         self._fout = fout                # out as a cffi buffer, made once by post()
-        self._token: list = [True]       # the right to take the result: the wait that pops it (atomic)
+        # the right to take the result: the wait that pops it (atomic). A result the post took
+        # (early): the mark that no wait has returned it yet, and then, on top, a copy of it
+        # if a later post may write out before that (_returned)
+        self._token: list = [True]
 
     def test(self) -> bool:
         """True once the round of this post has completed here (the result is then ready)."""
@@ -171,9 +178,24 @@ class PartialRequest:
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         result = self._result
-        if result is None and self._coll._shrink is not None:
+        if result is not None:
+            if self._token:               # taken by the post, returned now
+                self._returned()
+            return result
+        if self._coll._shrink is not None:
             return self._coll._shrink.wait(self, timeout)
         return self._wait(timeout)
+
+    def _returned(self) -> None:
+        """A result the post took (early) is returned: the next post may have out again.
+        A later post made before this may have written out: out gets the copy of this
+        request's result that post kept (PartialAllreduce._settle_early)."""
+        try:
+            kept = self._token.pop()
+        except IndexError:                # another wait returned it just now
+            return
+        if kept is not True:
+            _copyto(self._out, kept)
 
     def _wait(self, timeout: Optional[float]) -> Result:
         result = self._result
@@ -393,6 +415,9 @@ class PartialAllreduce(_propagate.Reporting):
         # last post's index
         self._fb: tuple = _NO_FB
         self._fb_index = -1
+        # the last post's request, where that post took its result (early) and the request's
+        # wait may not have returned it yet: the next post settles it (_settle_early)
+        self._early: Optional[PartialRequest] = None
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         self._build(comm)
         self._closed = False
@@ -482,6 +507,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_used = 7 + 2 * self._mask_words                # ... of which a result reads these
         self._res_pool: list = []
+        self._pres = self._new_res()                             # the post's early take (one poster)
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
         # the tree: R variants of each round schedule, so that the aggregators rotate with the round
@@ -627,23 +653,44 @@ class PartialAllreduce(_propagate.Reporting):
             fb = self._fb
             if fb[0] is x and fb[2] is out:
                 # the host arrays of the last post, checked then (an array's memory cannot move
-                # while a cffi view of it exists): the small-message path, bench/small.py
-                r = _post1(fb[4], fb[1], fb[3])
+                # while a cffi view of it exists): the small-message path, bench/small.py.
+                # One engine call: the post, and the take where the round completes in it
+                early = self._early
+                r = _post_take(fb[4], fb[1], fb[3], self._pres[0], 0 if early is None else self._settle_early(early))
                 if r < 0:
                     self._check_post(-r)
             else:
+                if self._early is not None:
+                    self._settle_early(self._early)
                 return self._post(x, out)
         finally:
             waiting.pop()
             if self._held is not None:
                 self._let_go()
-        index = r >> 1
+        index = r >> 2
         self._fb_index = index
         # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
         req = _new_bare(PartialRequest)
         req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
-        req._on_device, req._result, req._fout, req._token = False, None, fb[3], [True]
+        req._on_device, req._fout, req._token = False, fb[3], [True]
+        if r & 2:                         # the post took the result: wait() returns it
+            req._result = self._result_of(self._pres[1], out, index)
+            self._early = req
+        else:
+            req._result = None
         return req
+
+    def _settle_early(self, early: "PartialRequest") -> int:
+        """Before the next post: 1 if the last post's early-taken request has been returned
+        (its wait returned); else keep a copy of its result for its wait (that post's out
+        is lent to it until then, and later posts may write it) and 0: the engine keeps the
+        next post off user buffers (coll.c, held)."""
+        self._early = None
+        token = early._token
+        if not token:
+            return 1
+        token.append(np.array(early._out, copy=True))
+        return 0
 
     def _post(self, x: Buffer, out: Optional[Buffer]) -> PartialRequest:
         if self._serves_only:
@@ -800,6 +847,12 @@ class PartialAllreduce(_propagate.Reporting):
                            peers=self._peers, what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
+        r = self._result_of(values, out, index)
+        pool.append(entry)
+        return r
+
+    def _result_of(self, values, out, index: int) -> Result:
+        """The Result of request `index` from a pc_coll_wait1 result array's words."""
         v = values()                             # the words a result reads, as a list
         key = (v[7], v[8]) if self._mask_words == 1 else tuple(v[7:])   # the active and closing bits
         hit = self._mask_cache.get(key)
@@ -808,7 +861,6 @@ class PartialAllreduce(_propagate.Reporting):
         r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
         r.posts = v[6]
         r.contributed = v[3] <= index < v[4]
-        pool.append(entry)
         return r
 
     def _new_res(self):
