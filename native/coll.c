@@ -949,6 +949,19 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
     return rc;
 }
 
+/* An early take's result is shaped as the last one's (its own round, this rank's post
+ * inside it, the same rounds, counts and active and closing bits; P <= 64): the caller
+ * then makes its Result from the last one's fields without reading res. */
+static int coll_same_shape(pc_coll *c, int64_t index, const int64_t *res)
+{
+    int64_t shape[5] = {res[1], res[2], res[6], res[7], res[8]};   /* rounds, nap, posts, bits */
+    int same = c->shaped && W_of(c) == 1 && res[0] == index && res[3] <= index && index < res[4]
+               && memcmp(shape, c->shape, sizeof shape) == 0;
+    memcpy(c->shape, shape, sizeof shape);
+    c->shaped = W_of(c) == 1;
+    return same;
+}
+
 /* post(x, out=y).wait() in one engine call where the round allows it (the early take):
  * post; then, if this request is alone (every earlier one taken and returned) and names
  * an out, give its round one progress step here (the peers' messages may be in: the last
@@ -961,7 +974,7 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
 static int64_t coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res, int returned)
 {
     int64_t index = 0;
-    int late = 0, alone = 0, taken = 0;
+    int late = 0, alone = 0, taken = 0, same = 0;
     unit_lock(&c->owner.unit);
     if (returned) c->held = 0;
     int rc = coll_post_locked(c, x, out, &index, &late, &alone);
@@ -974,10 +987,11 @@ static int64_t coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res
             coll_take_result_locked(c, index, out, (uint64_t *)(res + 7), &info);
             res_of(res, &info);
             c->held = taken = 1;
+            same = coll_same_shape(c, index, res);
         }
     }
     unit_unlock(&c->owner.unit);
-    return rc ? -(int64_t)rc : (index << 2) | (taken << 1) | late;
+    return rc ? -(int64_t)rc : (index << 3) | (same << 2) | (taken << 1) | late;
 }
 
 /* Start closing: from now on this rank triggers every round it is armed for, and a

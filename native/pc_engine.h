@@ -229,7 +229,9 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
 /* post(x, out=y).wait() in one call where the round completes within it (coll.c): post,
  * and take the result into out and res (as wait1) if this request is alone and its round
  * completed; returned: the last post's early-taken request's wait has returned. Returns
- * (index << 2) | taken << 1 | late, or -code */
+ * (index << 3) | same << 2 | taken << 1 | late, or -code; same: the result's round is
+ * index, this post is inside it, and its rounds, nap, posts and bits are the last early
+ * take's (P <= 64) */
 int64_t pc_coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res, int returned);
 int pc_coll_close(pc_coll *c);
 /* on_failure="shrink": what a stopped collective holds (coll.c, coll_salvage): st has 5 words */

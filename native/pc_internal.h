@@ -322,6 +322,9 @@ struct pc_coll {
                               * IN_LENT (in user), IN_WORK (in work_slot) */
     int held;                /* the last post's result was taken early (pc_coll_post_take) and its
                               * wait may not have returned: the next post is not alone */
+    int shaped;              /* shape: the last early take's rounds, nap, posts, active and closing
+                              * words (P <= 64), for coll_same_shape */
+    int64_t shape[5];
     void *mask_slot;         /* mask_words(P) words: active bits, closing bits, posts per rank */
     uint64_t *res_mask;      /* the same, of the pending result (folded rounds: OR, posts summed) */
     int closing, triggered, taken, fold;

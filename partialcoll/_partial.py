@@ -150,7 +150,7 @@ class PartialRequest:
         self._fout = fout                # out as a cffi buffer, made once by post()
         # the right to take the result: the wait that pops it (atomic). A result the post took
         # (early): the mark that no wait has returned it yet, and then, on top, a copy of it
-        # if a later post may write out before that (_returned)
+        # if a later post may write out before that (wait)
         self._token: list = [True]
 
     def test(self) -> bool:
@@ -179,23 +179,18 @@ class PartialRequest:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         result = self._result
         if result is not None:
-            if self._token:               # taken by the post, returned now
-                self._returned()
+            token = self._token
+            if token:                     # taken by the post, returned now
+                try:
+                    kept = token.pop()
+                except IndexError:        # another wait returned it just now
+                    kept = True
+                if kept is not True:
+                    _copyto(self._out, kept)
             return result
         if self._coll._shrink is not None:
             return self._coll._shrink.wait(self, timeout)
         return self._wait(timeout)
-
-    def _returned(self) -> None:
-        """A result the post took (early) is returned: the next post may have out again.
-        A later post made before this may have written out: out gets the copy of this
-        request's result that post kept (PartialAllreduce._settle_early)."""
-        try:
-            kept = self._token.pop()
-        except IndexError:                # another wait returned it just now
-            return
-        if kept is not True:
-            _copyto(self._out, kept)
 
     def _wait(self, timeout: Optional[float]) -> Result:
         result = self._result
@@ -418,6 +413,7 @@ class PartialAllreduce(_propagate.Reporting):
         # the last post's request, where that post took its result (early) and the request's
         # wait may not have returned it yet: the next post settles it (_settle_early)
         self._early: Optional[PartialRequest] = None
+        self._shape: tuple = ()          # the last early take's active, nap, rounds, closing, posts
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         self._build(comm)
         self._closed = False
@@ -656,7 +652,8 @@ class PartialAllreduce(_propagate.Reporting):
                 # while a cffi view of it exists): the small-message path, bench/small.py.
                 # One engine call: the post, and the take where the round completes in it
                 early = self._early
-                r = _post_take(fb[4], fb[1], fb[3], self._pres[0], 0 if early is None else self._settle_early(early))
+                r = _post_take(fb[4], fb[1], fb[3], self._pres[0],
+                               1 if early is None or not early._token else self._settle_early(early))
                 if r < 0:
                     self._check_post(-r)
             else:
@@ -667,17 +664,24 @@ class PartialAllreduce(_propagate.Reporting):
             waiting.pop()
             if self._held is not None:
                 self._let_go()
-        index = r >> 2
+        index = r >> 3
         self._fb_index = index
         # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
         req = _new_bare(PartialRequest)
         req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
         req._on_device, req._fout, req._token = False, fb[3], [True]
-        if r & 2:                         # the post took the result: wait() returns it
-            req._result = self._result_of(self._pres[1], out, index)
+        if r & 4:                         # the post took the result, shaped as the last one
+            res = _new_bare(Result)
+            res.data, res.round, res.contributed = out, index, True
+            res.active, res.nap, res.rounds, res.closing, res.posts = self._shape
+            req._result = res
+            self._early = req
+        elif r & 2:                       # the post took the result: wait() returns it
+            req._result = res = self._result_of(self._pres[1], out, index)
+            self._shape = (res.active, res.nap, res.rounds, res.closing, res.posts)
             self._early = req
         else:
-            req._result = None
+            req._result = self._early = None
         return req
 
     def _settle_early(self, early: "PartialRequest") -> int:
