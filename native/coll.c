@@ -717,10 +717,9 @@ static int coll_post_locked(pc_coll *c, const void *x, void *out, int64_t *index
     int rc = coll_post_begin(c, index, late);
     if (rc) return rc;
     /* a user's buffer is used in place only where no other request is outstanding (every
-     * earlier one taken, and returned: not held): no other request names it, nor will
-     * copy a result into it */
-    int alone = !c->held && c->takes == c->posts;
-    c->held = 0;                         /* one post: the caller keeps a copy for the next (_partial.py) */
+     * earlier one taken, and an early take's returned: takes): no other request names it,
+     * nor will copy a result into it */
+    int alone = c->takes == c->posts;
     *alone_out = alone;
     int direct = alone && c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
                  && c->input == IN_NONE && !(c->fold && c->pending > 0);
@@ -966,17 +965,17 @@ static int coll_same_shape(pc_coll *c, int64_t index, const int64_t *res)
  * post; then, if this request is alone (every earlier one taken and returned) and names
  * an out, give its round one progress step here (the peers' messages may be in: the last
  * rank to post completes the round at once) and, if the round has completed, take the
- * result as pc_coll_wait1 would: into out and res, claimed and counted as this request's
- * take. The request's wait has not returned yet, so the engine holds out for it through
- * the next post (held: that post is not alone, and writes no user buffer), unless the
- * caller says, with returned, that its wait has returned by then; for the posts after
- * that one the caller keeps a copy of the result (partialcoll/_partial.py, post()). */
+ * result as pc_coll_wait1 would: into out and res, claimed as this request's take. Its
+ * wait has not returned yet, so it still holds out: it is counted in takes only once the
+ * caller says so (returned, at its next post; or pc_coll_returned), and until then no post
+ * is alone (none writes a user buffer). A request never returned by close() gives its
+ * result back (pc_coll_give_back): close() folds it in, nothing posted is dropped. */
 static int64_t coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res, int returned)
 {
     int64_t index = 0;
     int late = 0, alone = 0, taken = 0, same = 0;
     unit_lock(&c->owner.unit);
-    if (returned) c->held = 0;
+    c->takes += returned != 0;           /* the last post's early take: its wait returned */
     int rc = coll_post_locked(c, x, out, &index, &late, &alone);
     if (rc == PC_OK && alone && out) {
         pc_sched *s = c->armed;
@@ -985,13 +984,55 @@ static int64_t coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res
         if (LOAD(c->completed) > index && !c->err && coll_claim(c, index) == PC_OK) {
             pc_result info;
             coll_take_result_locked(c, index, out, (uint64_t *)(res + 7), &info);
+            c->takes--;                  /* counted once its wait has returned */
             res_of(res, &info);
-            c->held = taken = 1;
+            taken = 1;
             same = coll_same_shape(c, index, res);
         }
     }
     unit_unlock(&c->owner.unit);
     return rc ? -(int64_t)rc : (index << 3) | (same << 2) | (taken << 1) | late;
+}
+
+static int coll_returned(pc_coll *c)
+{
+    unit_lock(&c->owner.unit);
+    c->takes++;
+    unit_unlock(&c->owner.unit);
+    return PC_OK;
+}
+
+/* close() began: an early-taken result whose wait never returned goes back into the
+ * pending result (res: its words as pc_coll_wait1 writes them; data: its data), so the
+ * final result folds it in. */
+static int coll_give_back(pc_coll *c, const void *data, const int64_t *res)
+{
+    unit_lock(&c->owner.unit);
+    int rc = PC_OK;
+    size_t mw = (size_t)pc_coll_mask_words(c->size);
+    if (!c->closing) rc = fail(PC_ERR_STATE, "a result goes back only once close() began");
+    else if (res[1] > 0) {
+        result_internal(c);
+        if (c->pending == 0) {           /* the result buffer holds nothing pending: it is this */
+            memcpy(c->result, data, c->nbytes);
+            c->res_nap = c->res_posts = 0;
+            c->res_lo = res[3];
+            c->res_hi = res[4];
+            c->res_round = res[0];
+            memset(c->res_mask, 0, sizeof(uint64_t) * mw);
+        } else {
+            rc = pc_reduce_local(c->spec.redop, c->spec.dtype, c->result, data, c->result, c->spec.count);
+        }
+        if (rc == PC_OK) {
+            c->pending += res[1];
+            c->res_nap += res[2];
+            c->res_posts += res[6];
+            if (res[0] > c->res_round) c->res_round = res[0];
+            mask_fold(c, (const uint64_t *)(res + 7));
+        }
+    }
+    unit_unlock(&c->owner.unit);
+    return rc;
 }
 
 /* Start closing: from now on this rank triggers every round it is armed for, and a
@@ -1268,6 +1309,8 @@ PINNED(pc_coll_test, coll_test, (pc_coll *c, int64_t index, int *done), (c, inde
 PINNED(pc_coll_silent, coll_silent, (pc_coll *c, int *ranks, int max, int64_t *round, int *n), (c, ranks, max, round, n))
 PINNED(pc_coll_wait_take, coll_wait_take, (pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info), (c, index, timeout_s, out, mask, info))
 PINNED_T(int64_t, pc_coll_post_take, coll_post_take, (pc_coll *c, const void *x, void *out, int64_t *res, int returned), (c, x, out, res, returned))
+PINNED(pc_coll_returned, coll_returned, (pc_coll *c), (c))
+PINNED(pc_coll_give_back, coll_give_back, (pc_coll *c, const void *data, const int64_t *res), (c, data, res))
 PINNED(pc_coll_post, coll_post, (pc_coll *c, const void *x, void *out, int64_t *index, int *late), (c, x, out, index, late))
 PINNED(pc_coll_close, coll_close, (pc_coll *c), (c))
 PINNED(pc_coll_abort, coll_abort, (pc_coll *c, const char *type, const char *message, double timeout_s), (c, type, message, timeout_s))

@@ -320,8 +320,6 @@ struct pc_coll {
                               * else the pending result */
     int input;               /* where posted data no round has taken is: IN_NONE, IN_ACC,
                               * IN_LENT (in user), IN_WORK (in work_slot) */
-    int held;                /* the last post's result was taken early (pc_coll_post_take) and its
-                              * wait may not have returned: the next post is not alone */
     int shaped;              /* shape: the last early take's rounds, nap, posts, active and closing
                               * words (P <= 64), for coll_same_shape */
     int64_t shape[5];
@@ -333,8 +331,8 @@ struct pc_coll {
     int64_t completed;       /* (atomic): rounds completed here */
     int64_t posts, armed_round, pending, res_round;
     int64_t taken_posts;     /* posts read by the rounds so far */
-    int64_t takes;           /* requests whose result was taken (each once: claimed); posts - takes
-                              * are outstanding (unit) */
+    int64_t takes;           /* requests whose result was taken (each once: claimed; an early take
+                              * once its wait returned); posts - takes are outstanding (unit) */
     uint64_t claimed[PC_CLAIMS / 64];   /* (unit) request i's result taken: bit i mod PC_CLAIMS,
                               * for the last PC_CLAIMS posts (coll.c, coll_claim) */
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */

@@ -183,10 +183,10 @@ class PartialRequest:
             if token:                     # taken by the post, returned now
                 try:
                     kept = token.pop()
-                except IndexError:        # another wait returned it just now
-                    kept = True
-                if kept is not True:
-                    _copyto(self._out, kept)
+                except IndexError:        # another wait returned it just now, or close() took it back
+                    return result if self._result is not None else self._wait(timeout)
+                if kept is not True:      # a later post kept it: out may hold another result
+                    self._coll._returned_late(self._out, kept)
             return result
         if self._coll._shrink is not None:
             return self._coll._shrink.wait(self, timeout)
@@ -413,6 +413,7 @@ class PartialAllreduce(_propagate.Reporting):
         # the last post's request, where that post took its result (early) and the request's
         # wait may not have returned it yet: the next post settles it (_settle_early)
         self._early: Optional[PartialRequest] = None
+        self._unreturned: List[PartialRequest] = []     # earlier such requests, settled unreturned
         self._shape: tuple = ()          # the last early take's active, nap, rounds, closing, posts
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         self._build(comm)
@@ -653,12 +654,12 @@ class PartialAllreduce(_propagate.Reporting):
                 # One engine call: the post, and the take where the round completes in it
                 early = self._early
                 r = _post_take(fb[4], fb[1], fb[3], self._pres[0],
-                               1 if early is None or not early._token else self._settle_early(early))
+                               0 if early is None else 1 if not early._token else self._settle_early(early))
                 if r < 0:
                     self._check_post(-r)
             else:
-                if self._early is not None:
-                    self._settle_early(self._early)
+                if self._early is not None and self._settle_early(self._early):
+                    check(_engine.lib.pc_coll_returned(self._native_coll()))
                 return self._post(x, out)
         finally:
             waiting.pop()
@@ -686,15 +687,59 @@ class PartialAllreduce(_propagate.Reporting):
 
     def _settle_early(self, early: "PartialRequest") -> int:
         """Before the next post: 1 if the last post's early-taken request has been returned
-        (its wait returned); else keep a copy of its result for its wait (that post's out
-        is lent to it until then, and later posts may write it) and 0: the engine keeps the
-        next post off user buffers (coll.c, held)."""
+        (its wait returned: the engine counts it taken now). Else 0: the engine counts it
+        outstanding (no post is alone: none writes a user buffer) until its wait returns,
+        which puts this copy of its result back into out (a later request's wait may
+        write out meanwhile) and tells the engine (_returned_late); close() takes it back."""
         self._early = None
         token = early._token
-        if not token:
+        try:
+            token[0] = np.array(early._out, copy=True)     # atomic against its wait's pop
+        except IndexError:
             return 1
-        token.append(np.array(early._out, copy=True))
+        self._unreturned.append(early)
         return 0
+
+    def _returned_late(self, out: np.ndarray, kept: np.ndarray) -> None:
+        """An early-taken request's wait returns after a later post: its result back in out,
+        and the engine counts it taken from now on."""
+        _copyto(out, kept)
+        waiting = self._waiting
+        waiting.append(None)             # inside the engine: see _abandon
+        try:
+            if not (self._closing or self._closed):
+                check(_engine.lib.pc_coll_returned(self._coll))
+        finally:
+            waiting.pop()
+            if self._held is not None:
+                self._let_go()
+
+    def _give_back(self) -> None:
+        """close() began: early-taken results that no wait returned go back to the engine,
+        which folds them into the final result (nothing posted is dropped); their waits
+        raise StateError from now on, as waits of requests not taken do."""
+        early, unreturned = self._early, self._unreturned
+        self._early, self._unreturned = None, []
+        for req in unreturned + ([early] if early is not None else []):
+            res = req._result
+            if res is None:
+                continue
+            req._result = None            # before the claim: a wait that loses it sees None
+            try:
+                kept = req._token.pop()
+            except IndexError:            # its wait returned it
+                req._result = res
+                continue
+            req._token = [True]
+            words = _engine.ffi.new(self._res_type)
+            words[0:7] = [res.round, res.rounds, res.nap, 0, 0, 0, res.posts]
+            bits = _engine.ffi.cast("uint64_t *", words) + 7
+            W = self._mask_words
+            for j, ranks in enumerate((res.active, res.closing)):
+                for r in ranks:
+                    bits[j * W + r // 64] |= 1 << (r % 64)
+            data = req._out if kept is True else kept
+            check(_engine.lib.pc_coll_give_back(self._coll, _engine.ffi.from_buffer(data), words))
 
     def _post(self, x: Buffer, out: Optional[Buffer]) -> PartialRequest:
         if self._serves_only:
@@ -949,6 +994,7 @@ class PartialAllreduce(_propagate.Reporting):
             raise StateError(_CLOSE_WHILE_WAITED)
         try:
             check_round(_engine.lib.pc_coll_close(c), self._peers, "close()")   # an error met since the last wait
+            self._give_back()
         except PartialcollError as exc:
             if not isinstance(exc, survivable):
                 self._close_failed(exc)

@@ -294,7 +294,17 @@ def test_post_wait_in_one_engine_call(comm, late):
         a, b = (box["result"] for _, box in ts)
         assert a is b and a.round == k and np.array_equal(y, total(comm.size, k)), (k, a, y)
         k += 1
-    coll.close(timeout=30)
+    # requests never waited for, one whose post took the result: close() folds their rounds
+    # in (late="fold": nothing posted is dropped), and their waits raise StateError
+    ra = _post_last(comm, coll, x, y, k)
+    x[:] = value(comm.rank, k + 1)
+    rb = coll.post(x, out=y)
+    final = coll.close(timeout=30)
+    if late == "fold":
+        assert np.array_equal(final.data, total(comm.size, k) + total(comm.size, k + 1)), (k, final)
+    for req in (ra, rb):
+        with pytest.raises(pc.StateError):
+            req.wait(timeout=5.0)
 
 
 def test_engine_takes_each_request_once(comm):
