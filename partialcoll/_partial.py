@@ -700,7 +700,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._unreturned.append(early)
         return 0
 
-    def _returned_late(self, out: np.ndarray, kept: np.ndarray) -> None:
+    def _returned_late(self, out: Any, kept: np.ndarray) -> None:
         """An early-taken request's wait returns after a later post: its result back in out,
         and the engine counts it taken from now on."""
         _copyto(out, kept)
