@@ -123,6 +123,20 @@ def test_dropped_under_a_waiting_thread(comm, how):
         comm.Barrier()
 
 
+def _two_waits(req):
+    """Two threads wait on req at once; their Results (each thread ended without an error)."""
+    start = threading.Barrier(2)
+
+    def one():
+        start.wait()
+        return req.wait(timeout=30.0)
+    ts = [_in_thread(one) for _ in range(2)]
+    for t, box in ts:
+        t.join(60.0)
+        assert not t.is_alive() and "error" not in box, box
+    return [box["result"] for _, box in ts]
+
+
 @pytest.mark.parametrize("late", ["latest", "fold"])
 @pytest.mark.parametrize("with_out", [True, False])
 def test_two_threads_wait_on_one_request(comm, late, with_out):
@@ -132,17 +146,7 @@ def test_two_threads_wait_on_one_request(comm, late, with_out):
     y = np.empty(N)
     for k in range(12):
         req = coll.post(value(comm.rank, k), out=y if with_out else None)
-        start = threading.Barrier(2)
-
-        def one():
-            start.wait()
-            return req.wait(timeout=30.0)
-        ts = [_in_thread(one) for _ in range(2)]
-        for t, _ in ts:
-            t.join(60.0)
-        results = [box.get("result") for _, box in ts]
-        for t, box in ts:
-            assert not t.is_alive() and "error" not in box, box
+        results = _two_waits(req)
         want = total(comm.size, k)
         for res in results:
             assert res.round == k and res.rounds == 1 and res.posts == comm.size, (k, res)
@@ -281,17 +285,7 @@ def test_post_wait_in_one_engine_call(comm, late):
             assert res.round >= req.index or res.rounds == 0, (order, req.index, res)
         k += 2
     for _ in range(4):                    # two threads on a request whose post took the result
-        req = _post_last(comm, coll, x, y, k)
-        start = threading.Barrier(2)
-
-        def one():
-            start.wait()
-            return req.wait(timeout=30.0)
-        ts = [_in_thread(one) for _ in range(2)]
-        for t, box in ts:
-            t.join(60.0)
-            assert not t.is_alive() and "error" not in box, box
-        a, b = (box["result"] for _, box in ts)
+        a, b = _two_waits(_post_last(comm, coll, x, y, k))
         assert a is b and a.round == k and np.array_equal(y, total(comm.size, k)), (k, a, y)
         k += 1
     # requests never waited for, one whose post took the result: close() folds their rounds
