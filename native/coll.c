@@ -79,6 +79,13 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * it: no pass over the data on this rank for in-place and full-mode posts.
  * pc_coll_user_buffers names user, so that Python keeps it alive.
  *
+ * Takes: each request's take is claimed once (coll_claim). The early take of
+ * pc_coll_post_take (the post's round completed within the post) copies the result into
+ * the post's out at once, but counts in takes only when the caller says its wait has
+ * returned: until then the request is outstanding, so no post is alone and none writes a
+ * user buffer; at close an early result never returned goes back into the pending result
+ * (pc_coll_give_back), so close() still folds in every round no wait returned.
+ *
  * Threads: everything here runs under the collective's unit lock (c->owner.unit.lock):
  * a post's copy or fold, TAKE, DELIVER and result copies block only this collective.
  * completed, finished and err are also read without it (atomic) by waits.
