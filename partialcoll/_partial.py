@@ -78,7 +78,7 @@ _copyto = np.copyto
 _pc_wait1 = _engine.lib.pc_coll_wait1
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
-_NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
+_NO_FB = (object(), None, None, _NULL, None, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 _CLOSE_WHILE_WAITED = ("close() while another thread waits for a request of this PartialAllreduce: close it once "
                        "that wait is over (the thread that waits owns the requests until then)")
@@ -406,8 +406,8 @@ class PartialAllreduce(_propagate.Reporting):
         self._last_on_device = False
         self._outs: Dict[int, Buffer] = {}   # post index -> its out= buffer, while the engine may use it
         # the last host post's x, its cffi view, out (or None), its view (or NULL), the native
-        # collective; out is kept alive by this while the engine may use it; _fb_index: the
-        # last post's index
+        # collective, the result words of an early take (_pres); out is kept alive by this
+        # while the engine may use it; _fb_index: the last post's index
         self._fb: tuple = _NO_FB
         self._fb_index = -1
         # the last post's request, where that post took its result (early) and the request's
@@ -653,7 +653,7 @@ class PartialAllreduce(_propagate.Reporting):
                 # while a cffi view of it exists): the small-message path, bench/small.py.
                 # One engine call: the post, and the take where the round completes in it
                 early = self._early
-                r = _post_take(fb[4], fb[1], fb[3], self._pres[0],
+                r = _post_take(fb[4], fb[1], fb[3], fb[5],
                                0 if early is None else 1 if not early._token else self._settle_early(early))
                 if r < 0:
                     self._check_post(-r)
@@ -753,7 +753,8 @@ class PartialAllreduce(_propagate.Reporting):
                 out = self._check_input(out, "out buffer", writable=True)
             ffi = _engine.ffi
             self._forget_fb(out)
-            self._fb = fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c)
+            self._fb = fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c,
+                             self._pres[0])
             r = _post1(c, fb[1], fb[3])
             if r < 0:
                 self._check_post(-r)
