@@ -1,17 +1,23 @@
-"""Ownership stress: threads post, wait, test, close, abandon and drop at random on two collectives.
+"""Ownership stress: threads post, wait, test, close, abandon and drop at random on three collectives.
 
 Run: flock /tmp/pc-bench.lock nice -n 10 mpiexec -n 3 python bench/soak.py --ops 100000
      (or python bench/stress.py --ops N; every mode, late "latest" and "fold")
 
-Per rank, --threads application threads (4) share two PartialAllreduce collectives (count
-2, float64 SUM) and do --ops operations between them, each one at random. As the
+Per rank, --threads application threads (4) share three PartialAllreduce collectives
+(count 2, float64 SUM) and do --ops operations between them, each one at random. As the
 threading contract says, a collective belongs to one thread, which posts to it and closes
-it (thread 0 owns A, thread 1 owns B); every thread waits for, tests and drops the
-requests of both:
+it (thread 0 owns A, thread 1 owns B, thread 2 owns L); every thread waits for, tests and
+drops the requests of A and B. L is the post+wait loop: its owner posts the same x and
+out= each time and mostly waits at once (the post then often takes the result itself,
+in one engine call); the others it waits for later, in any order (other threads' waits
+would read out while its later requests write it: its requests are its own); none is
+dropped (a request never waited for keeps the loop off that path):
 
 - post(x) with out=None, a fresh out=, or out= a buffer the thread lent before (a post
   that names a buffer still lent raises StateError: counted as refused, not wrong;
-  --fresh-out: never);
+  --fresh-out: never); with the lent out=, x is the thread's own array, filled anew each
+  time: the same x and out as the last post make the post+wait path of one engine call,
+  whose post takes the result where the round completes within it (counted: `early`);
   x = [1, v], v a small integer, so data[0] of a result counts the posts inside it;
 - wait(timeout) or test() of a request any thread of the rank posted (several threads
   may wait on one request at once: each must get the same Result and the same data;
@@ -89,6 +95,7 @@ class Tally:
         self.timeouts = 0
         self.peer_errors = 0
         self.closes = 0                    # planned close()s that returned (mid-epoch)
+        self.early = 0                     # posts that took their result (post+wait in one engine call)
 
     def bad(self, msg: str) -> None:
         with self.lock:
@@ -168,6 +175,7 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
            reuse_out: bool, close_at: Dict[str, int]) -> None:
     rng = np.random.default_rng([seed, rank, epoch, tid])
     mine: Dict[str, np.ndarray] = {c.name: np.empty(COUNT) for c in colls}    # the out= this thread lends again
+    xs: Dict[str, np.ndarray] = {c.name: np.empty(COUNT) for c in colls}      # ... with this x, filled anew
     private: Dict[str, list] = {c.name: [] for c in colls}                     # requests posted with it
     owned = colls[tid] if tid < len(colls) else None
     close_op = close_at.get(owned.name) if owned is not None else None
@@ -200,15 +208,23 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
                 v = float(rng.integers(1, 9))
                 x = np.array([1.0, v])
                 kind = rng.random()
-                if kind < 0.25 and reuse_out:
+                if c.name == "L" or (kind < 0.25 and reuse_out):
                     out = mine[c.name]
+                    x = xs[c.name]             # the engine copied the last post's x: fill it anew
+                    x[:] = (1.0, v)
                     try:
                         req = c.coll.post(x, out=out)
                     except pc.StateError:
                         with t.lock:
                             t.refused += 1     # out still lent, or the collective closing
                         continue
-                    private[c.name].append(req)
+                    if req._result is not None:
+                        with t.lock:
+                            t.early += 1
+                    if c.name == "L" and kind < 0.7:     # the loop: post, then wait at once
+                        check_result(t, c, req, req.wait(timeout=timeout), where)
+                    else:
+                        private[c.name].append(req)
                 else:
                     req = c.coll.post(x, out=None if kind < 0.6 else np.empty(COUNT))
                     with c.lock:
@@ -250,7 +266,7 @@ def worker(rank: int, tid: int, seed: int, epoch: int, nops: int, colls: List[Co
                     with c.lock:
                         if req in c.shared:
                             c.shared.remove(req)
-            else:                                           # drop a request
+            elif c.name != "L":                             # drop a request
                 with c.lock:
                     if c.shared:
                         c.shared.pop(int(rng.integers(len(c.shared))))
@@ -313,7 +329,7 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
         plan = epoch_plan(args.seed, epoch, size, args.threads, per_thread, args.abandon_p)
         colls = [Coll(name, pc.PartialAllreduce(COUNT, np.float64, MPI.SUM, comm, mode=mode, late=late,
                                                 seed=args.seed + epoch, **mode_options(mode, size)))
-                 for name in "AB"]
+                 for name in "ABL"]
         abandon_at = None
         if plan is not None:
             gone = next(c for c in colls if c.name == plan[3])
@@ -365,7 +381,7 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
     seconds = time.perf_counter() - t0
     row = {"mode": mode, "late": late, "P": size, "ops_per_rank": t.ops, "results": t.results,
            "wrong": len(t.wrong), "lost": lost, "disagree": agree_bad, "refused": t.refused,
-           "timeouts": t.timeouts, "peer_errors": t.peer_errors, "closes": t.closes, "epochs": epochs, "seconds": round(seconds, 2)}
+           "timeouts": t.timeouts, "peer_errors": t.peer_errors, "closes": t.closes, "early": t.early, "epochs": epochs, "seconds": round(seconds, 2)}
     for msg in t.wrong[:10]:
         print("WRONG", msg, flush=True)
     rows = comm.gather(row, root=0)
@@ -373,7 +389,7 @@ def run_config(comm, mode: str, late: str, ops: int, args) -> dict:
     summary = None
     if rank == 0:
         summary = dict(rows[0])
-        for key in ("ops_per_rank", "results", "refused", "timeouts", "peer_errors", "closes"):
+        for key in ("ops_per_rank", "results", "refused", "timeouts", "peer_errors", "closes", "early"):
             summary[key] = [r[key] for r in rows]
         for key in ("wrong", "lost", "disagree"):
             summary[key] = sum(r[key] for r in rows)

@@ -79,6 +79,13 @@ int pc_candidates(uint64_t seed, int64_t round, int size, int q, int *out)
  * it: no pass over the data on this rank for in-place and full-mode posts.
  * pc_coll_user_buffers names user, so that Python keeps it alive.
  *
+ * Takes: each request's take is claimed once (coll_claim). The early take of
+ * pc_coll_post_take (the post's round completed within the post) copies the result into
+ * the post's out at once, but counts in takes only when the caller says its wait has
+ * returned: until then the request is outstanding, so no post is alone and none writes a
+ * user buffer; at close an early result never returned goes back into the pending result
+ * (pc_coll_give_back), so close() still folds in every round no wait returned.
+ *
  * Threads: everything here runs under the collective's unit lock (c->owner.unit.lock):
  * a post's copy or fold, TAKE, DELIVER and result copies block only this collective.
  * completed, finished and err are also read without it (atomic) by waits.
@@ -706,19 +713,22 @@ static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 static int coll_post_end(pc_coll *c)
 {
     tele_post(&c->tele, c->posts);     /* telemetry.c: before the post may start its round */
+    c->claimed[(c->posts % PC_CLAIMS) / 64] &= ~(1ULL << (c->posts % 64));   /* its request: not taken */
     c->posts++;
     int rc = coll_maybe_trigger(c);
     return rc == PC_OK && c->err ? coll_error(c) : rc;
 }
 
-static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+/* A post (unit lock held); *alone_out: whether it was alone. */
+static int coll_post_locked(pc_coll *c, const void *x, void *out, int64_t *index, int *late, int *alone_out)
 {
-    unit_lock(&c->owner.unit);
     int rc = coll_post_begin(c, index, late);
-    if (rc) goto out;
+    if (rc) return rc;
     /* a user's buffer is used in place only where no other request is outstanding (every
-     * earlier one taken): no other request names it, nor will copy a result into it */
+     * earlier one taken, and an early take's returned: takes): no other request names it,
+     * nor will copy a result into it */
     int alone = c->takes == c->posts;
+    *alone_out = alone;
     int direct = alone && c->spec.mode == PC_MODE_FULL && c->armed_round == c->posts && c->armed && !c->triggered
                  && c->input == IN_NONE && !(c->fold && c->pending > 0);
     if (direct) {                        /* full mode: x goes straight into the round's buffer */
@@ -736,7 +746,7 @@ static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *
                  ? pc_axpy(c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count,
                            (double)(c->posts - c->taken_posts + 1))
                  : pc_reduce_local(c->spec.redop, c->spec.dtype, acc, x, lend ? lend : c->acc, c->spec.count);
-            if (rc) goto out;
+            if (rc) return rc;
         } else if (!lend) {
             memcpy(c->acc, x, c->nbytes);
         }
@@ -744,8 +754,14 @@ static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *
         else if (c->input == IN_LENT) c->user = NULL;   /* folded into acc: given back */
         c->input = lend ? IN_LENT : IN_ACC;
     }
-    rc = coll_post_end(c);
-out:
+    return coll_post_end(c);
+}
+
+static int coll_post(pc_coll *c, const void *x, void *out, int64_t *index, int *late)
+{
+    int alone;
+    unit_lock(&c->owner.unit);
+    int rc = coll_post_locked(c, x, out, index, late, &alone);
     unit_unlock(&c->owner.unit);
     return rc;
 }
@@ -836,6 +852,24 @@ static int coll_silent(pc_coll *c, int *ranks, int max, int64_t *round, int *n)
     return PC_OK;
 }
 
+/* A request's claim on its result (unit lock held): the first take of request `index`
+ * gets it, any other take of it (a C caller taking twice; Python elects one taker per
+ * request, its other waits return that taker's Result) is refused, so that takes counts
+ * each request once. The claims of the last PC_CLAIMS posts are kept; an older request's
+ * take is not checked. */
+static int coll_claim(pc_coll *c, int64_t index)
+{
+    if (index < 0 || index >= c->posts)
+        return fail(PC_ERR_ARG, "no request %lld here (%lld posts)", (long long)index, (long long)c->posts);
+    if (index < c->posts - PC_CLAIMS) return PC_OK;
+    uint64_t *w = &c->claimed[(index % PC_CLAIMS) / 64], bit = 1ULL << (index % 64);
+    if (*w & bit)
+        return fail(PC_ERR_STATE, "the result of request %lld (round %lld) was taken already: one take per "
+                    "request", (long long)index, (long long)index);
+    *w |= bit;
+    return PC_OK;
+}
+
 /* Copy out the result (unit lock held): the latest round (latest), or the fold of the
  * rounds not yet taken (fold, and always after close). */
 static void coll_take_result_locked(pc_coll *c, int64_t index, void *out, uint64_t *mask, pc_result *info)
@@ -889,7 +923,8 @@ static int coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out
         return fail(PC_ERR_MPI, "round %lld completed at rank %d, but %s", (long long)index, c->rank, why);
     }
     if (c->err && !coll_round_kept(c, index)) rc = coll_error(c);
-    else coll_take_result_locked(c, index, out, mask, info);
+    else if (index >= PC_CLOSE_INDEX || (rc = coll_claim(c, index)) == PC_OK)
+        coll_take_result_locked(c, index, out, mask, info);
     unit_unlock(&c->owner.unit);
     return rc;
 }
@@ -907,14 +942,104 @@ int64_t pc_coll_post1(pc_coll *c, const void *x, void *out)
     return rc ? -(int64_t)rc : (index << 1) | late;
 }
 
+static void res_of(int64_t *res, const pc_result *info)
+{
+    res[0] = info->round; res[1] = info->rounds; res[2] = info->nap;
+    res[3] = info->post_lo; res[4] = info->post_hi; res[5] = info->finished; res[6] = info->posts;
+}
+
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res)
 {
     pc_result info;
     int rc = pc_coll_wait_take(c, index, timeout_s, out, (uint64_t *)(res + 7), &info);
-    if (rc == PC_OK) {
-        res[0] = info.round; res[1] = info.rounds; res[2] = info.nap;
-        res[3] = info.post_lo; res[4] = info.post_hi; res[5] = info.finished; res[6] = info.posts;
+    if (rc == PC_OK) res_of(res, &info);
+    return rc;
+}
+
+/* An early take's result is shaped as the last one's (its own round, this rank's post
+ * inside it, the same rounds, counts and active and closing bits; P <= 64): the caller
+ * then makes its Result from the last one's fields without reading res. */
+static int coll_same_shape(pc_coll *c, int64_t index, const int64_t *res)
+{
+    int64_t shape[5] = {res[1], res[2], res[6], res[7], res[8]};   /* rounds, nap, posts, bits */
+    int same = c->shaped && W_of(c) == 1 && res[0] == index && res[3] <= index && index < res[4]
+               && memcmp(shape, c->shape, sizeof shape) == 0;
+    memcpy(c->shape, shape, sizeof shape);
+    c->shaped = W_of(c) == 1;
+    return same;
+}
+
+/* post(x, out=y).wait() in one engine call where the round allows it (the early take):
+ * post; then, if this request is alone (every earlier one taken and returned) and names
+ * an out, give its round one progress step here (the peers' messages may be in: the last
+ * rank to post completes the round at once) and, if the round has completed, take the
+ * result as pc_coll_wait1 would: into out and res, claimed as this request's take. Its
+ * wait has not returned yet, so it still holds out: it is counted in takes only once the
+ * caller says so (returned, at its next post; or pc_coll_returned), and until then no post
+ * is alone (none writes a user buffer). A request never returned by close() gives its
+ * result back (pc_coll_give_back): close() folds it in, nothing posted is dropped. */
+static int64_t coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res, int returned)
+{
+    int64_t index = 0;
+    int late = 0, alone = 0, taken = 0, same = 0;
+    unit_lock(&c->owner.unit);
+    c->takes += returned != 0;           /* the last post's early take: its wait returned */
+    int rc = coll_post_locked(c, x, out, &index, &late, &alone);
+    if (rc == PC_OK && alone && out) {
+        pc_sched *s = c->armed;
+        if (LOAD(c->completed) <= index && s && s->running && !s->draining && c->armed_round == index && c->taken)
+            sched_progress(s);
+        if (LOAD(c->completed) > index && !c->err && coll_claim(c, index) == PC_OK) {
+            pc_result info;
+            coll_take_result_locked(c, index, out, (uint64_t *)(res + 7), &info);
+            c->takes--;                  /* counted once its wait has returned */
+            res_of(res, &info);
+            taken = 1;
+            same = coll_same_shape(c, index, res);
+        }
     }
+    unit_unlock(&c->owner.unit);
+    return rc ? -(int64_t)rc : (index << 3) | (same << 2) | (taken << 1) | late;
+}
+
+static int coll_returned(pc_coll *c)
+{
+    unit_lock(&c->owner.unit);
+    c->takes++;
+    unit_unlock(&c->owner.unit);
+    return PC_OK;
+}
+
+/* close() began: an early-taken result whose wait never returned goes back into the
+ * pending result (res: its words as pc_coll_wait1 writes them; data: its data), so the
+ * final result folds it in. */
+static int coll_give_back(pc_coll *c, const void *data, const int64_t *res)
+{
+    unit_lock(&c->owner.unit);
+    int rc = PC_OK;
+    size_t mw = (size_t)pc_coll_mask_words(c->size);
+    if (!c->closing) rc = fail(PC_ERR_STATE, "a result goes back only once close() began");
+    else if (res[1] > 0) {
+        result_internal(c);
+        if (c->pending == 0) {           /* the result buffer holds nothing pending: it is this */
+            memcpy(c->result, data, c->nbytes);
+            c->res_nap = c->res_posts = 0;
+            c->res_lo = res[3];
+            c->res_hi = res[4];
+            c->res_round = res[0];
+            memset(c->res_mask, 0, sizeof(uint64_t) * mw);
+        } else {
+            rc = pc_reduce_local(c->spec.redop, c->spec.dtype, c->result, data, c->result, c->spec.count);
+        }
+        if (rc == PC_OK) {
+            c->pending += res[1];
+            c->res_nap += res[2];
+            c->res_posts += res[6];
+            if (res[0] > c->res_round) c->res_round = res[0];
+            mask_fold(c, (const uint64_t *)(res + 7));
+        }
+    }
+    unit_unlock(&c->owner.unit);
     return rc;
 }
 
@@ -1175,14 +1300,15 @@ static int coll_salvage(pc_coll *c, int64_t *st, void *out, uint64_t *mask, pc_r
 /* ------------------------------------------------------------------ the API: every entry pins
  * Each call holds a pin on the collective while it runs (pc_internal.h, "pins"): a
  * thread that abandons or frees it meanwhile only marks it, and the last one out frees. */
-#define PINNED(api, inner, params, args) \
-    int api params                            \
+#define PINNED_T(type, api, inner, params, args) \
+    type api params                           \
     {                                         \
         unit_pin(&c->owner.unit);             \
-        int rc = inner args;                  \
+        type rc = inner args;                 \
         unit_unpin(&c->owner.unit);           \
         return rc;                            \
     }
+#define PINNED(api, inner, params, args) PINNED_T(int, api, inner, params, args)
 
 PINNED(pc_coll_acc_full, coll_acc_full, (pc_coll *c, int *full), (c, full))
 PINNED(pc_coll_user_buffers, coll_user_buffers, (pc_coll *c, void *bufs[3]), (c, bufs))
@@ -1190,6 +1316,9 @@ PINNED(pc_coll_post_replace, coll_post_replace, (pc_coll *c, const void *x, int6
 PINNED(pc_coll_test, coll_test, (pc_coll *c, int64_t index, int *done), (c, index, done))
 PINNED(pc_coll_silent, coll_silent, (pc_coll *c, int *ranks, int max, int64_t *round, int *n), (c, ranks, max, round, n))
 PINNED(pc_coll_wait_take, coll_wait_take, (pc_coll *c, int64_t index, double timeout_s, void *out, uint64_t *mask, pc_result *info), (c, index, timeout_s, out, mask, info))
+PINNED_T(int64_t, pc_coll_post_take, coll_post_take, (pc_coll *c, const void *x, void *out, int64_t *res, int returned), (c, x, out, res, returned))
+PINNED(pc_coll_returned, coll_returned, (pc_coll *c), (c))
+PINNED(pc_coll_give_back, coll_give_back, (pc_coll *c, const void *data, const int64_t *res), (c, data, res))
 PINNED(pc_coll_post, coll_post, (pc_coll *c, const void *x, void *out, int64_t *index, int *late), (c, x, out, index, late))
 PINNED(pc_coll_close, coll_close, (pc_coll *c), (c))
 PINNED(pc_coll_abort, coll_abort, (pc_coll *c, const char *type, const char *message, double timeout_s), (c, type, message, timeout_s))

@@ -228,6 +228,17 @@ int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, ui
  * wait1 writes round, rounds, nap, post_lo, post_hi, finished, posts, then the mask words */
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
+/* post(x, out=y).wait() in one call where the round completes within it (coll.c): post,
+ * and take the result into out and res (as wait1) if this request is alone and its round
+ * completed (an early take); returned: the last post's early take's wait has returned
+ * (pc_coll_returned says it later). pc_coll_give_back: at close, an early take never
+ * returned goes back into the pending result (res as wait1 wrote it). Returns
+ * (index << 3) | same << 2 | taken << 1 | late, or -code; same: the result's round is
+ * index, this post is inside it, and its rounds, nap, posts and bits are the last early
+ * take's (P <= 64) */
+int64_t pc_coll_post_take(pc_coll *c, const void *x, void *out, int64_t *res, int returned);
+int pc_coll_returned(pc_coll *c);
+int pc_coll_give_back(pc_coll *c, const void *data, const int64_t *res);
 int pc_coll_close(pc_coll *c);
 /* on_failure="shrink": what a stopped collective holds (coll.c, coll_salvage): st has 5 words */
 int pc_coll_salvage(pc_coll *c, int64_t *st, void *out, uint64_t *mask, pc_result *info);

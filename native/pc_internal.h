@@ -301,6 +301,8 @@ void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full);  
 /* Load-aware owners: epochs' snapshots kept (a decision may lag the rounds by up to
  * PC_SNAPS - 1 epochs before a round waits for it), and a decision received, not applied. */
 enum { PC_SNAPS = 4 };
+/* Requests whose take the engine checks (the PC_CLAIMS latest posts' requests) */
+enum { PC_CLAIMS = 4096 };
 typedef struct { int64_t epoch; pc_sched *s[2]; } coll_switch;
 
 struct pc_coll {
@@ -319,6 +321,9 @@ struct pc_coll {
                               * else the pending result */
     int input;               /* where posted data no round has taken is: IN_NONE, IN_ACC,
                               * IN_LENT (in user), IN_WORK (in work_slot) */
+    int shaped;              /* shape: the last early take's rounds, nap, posts, active and closing
+                              * words (P <= 64), for coll_same_shape */
+    int64_t shape[5];
     void *mask_slot;         /* mask_words(P) words: active bits, closing bits, posts per rank */
     uint64_t *res_mask;      /* the same, of the pending result (folded rounds: OR, posts summed) */
     int closing, triggered, taken, fold;
@@ -327,8 +332,10 @@ struct pc_coll {
     int64_t completed;       /* (atomic): rounds completed here */
     int64_t posts, armed_round, pending, res_round;
     int64_t taken_posts;     /* posts read by the rounds so far */
-    int64_t takes;           /* requests whose result was taken (each once: Python's wait elects one
-                              * thread); posts - takes are outstanding (unit) */
+    int64_t takes;           /* requests whose result was taken (each once: claimed; an early take
+                              * once its wait returned); posts - takes are outstanding (unit) */
+    uint64_t claimed[PC_CLAIMS / 64];   /* (unit) request i's result taken: bit i mod PC_CLAIMS,
+                              * for the last PC_CLAIMS posts (coll.c, coll_claim) */
     int64_t round_lo, round_hi;  /* this rank's post indices in the armed round (from TAKE) */
     int64_t res_lo, res_hi, res_nap, res_posts;  /* ... of the pending result; NAP and posts summed */
     int64_t close_seen;      /* first round whose mask showed a closing rank, or -1 */

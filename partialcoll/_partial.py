@@ -73,10 +73,12 @@ def _wait1(c, index, out, res, seconds):
 
 _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
+_post_take = _engine.lib.pc_coll_post_take
+_copyto = np.copyto
 _pc_wait1 = _engine.lib.pc_coll_wait1
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _NULL = _engine.ffi.NULL
-_NO_FB = (object(), None, None, _NULL, None)    # PartialAllreduce._fb: no host post to repeat
+_NO_FB = (object(), None, None, _NULL, None, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
 _CLOSE_WHILE_WAITED = ("close() while another thread waits for a request of this PartialAllreduce: close it once "
                        "that wait is over (the thread that waits owns the requests until then)")
@@ -131,7 +133,9 @@ class PartialRequest:
 
     The request owns its result: any number of threads may wait on it or test it, in any
     order; the first to wait takes the result from the engine (once), and every wait
-    returns that same Result, with the same data in out."""
+    returns that same Result, with the same data in out. Where the round completed within
+    the post (post+wait in one engine call: PartialAllreduce.post), the post took it, and
+    wait() only returns it."""
 
     __slots__ = ("_coll", "index", "late", "_out", "_on_device", "_result", "_fout", "_token")
 
@@ -144,7 +148,10 @@ class PartialRequest:
         self._on_device = on_device
         self._result: Optional[Result] = None
         self._fout = fout                # out as a cffi buffer, made once by post()
-        self._token: list = [True]       # the right to take the result: the wait that pops it (atomic)
+        # the right to take the result: the wait that pops it (atomic). A result the post took
+        # (early): the mark that no wait has returned it yet, and then, on top, a copy of it
+        # if a later post may write out before that (wait)
+        self._token: list = [True]
 
     def test(self) -> bool:
         """True once the round of this post has completed here (the result is then ready)."""
@@ -171,7 +178,17 @@ class PartialRequest:
     def wait(self, timeout: Optional[float] = None) -> Result:
         """Block until this post's round completed here; raises partialcoll.Timeout."""
         result = self._result
-        if result is None and self._coll._shrink is not None:
+        if result is not None:
+            token = self._token
+            if token:                     # taken by the post, returned now
+                try:
+                    kept = token.pop()
+                except IndexError:        # another wait returned it just now, or close() took it back
+                    return result if self._result is not None else self._wait(timeout)
+                if kept is not True:      # a later post kept it: out may hold another result
+                    self._coll._returned_late(self._out, kept)
+            return result
+        if self._coll._shrink is not None:
             return self._coll._shrink.wait(self, timeout)
         return self._wait(timeout)
 
@@ -389,10 +406,15 @@ class PartialAllreduce(_propagate.Reporting):
         self._last_on_device = False
         self._outs: Dict[int, Buffer] = {}   # post index -> its out= buffer, while the engine may use it
         # the last host post's x, its cffi view, out (or None), its view (or NULL), the native
-        # collective; out is kept alive by this while the engine may use it; _fb_index: the
-        # last post's index
+        # collective, the result words of an early take (_pres); out is kept alive by this
+        # while the engine may use it; _fb_index: the last post's index
         self._fb: tuple = _NO_FB
         self._fb_index = -1
+        # the last post's request, where that post took its result (early) and the request's
+        # wait may not have returned it yet: the next post settles it (_settle_early)
+        self._early: Optional[PartialRequest] = None
+        self._unreturned: List[PartialRequest] = []     # earlier such requests, settled unreturned
+        self._shape: tuple = ()          # the last early take's active, nap, rounds, closing, posts
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         # on_failure="shrink": called with the collective after a shrink, before its rounds are
         # built for the survivors (the torch integrations set divisor to the survivors' count)
@@ -485,6 +507,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_used = 7 + 2 * self._mask_words                # ... of which a result reads these
         self._res_pool: list = []
+        self._pres = self._new_res()                             # the post's early take (one poster)
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
         # the tree: R variants of each round schedule, so that the aggregators rotate with the round
@@ -636,23 +659,96 @@ class PartialAllreduce(_propagate.Reporting):
             fb = self._fb
             if fb[0] is x and fb[2] is out:
                 # the host arrays of the last post, checked then (an array's memory cannot move
-                # while a cffi view of it exists): the small-message path, bench/small.py
-                r = _post1(fb[4], fb[1], fb[3])
+                # while a cffi view of it exists): the small-message path, bench/small.py.
+                # One engine call: the post, and the take where the round completes in it
+                early = self._early
+                r = _post_take(fb[4], fb[1], fb[3], fb[5],
+                               0 if early is None else 1 if not early._token else self._settle_early(early))
                 if r < 0:
                     self._check_post(-r)
             else:
+                if self._early is not None and self._settle_early(self._early):
+                    check(_engine.lib.pc_coll_returned(self._native_coll()))
                 return self._post(x, out)
         finally:
             waiting.pop()
             if self._held is not None:
                 self._let_go()
-        index = r >> 1
+        index = r >> 3
         self._fb_index = index
         # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
         req = _new_bare(PartialRequest)
         req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
-        req._on_device, req._result, req._fout, req._token = False, None, fb[3], [True]
+        req._on_device, req._fout, req._token = False, fb[3], [True]
+        if r & 4:                         # the post took the result, shaped as the last one
+            res = _new_bare(Result)
+            res.data, res.round, res.contributed = out, index, True
+            res.active, res.nap, res.rounds, res.closing, res.posts = self._shape
+            req._result = res
+            self._early = req
+        elif r & 2:                       # the post took the result: wait() returns it
+            req._result = res = self._result_of(self._pres[1], out, index)
+            self._shape = (res.active, res.nap, res.rounds, res.closing, res.posts)
+            self._early = req
+        else:
+            req._result = self._early = None
         return req
+
+    def _settle_early(self, early: "PartialRequest") -> int:
+        """Before the next post: 1 if the last post's early-taken request has been returned
+        (its wait returned: the engine counts it taken now). Else 0: the engine counts it
+        outstanding (no post is alone: none writes a user buffer) until its wait returns,
+        which puts this copy of its result back into out (a later request's wait may
+        write out meanwhile) and tells the engine (_returned_late); close() takes it back."""
+        self._early = None
+        token = early._token
+        try:
+            token[0] = np.array(early._out, copy=True)     # atomic against its wait's pop
+        except IndexError:
+            return 1
+        self._unreturned.append(early)
+        return 0
+
+    def _returned_late(self, out: Any, kept: np.ndarray) -> None:
+        """An early-taken request's wait returns after a later post: its result back in out,
+        and the engine counts it taken from now on."""
+        _copyto(out, kept)
+        waiting = self._waiting
+        waiting.append(None)             # inside the engine: see _abandon
+        try:
+            if not (self._closing or self._closed):
+                check(_engine.lib.pc_coll_returned(self._coll))
+        finally:
+            waiting.pop()
+            if self._held is not None:
+                self._let_go()
+
+    def _give_back(self) -> None:
+        """close() began: early-taken results that no wait returned go back to the engine,
+        which folds them into the final result (nothing posted is dropped); their waits
+        raise StateError from now on, as waits of requests not taken do."""
+        early, unreturned = self._early, self._unreturned
+        self._early, self._unreturned = None, []
+        for req in unreturned + ([early] if early is not None else []):
+            res = req._result
+            if res is None:
+                continue
+            req._result = None            # before the claim: a wait that loses it sees None
+            try:
+                kept = req._token.pop()
+            except IndexError:            # its wait returned it
+                req._result = res
+                continue
+            req._token = [True]
+            words = _engine.ffi.new(self._res_type)
+            words[0:7] = [res.round, res.rounds, res.nap, 0, 0, 0, res.posts]
+            bits = _engine.ffi.cast("uint64_t *", words) + 7
+            W = self._mask_words
+            for j, ranks in enumerate((res.active, res.closing)):
+                for r in ranks:
+                    bits[j * W + r // 64] |= 1 << (r % 64)
+            data = req._out if kept is True else kept
+            check(_engine.lib.pc_coll_give_back(self._coll, _engine.ffi.from_buffer(data), words))
 
     def _post(self, x: Buffer, out: Optional[Buffer]) -> PartialRequest:
         if self._serves_only:
@@ -666,7 +762,8 @@ class PartialAllreduce(_propagate.Reporting):
                 out = self._check_input(out, "out buffer", writable=True)
             ffi = _engine.ffi
             self._forget_fb(out)
-            self._fb = fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c)
+            self._fb = fb = (x, ffi.from_buffer(x), out, _NULL if out is None else ffi.from_buffer(out), c,
+                             self._pres[0])
             r = _post1(c, fb[1], fb[3])
             if r < 0:
                 self._check_post(-r)
@@ -809,6 +906,12 @@ class PartialAllreduce(_propagate.Reporting):
                            peers=self._peers, what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
+        r = self._result_of(values, out, index)
+        pool.append(entry)
+        return r
+
+    def _result_of(self, values, out, index: int) -> Result:
+        """The Result of request `index` from a pc_coll_wait1 result array's words."""
         v = values()                             # the words a result reads, as a list
         key = (v[7], v[8]) if self._mask_words == 1 else tuple(v[7:])   # the active and closing bits
         hit = self._mask_cache.get(key)
@@ -817,7 +920,6 @@ class PartialAllreduce(_propagate.Reporting):
         r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
         r.posts = v[6]
         r.contributed = v[3] <= index < v[4]
-        pool.append(entry)
         return r
 
     def _new_res(self):
@@ -902,6 +1004,7 @@ class PartialAllreduce(_propagate.Reporting):
             raise StateError(_CLOSE_WHILE_WAITED)
         try:
             check_round(_engine.lib.pc_coll_close(c), self._peers, "close()")   # an error met since the last wait
+            self._give_back()
         except PartialcollError as exc:
             if not isinstance(exc, survivable):
                 self._close_failed(exc)

@@ -15,7 +15,11 @@ zeros, another round's data, a hang or a false Timeout:
   own round's data (it got the second post's raw input), and nothing writes the buffer
   once the last request naming it was waited for;
 - inline progress: ``wait(timeout=0)`` progresses, so a polling loop completes rounds;
-- a thread that prunes ``out=`` buffers while another thread's wait drops its own.
+- a thread that prunes ``out=`` buffers while another thread's wait drops its own;
+- post+wait in one engine call (the same x and out as the last post: the post takes the
+  result where its round completed within it): the right data under the right round,
+  also when a later post names the same out before the first request's wait, and when
+  two threads wait on a request whose post took the result.
 """
 from __future__ import annotations
 
@@ -119,6 +123,20 @@ def test_dropped_under_a_waiting_thread(comm, how):
         comm.Barrier()
 
 
+def _two_waits(req):
+    """Two threads wait on req at once; their Results (each thread ended without an error)."""
+    start = threading.Barrier(2)
+
+    def one():
+        start.wait()
+        return req.wait(timeout=30.0)
+    ts = [_in_thread(one) for _ in range(2)]
+    for t, box in ts:
+        t.join(60.0)
+        assert not t.is_alive() and "error" not in box, box
+    return [box["result"] for _, box in ts]
+
+
 @pytest.mark.parametrize("late", ["latest", "fold"])
 @pytest.mark.parametrize("with_out", [True, False])
 def test_two_threads_wait_on_one_request(comm, late, with_out):
@@ -128,17 +146,7 @@ def test_two_threads_wait_on_one_request(comm, late, with_out):
     y = np.empty(N)
     for k in range(12):
         req = coll.post(value(comm.rank, k), out=y if with_out else None)
-        start = threading.Barrier(2)
-
-        def one():
-            start.wait()
-            return req.wait(timeout=30.0)
-        ts = [_in_thread(one) for _ in range(2)]
-        for t, _ in ts:
-            t.join(60.0)
-        results = [box.get("result") for _, box in ts]
-        for t, box in ts:
-            assert not t.is_alive() and "error" not in box, box
+        results = _two_waits(req)
         want = total(comm.size, k)
         for res in results:
             assert res.round == k and res.rounds == 1 and res.posts == comm.size, (k, res)
@@ -226,6 +234,89 @@ def test_inline_poll_with_zero_timeout(comm):
             except pc.Timeout:
                 assert time.monotonic() < deadline, f"round {k}: wait(timeout=0) never completed it"
         assert np.array_equal(res.data, total(comm.size, k)), (k, res)
+    coll.close(timeout=30)
+
+
+def _post_last(comm, coll, x, y, k):
+    """Every rank posts x = value(rank, k) (x filled anew: the same array as the last
+    post) with out=y; rank 0 last, once the peers' messages can be in: its post completes
+    the round (full mode, P = 2: one exchange) and takes the result itself."""
+    x[:] = value(comm.rank, k)
+    if comm.rank != 0:
+        req = coll.post(x, out=y)
+    comm.Barrier()
+    if comm.rank == 0:
+        time.sleep(0.002)
+        req = coll.post(x, out=y)
+    return req
+
+
+@pytest.mark.parametrize("late", ["latest", "fold"])
+def test_post_wait_in_one_engine_call(comm, late):
+    """The post+wait loop (bench/small.py's): every result is its round's sum, in y. At
+    P = 2 rank 0, posting last, takes results in its posts (the path is taken). A later
+    post naming y before the earlier request's wait: each wait leaves its own round's data
+    in y, in either order. Two threads waiting on a request whose post took the result:
+    the same Result, its data in y."""
+    coll = pc.allreduce_init(N, np.float64, comm=comm, late=late)
+    x, y = np.empty(N), np.empty(N)
+    early = 0
+    k = 0
+    for _ in range(20):                   # the loop
+        req = _post_last(comm, coll, x, y, k)
+        early += req._result is not None
+        res = req.wait(timeout=30.0)
+        assert res.data is y and res.round == k and res.rounds == 1, (k, res)
+        assert np.array_equal(y, total(comm.size, k)), (k, y)
+        k += 1
+    if comm.size == 2 and comm.rank == 0:
+        assert early >= 10, f"rank 0 posted last in 20 rounds; its post took the result in {early}"
+    for order in ("first", "second"):     # a later post names y before the first request's wait
+        r0 = _post_last(comm, coll, x, y, k)
+        x[:] = value(comm.rank, k + 1)
+        r1 = coll.post(x, out=y)
+        waits = [r0, r1] if order == "first" else [r1, r0]
+        for req in waits:
+            res = req.wait(timeout=30.0)
+            # latest: a completed round's data (its own or a later one's); fold: the rounds
+            # completed since the last result, summed (none: the identity)
+            want = sum((total(comm.size, j) for j in range(res.round - res.rounds + 1, res.round + 1)), np.zeros(N))
+            assert res.data is y and np.array_equal(y, want), (order, k, res, y)
+            assert res.round >= req.index or res.rounds == 0, (order, req.index, res)
+        k += 2
+    for _ in range(4):                    # two threads on a request whose post took the result
+        a, b = _two_waits(_post_last(comm, coll, x, y, k))
+        assert a is b and a.round == k and np.array_equal(y, total(comm.size, k)), (k, a, y)
+        k += 1
+    # requests never waited for, one whose post took the result: close() folds their rounds
+    # in (late="fold": nothing posted is dropped), and their waits raise StateError
+    ra = _post_last(comm, coll, x, y, k)
+    x[:] = value(comm.rank, k + 1)
+    rb = coll.post(x, out=y)
+    final = coll.close(timeout=30)
+    if late == "fold":
+        assert np.array_equal(final.data, total(comm.size, k) + total(comm.size, k + 1)), (k, final)
+    for req in (ra, rb):
+        with pytest.raises(pc.StateError):
+            req.wait(timeout=5.0)
+
+
+def test_engine_takes_each_request_once(comm):
+    """The engine's own claim (a C caller, not Python's wait): a second take of a request
+    is refused with StateError, and does not count as a take (the next request's post
+    still runs in place: the round's data comes back in y)."""
+    from partialcoll import _engine
+    ffi, lib = _engine.ffi, _engine.lib
+    coll = pc.allreduce_init(N, np.float64, comm=comm)
+    y = np.empty(N)
+    res = ffi.new(coll._res_type)
+    req = coll.post(value(comm.rank, 0), out=y)
+    assert req.wait(timeout=30.0).round == 0
+    code = lib.pc_coll_wait1(coll._coll, req.index, 30.0, ffi.from_buffer(y), res)
+    assert code == lib.PC_ERR_STATE, f"a second take of request {req.index} returned {code}"
+    assert "taken already" in ffi.string(lib.pc_last_error()).decode()
+    res1 = coll.post(value(comm.rank, 1), out=y).wait(timeout=30.0)
+    assert res1.round == 1 and np.array_equal(y, total(comm.size, 1)), (res1, y)
     coll.close(timeout=30)
 
 
