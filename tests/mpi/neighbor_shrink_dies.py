@@ -10,7 +10,8 @@ different per rank, iteration and element. A mode written ``mode+pa`` also makes
 PartialAllreduce (mode="full", on_failure="shrink", after the NeighborAllreduce) over
 the same ranks: each iteration a rank posts the same update to both, then waits for
 both, in its order: the PartialAllreduce first at even ranks of the phase, the neighbour
-collective first at odd ones; its victim posts to neither and fails, so survivors meet the failure
+collective first at odd ones; its victim posts to neither and fails once every survivor
+has posted both (each tells it with a message on a side communicator), so survivors meet the failure
 in different collectives (the dead rank's odd neighbours in the NeighborAllreduce, the
 others in the PartialAllreduce). A victim posts its update of the iteration
 and fails before its wait (HOW, per phase: ``kill``, SIGKILL, under Open MPI's ``mpiexec --with-ft
@@ -74,20 +75,28 @@ def die(phase: int) -> None:
     ends[how]()
 
 
-def run(phase: int, coll, members, victims, die_at, partial=None) -> dict:
-    """One phase's iterations and close(): this rank's survivor line."""
+def run(phase: int, coll, members, victims, die_at, partial=None, side=None) -> dict:
+    """One phase's iterations and close(): this rank's survivor line. side (with partial):
+    a communicator on which each survivor tells the victims that it posted both (a send
+    it does not wait for), so the failure comes after every survivor's posts, in a wait."""
     log, plog = [], []
     for k in range(ITERATIONS):
         x = value(me, k)
         if me in victims and k == die_at:
             if partial is None:
                 coll.post(x)
+            else:
+                for _ in range(side.Get_size() - len(victims)):
+                    side.recv(source=MPI.ANY_SOURCE, tag=k)
             die(phase)
         if partial is None:
             res = coll.post(x).wait()
         else:                        # both posted, then waited for in this rank's order
             order = [(partial, 1), (coll, 0)] if coll.rank % 2 == 0 else [(coll, 0), (partial, 1)]
             reqs = [(j, c.post(x)) for c, j in order]
+            if k == die_at:
+                for v in victims:
+                    side.send(None, dest=members.index(v), tag=k)
             got = {j: req.wait() for j, req in reqs}
             res, pres = got[0], got[1]
             plog.append([pres.round, [members[a] for a in pres.active], pres.data.tolist()])
@@ -117,7 +126,8 @@ for phase, (kind, mode, with_partial, victims, die_at) in enumerate(PHASES):
         coll = pc.NeighborAllreduce(N, np.float64, comm=g, on_failure="shrink", **MODES[mode])
         partial = (pc.PartialAllreduce(N, np.float64, comm=comm, mode="full", on_failure="shrink")
                    if with_partial else None)
-        line = run(phase, coll, members, victims, die_at, partial)
+        side = comm.Dup() if with_partial else None
+        line = run(phase, coll, members, victims, die_at, partial, side)
     except pc.ArgumentError as exc:
         print(f"REFUSED rank={me} {exc}", flush=True)
         print(f"PASSED {me}", flush=True)
