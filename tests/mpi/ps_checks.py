@@ -428,7 +428,9 @@ def test_transient_owner_wins_its_blocks_back(comm):
 
 
 def late_rounds(comm, delay, rounds=40):
-    """Full mode, psld, rebalance_every 1: the last rank sleeps `delay` before every post.
+    """Full mode, psld, rebalance_every 1: the last rank sleeps `delay` before every post
+    (none at 0: even time.sleep(0) gives up the core, and on an oversubscribed machine the
+    rank gets it back milliseconds later, late to every round: psld rightly moves its blocks).
     The owners' times are replaced by equal ones (1 ms to start, 1 ms a block) in every
     decision, so only the lateness (the telemetry's waits, carried in the rounds) can move
     blocks. Every result is checked against the closed form; returns every round's
@@ -449,8 +451,8 @@ def late_rounds(comm, delay, rounds=40):
         coll = pc.allreduce_init(count, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64 * 8,
                                  balance="psld", epsilon=0.0, rebalance_every=1)
         for i in range(rounds):
-            if comm.rank == late:
-                time.sleep(delay)
+            if comm.rank == late and delay > 0:
+                time.sleep(delay)        # not sleep(0): it yields the core, late every round
             x = np.arange(count, dtype=np.float64) * (comm.rank + 1) + i
             want = np.arange(count, dtype=np.float64) * (p * (p + 1) // 2) + p * i
             assert np.array_equal(coll.post(x).wait(timeout=60).data, want), i
