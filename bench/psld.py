@@ -80,7 +80,8 @@ def driver(args) -> None:
               *(["--verbose"] if args.verbose else []),
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
               "--repeat", str(args.repeat), "--only", args.only,
-              "--cpu", slow_cpu, "--slow", ",".join(map(str, slow))]
+              "--cpu", slow_cpu, "--others", args.others, "--record", args.record,
+              "--slow", ",".join(map(str, slow))]
     if args.quota and os.geteuid() != 0:
         sys.exit("--quota needs root (it makes a cgroup)")
     env = None
@@ -100,12 +101,13 @@ def driver(args) -> None:
             up.callback(h.down)
             cmd = h.mpiexec(os.path.join(os.path.dirname(sys.executable), "mpiexec"), p, worker)
             env = dict(os.environ, **h.env())
-        else:                                    # the slow ranks pinned to one CPU
+        else:                                    # the slow ranks pinned to one CPU, the others to the rest
             cmd = ["mpiexec"]
             for r in range(p):
                 if cmd[-1] != "mpiexec":
                     cmd.append(":")
-                cmd += ["-n", "1"] + (["taskset", "-c", slow_cpu] if r in slow else []) + worker
+                cpu = slow_cpu if r in slow else args.others
+                cmd += ["-n", "1"] + (["taskset", "-c", cpu] if cpu else []) + worker
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         except subprocess.TimeoutExpired as exc:
@@ -143,6 +145,28 @@ def report(res: dict, args) -> None:
               f"{(static / c['mean_ms']) if static else float('nan'):10.2f} "
               f"{'' if share is None else f'{share:.3f}':>10} {str(c.get('below_at', '')):>11}  "
               f"{' '.join(f'{v:.1f}' for v in c['all_ms'])}")
+    pins = [(name, pin) for name, c in res["configs"].items() for pin in c.get("pinning") or () if pin]
+    if pins and not (args.link or args.quota):  # what taskset set, as each rank's threads and busy processes hold it
+        want = {r: (tuple(int(c) for c in args.cpu.split(",")) if r in res["slow"] else
+                    tuple(int(c) for c in args.others.split(",")) if args.others else None) for r in range(p)}
+        bad = [(name, pin) for name, pin in pins
+               if (want[pin["rank"]] is not None and pin["threads"] != [list(want[pin["rank"]])])
+               or any(h != list(want[pin["rank"]]) for h in pin["hogs"])
+               or (want[pin["rank"]] is not None and not set(pin["ran_on"]) <= set(want[pin["rank"]]))]
+        hogs = sum(len(pin["hogs_ran_on"]) > 0 for _, pin in pins)
+        print(f"pinning: {'HELD' if not bad else 'BROKEN'} in every configuration "
+              f"(ranks {[r for r in range(p) if r not in res['slow']]} on CPU {args.others or 'any'}, "
+              f"ranks {res['slow']} and their busy processes on CPU {args.cpu}; each rank's threads' "
+              f"affinity and the CPU each last ran on){'' if not bad else f': {bad}'}")
+    if "psld" in res["configs"] and res["configs"]["psld"].get("all_share"):
+        n = res["nblocks"]
+        print("psld: the slow rank's blocks at the last round per repetition: "
+              + " ".join(f"{round(s * n)}/{n}" for s in res["configs"]["psld"]["all_share"] if s is not None))
+    for peer in ("ideal",):
+        if static and peer in res["configs"]:
+            pairs = [a / b for a, b in zip(res["configs"]["static"]["all_ms"], res["configs"][peer]["all_ms"])]
+            print(f"static / {peer} per repetition: {' '.join(f'{r:.2f}' for r in pairs)}; "
+                  f"median {sorted(pairs)[len(pairs) // 2]:.2f}")
     if static and "psld" in res["configs"]:     # repetition k of each ran back to back (rotated order)
         pairs = [a / b for a, b in zip(res["configs"]["static"]["all_ms"], res["configs"]["psld"]["all_ms"])]
         print(f"static / psld per repetition: {' '.join(f'{r:.2f}' for r in pairs)}; "
@@ -218,6 +242,7 @@ def worker(args) -> None:
     x = np.full(count, 1.0 + rank, np.float32)
     rounds = args.rounds
     hogs: list = []
+    pinned: list = []                            # pinning() once interfered, per configuration
     if args.quota_path:
         import cgroup
         home = cgroup.home()
@@ -234,12 +259,48 @@ def worker(args) -> None:
         elif rank in slow and on and not hogs:
             for _ in range(args.hogs):
                 hogs.append(subprocess.Popen(["taskset", "-c", args.cpu, sys.executable, "-c", "while True: pass"]))
+            time.sleep(0.05)                     # the hogs' taskset has set their CPU
         elif not on:
             for h in hogs:
                 h.kill()
                 h.wait()
             hogs.clear()
         quiet_barrier(comm, QUIET)
+
+    def pinning() -> dict:
+        """The CPUs this rank's threads and its busy processes may run on (sched_getaffinity,
+        what taskset sets), and the CPU each last ran on (ps's psr: /proc/PID/stat field 39)."""
+        def psr(path):
+            try:
+                with open(path) as f:
+                    return int(f.read().rsplit(")", 1)[1].split()[36])
+            except (OSError, IndexError, ValueError):
+                return -1
+        import glob
+        tasks = glob.glob("/proc/self/task/*")
+        return {"rank": rank,
+                "threads": sorted({tuple(sorted(os.sched_getaffinity(int(t.rsplit("/", 1)[1])))) for t in tasks}),
+                "ran_on": sorted({psr(t + "/stat") for t in tasks}),
+                "hogs": sorted({tuple(sorted(os.sched_getaffinity(h.pid))) for h in hogs if isinstance(h, subprocess.Popen)}),
+                "hogs_ran_on": sorted({psr(f"/proc/{h.pid}/stat") for h in hogs if isinstance(h, subprocess.Popen)})}
+
+    decisions: list = []
+    if args.record:                              # psld's inputs and outputs, every epoch, as the balancer saw them
+        from partialcoll import balance as bal
+        times, decide = bal.OwnerTimes, bal.decide
+
+        class Recorded(times):
+            def __init__(self, sums, rounds=1):
+                super().__init__(sums, rounds)
+                self.sums = [int(x) for x in sums]
+
+        def recorded(kind, measured, predictor, servers, current, seed, epoch, epsilon):
+            new = decide(kind, measured, predictor, servers, current, seed, epoch, epsilon)
+            if kind == "psld":
+                decisions.append({"epoch": epoch, "sums": getattr(measured, "sums", None), "current": list(current),
+                                  "new": list(new), "seed": seed, "late": list(predictor.late)})
+            return new
+        bal.OwnerTimes, bal.decide = Recorded, recorded
 
     def measure(make, interfered, rep) -> dict:
         """Round times (the slowest rank's) and the slow ranks' share per round."""
@@ -255,6 +316,8 @@ def worker(args) -> None:
             dog.daemon = True
             dog.start()
         quiet_barrier(comm, QUIET)
+        decisions.clear()
+        pinned.clear()
         ends = []
         cpu0 = thread_cpu()
         t0 = time.perf_counter()
@@ -263,6 +326,7 @@ def worker(args) -> None:
                 interfere(False)                 # the straggler recovers
             elif i == 0:
                 interfere(interfered)
+                pinned.append(pinning())
             if not posting:
                 continue
             if coll is None:
@@ -283,12 +347,17 @@ def worker(args) -> None:
         who = coll.stats() if coll is not None else None     # who is slow, as the rounds saw it
         every = comm.gather(ends if posting else None)
         cpus = comm.gather(cpu)
+        pins = comm.gather(pinned[0] if pinned else None)
         if rank:
             return {}
         t = np.max(np.array([e for e in every if e is not None]), axis=0)
         per = np.diff(np.concatenate([[0.0], t]))
         out = {"mean_ms": float(per[rounds // 2:].mean() * 1e3), "per_round_ms": [round(v * 1e3, 2) for v in per],
                "cpu_ms_per_round": {r: cpus[r] for r in range(p)}}      # per rank and thread, over all rounds
+        if any(pins):
+            out["pinning"] = pins
+        if decisions:
+            out["decisions"] = list(decisions)
         if who is not None:
             out["who_is_slow"] = {"stragglers": who.stragglers()[:2],
                                   "lateness_mean_ms": [round(float(v) * 1e3, 2) for v in who.lateness_s["mean"]],
@@ -337,10 +406,16 @@ def worker(args) -> None:
             make, interfered = configs[name]
             runs[name].append(measure(make, interfered, rep))
     results = {}
+    if args.record and rank == 0:
+        with open(args.record, "w") as f:
+            json.dump({name: [g.get("decisions", []) for g in got] for name, got in runs.items()}, f)
     for name, got in runs.items():               # the repetition of median mean round time
         if rank == 0:
             means = [g["mean_ms"] for g in got]
-            results[name] = dict(sorted(got, key=lambda g: g["mean_ms"])[len(got) // 2], all_ms=means)
+            results[name] = dict(sorted(got, key=lambda g: g["mean_ms"])[len(got) // 2], all_ms=means,
+                                 all_share=[g.get("slow_share") for g in got])
+            for g in got:
+                g.pop("decisions", None)
     if rank == 0:
         print("RESULT " + json.dumps({"scenario": args.scenario, "P": p, "mib": args.mib, "block_mib": args.block_mib,
                                       "nblocks": nblocks, "rounds": rounds, "slow": slow, "hogs": args.hogs,
@@ -367,6 +442,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run only these configurations (comma-separated; the "
                                                "baseline always), e.g. static,psld")
     ap.add_argument("--cpu", default=str(max(os.sched_getaffinity(0))))
+    ap.add_argument("--others", default=None,
+                    help="CPUs the ranks that are not slow are pinned to (taskset -c; default: every CPU "
+                         "but --cpu, so no rank shares the slow rank's CPU; 'free': not pinned)")
+    ap.add_argument("--record", default="", help="rank 0 writes psld's decisions here (JSON: per "
+                                                  "repetition, every epoch's engine sums and the decision)")
     ap.add_argument("--timeout", type=float, default=170)
     ap.add_argument("--json", help="driver: also write the results here")
     ap.add_argument("--verbose", action="store_true", help="every rank says what it starts (on stderr)")
@@ -374,6 +454,9 @@ def main() -> None:
     ap.add_argument("--slow", default="", help=argparse.SUPPRESS)
     ap.add_argument("--quota-path", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.others is None:
+        args.others = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if str(c) != args.cpu)
+    args.others = "" if args.others == "free" else args.others
     if args.worker:
         worker(args)
     else:
