@@ -201,6 +201,7 @@ class OwnerTimes:
     fixed      what its first block costs beyond that: first latency - marginal (waiting
                for the slowest sender, common to every owner, plus the owner's own delay
                in starting: a CPU-starved owner answers late, then quickly)
+    held       the blocks it held per round (what it was measured on)
     psld predicts an owner's span for n blocks as fixed + n * marginal.
     """
 
@@ -227,6 +228,7 @@ class OwnerTimes:
         self.per_block = np.array(per_block)
         self.marginal = np.array(marginal)
         self.direct = np.array(several, bool)       # the marginal cost measured (not the others')
+        self.held = np.array([n / k if k > 0 else NAN for n, k in zip(blocks, samples)])    # blocks per round
         self.fixed = np.array([_max0(x - m) for x, m in zip(latency, marginal)])
         arrival = [x / 1e9 / max(rounds, 1) for x in v[4 * p:5 * p]]
         self.late = np.array([max(arrival) - a for a in arrival]) if p else np.zeros(0)
@@ -276,16 +278,27 @@ def _round_time(counts: Sequence[int], t: Sequence[float], fixed: Sequence[float
     return max((f + n * x for n, x, f in zip(counts, t, fixed) if n > 0), default=0.0)
 
 
-def _least_counts(t: Sequence[float], f: Sequence[float], nblocks: int) -> List[int]:
+def _least_counts(t: Sequence[float], f: Sequence[float], nblocks: int, cap=None) -> List[int]:
     """least_time's greedy on filled times: each block to the server that would finish
-    it first (the lowest index among equals, as np.argmin)."""
+    it first (the lowest index among equals, as np.argmin); cap (per server, None: no
+    limit): the most blocks a server may take (the others take the rest, past their
+    best, where all are full)."""
     counts = [0] * len(t)
     heap = [(f[i] + t[i], i) for i in range(len(t))]
     heapq.heapify(heap)
+    full = []
     for _ in range(nblocks):
+        if not heap:                 # every server at its cap: the rest as if there were none
+            heap, full = full, []
+            heapq.heapify(heap)
+            cap = None
         _, i = heapq.heappop(heap)
         counts[i] += 1
-        heapq.heappush(heap, (f[i] + (counts[i] + 1) * t[i], i))
+        item = (f[i] + (counts[i] + 1) * t[i], i)
+        if cap is not None and cap[i] is not None and counts[i] >= cap[i]:
+            full.append(item)
+        else:
+            heapq.heappush(heap, item)
     return counts
 
 
@@ -439,7 +452,7 @@ class LateTest:
 
 
 def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
-                 late=None):
+                 late=None, cap=None):
     """psld's blocks per server. tries: a list, or a function of the exploitation's
     counts alone (before the switch test and the exploration: whom the predictions find
     fast enough) that returns it (decide: the outcome of an exploration counts at once).
@@ -460,7 +473,10 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     already wait for it every round, and what it serves adds to that, so its lateness is
     added to its fixed delay. That is a difference the test has weighed already: where
     the two owners the switch test compares have equal times, the gain is in the counts
-    and the lateness, and need beat only the counts' noise."""
+    and the lateness, and need beat only the counts' noise.
+
+    cap -- per server, the most blocks the predictions may give it (None: no limit):
+    a server whose blocks came from exploration grows in measured steps (Predictor.caps)."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
@@ -492,6 +508,7 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
         noise = ((df[a] + now[a] * dt[a]) ** 2 + (df[b] + exploit[b] * dt[b]) ** 2) ** 0.5
     vain = any(x and h > 0 and k == 0 for x, h, k in zip(explored or (), now, exploit))
     counts = list(exploit) if gain > GAIN * (rt - floor) and (vain or gain > noise) else now
+    steps = (t, f)
     if counts is now and explored:
         # an explored server the predictions give blocks: the share its pessimistic
         # prediction (+ its deviations) earns, on GAIN alone
@@ -501,7 +518,11 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
             f2 = [x + (df[i] if i in up else 0.0) for i, x in enumerate(f)]
             won = _least_counts(t2, f2, n)
             if any(won[i] > now[i] for i in up) and rt - _round_time(won, t, f) > GAIN * (rt - floor):
-                counts = won
+                counts, steps = won, (t2, f2)    # its steps (cap) on the same pessimistic prediction
+    # a switch judged on the whole target, made in steps where a server is capped (a step
+    # from 1 block to 2 may shorten no predicted round: judged alone, it would never run)
+    if counts is not now and cap is not None and any(c is not None and k > c for k, c in zip(counts, cap)):
+        counts = _least_counts(*steps, n, [max(c, k) if c is not None else None for c, k in zip(cap, now)])
     idle = [i for i in range(len(servers)) if counts[i] == 0]
     if idle and n > 1 and epsilon > 0:
         rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
@@ -541,6 +562,11 @@ class Predictor:
         self.probed = [False] * size             # ... after an epoch without blocks (explored)
         self.tries = [0] * size                  # explorations that found it slow, since it last
                                                  # held blocks on its predicted merit
+        self.load = [NAN] * size                 # the blocks per round it held when last measured
+        self.want = [0] * size                   # the blocks the latest exploitation gave it
+        self.probation = [False] * size          # its blocks came from exploration, and no
+                                                 # measurement on the share the predictions give
+                                                 # it has confirmed it since (caps)
         self.late_test = LateTest(size)          # ranks late to the rounds beyond chance
         self.late = [0.0] * size                 # ... and by how much (seconds per round)
 
@@ -596,6 +622,12 @@ class Predictor:
         self._average(self.est, self.dev, self.devs, m, same, [0.0] * p, JUMP, [not d for d in direct])
         self._average(self.fixed, self.fixed_dev, self.fixed_devs, f, same, marginal, JUMP)
         fresh = [x == x for x in m]
+        held = _floats(getattr(measured, "held", [NAN] * p))
+        self.load = [h if fr and h == h else o for h, fr, o in zip(held, fresh, self.load)]
+        # measured on at least the share the latest exploitation gave it: confirmed (found
+        # slow there, the next exploitation leaves it out, and judged() puts it back)
+        self.probation = [pr and not (fr and w > 0 and ld >= w)
+                          for pr, fr, w, ld in zip(self.probation, fresh, self.want, self.load)]
         self.direct = [d if fr else o for d, fr, o in zip(direct, fresh, self.direct)]
         self.probed = [fr and not was and k for fr, was, k in zip(fresh, self.fresh, known)]
         self.fresh = fresh
@@ -615,17 +647,32 @@ class Predictor:
             out.append([typical * e if d != d else d for d, e in zip(dev, est)])
         return tuple(out) + ([not d for d in self.direct],)
 
+    def caps(self, servers: Sequence[int]) -> List[Optional[int]]:
+        """The most blocks the predictions may give each of servers (None: no limit): a
+        server on probation (its blocks came from exploration) at most twice the blocks it
+        was last measured on (one where it never was), so that a share it wins back is
+        measured in steps (1, 2, 4...): a server whose CPU is shared with busy processes
+        serves one block at once and a share at a fraction of the speed, and given its
+        whole share on one fast block it held it for two epochs before the measurement
+        came back (the decisions' delay) and lost it again, by turns."""
+        return [(max(1, int(2 * self.load[s])) if self.load[s] == self.load[s] else 1)
+                if self.probation[s] else None for s in servers]
+
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
-        server is not slow (tries 0) once a measurement of a continuing series says so (a
-        server measured again after a time without blocks, on the one block exploration
-        gave it, keeps its tries until it is measured again: a light load can look fast
-        where its share does not); one just measured again that they still leave out was
-        explored in vain (tries + 1, at most MAX_TRIES)."""
+        server is not slow (tries 0) once a measurement of a continuing series on the share
+        they give it says so (a server measured on the block exploration gave it, or on a
+        step toward its share, keeps its tries: a light load can look fast where its share
+        does not); one just measured again that they still leave out was explored in vain
+        (tries + 1, at most MAX_TRIES), and is on probation until a measurement on the
+        share they give it confirms it (caps)."""
         for s, n in zip(servers, exploit):
             self.merit[s] = n > 0
+            self.want[s] = int(n)
+            if n == 0:
+                self.probation[s] = True
             if n > 0:
-                if self.fresh[s] and not self.probed[s]:
+                if self.fresh[s] and not self.probed[s] and not self.probation[s]:
                     self.tries[s] = 0
             elif self.probed[s]:
                 self.tries[s] = min(self.tries[s] + 1, MAX_TRIES)
@@ -648,9 +695,9 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
         return list(current)
     marginal, fixed = predictor.update(measured, epoch)
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)
-    explored = [not predictor.merit[s] for s in servers]        # before judge() updates it
+    explored = [not predictor.merit[s] or predictor.probation[s] for s in servers]   # before judge() updates it
     return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge, predictor.spread(),
-                               explored, predictor.late), servers, current)
+                               explored, predictor.late, predictor.caps(servers)), servers, current)
 
 
 class Balancer:
