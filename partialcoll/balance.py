@@ -96,6 +96,11 @@ LATE_WINDOW = 8              # LateTest's epochs (at least; more where one epoch
                              # less: late_window, 10 at P = 4, 17 at P = 2). Under load here a
                              # CPU-starved rank's lateness stood out of the others' in 8
                              # epochs (P x p 0.0002 - 0.02), not in 5 (0.004 - 0.3)
+LATE_SPANS = 3               # LateTest also tests the last 2W and 4W epochs (Bonferroni over
+                             # the windows it tests): a rank late by a little every epoch, whose
+                             # W epochs never say so at LATE_ALPHA, is found once enough have
+                             # (a CPU-starved rank at P = 4 here: P x p ~ 0.03 over 10 epochs,
+                             # ~1e-3 over 20, ~2e-5 over 40)
 LATE_KEEP = 0.5              # a rank found late stays late until its p-value (x P) rises above
                              # this: hysteresis (with fewer blocks it serves less and may look
                              # less late, not on time)
@@ -376,8 +381,9 @@ class LateTest:
     rank feeds it the same epochs and gets the same answer).
 
     Each epoch brings every rank's lateness (OwnerTimes.late: seconds per round behind
-    the rank that waited most). Over the last W epochs (late_window), a rank's statistic
-    is the sum of its lateness. The null hypothesis: nobody is late, who is late in an
+    the rank that waited most). Over the last W epochs (late_window), and the last 2W and
+    4W once there are that many (LATE_SPANS windows), a rank's statistic is the sum of its
+    lateness. The null hypothesis: nobody is late, who is late in an
     epoch is chance (the ranks' values exchangeable within an epoch, epochs
     independent). Under it, a rank's sum is distributed as the sum of one value drawn
     at random from each epoch's P values -- a permutation test, which needs no model of
@@ -386,16 +392,18 @@ class LateTest:
     (Monte Carlo, N = 2 P / LATE_ALPHA, from a seed fixed by the epoch: every rank
     draws alike; the values in whole microseconds, so the sums are exact). The ranks
     share one null distribution, so only the latest sum is tested; it is late when
-    P x p <= LATE_ALPHA (Bonferroni over the ranks): per decision, a false finding has
-    probability <= LATE_ALPHA. A rank found late stays late (hysteresis) while P x p <=
-    LATE_KEEP and it is later than the others' median on average. What it is late by:
-    its mean, over the window, beyond the median of the others'."""
+    K x P x p <= LATE_ALPHA in one of the K windows tested (Bonferroni over the ranks and
+    the windows): per decision, a false finding has probability <= LATE_ALPHA. A rank
+    found late stays late (hysteresis) while P x p <= LATE_KEEP over as many epochs as
+    it was found on, and it is later than the others' median there on average. What it
+    is late by: its mean, over those epochs, beyond the median of the others'."""
 
     def __init__(self, size: int) -> None:
         self.size, self.window = size, late_window(size)
         self.epochs: List[List[int]] = []          # the last `window` epochs, microseconds per rank
         self.late = [False] * size                 # found late (and still)
-        self.p = [1.0] * size                      # the latest test's P x p of the ranks tested
+        self.p = [1.0] * size                      # the latest P x p of the ranks found late
+        self.span = [0] * size                     # ... over the last this many epochs (where found)
 
     def observe(self, late: Sequence[float], epoch: int) -> List[float]:
         """Feed an epoch's lateness (seconds per rank; NaN: none measured, skipped);
@@ -404,43 +412,58 @@ class LateTest:
         p = self.size
         if p < 2 or len(late) != p or any(x != x for x in late):
             return [0.0] * p
-        self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in late]])[-self.window:]
+        self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in late]])[-self.window * 2 ** (LATE_SPANS - 1):]
         if len(self.epochs) < self.window:
             return [0.0] * p
-        x = np.array(self.epochs, np.int64)                        # W x P
-        sums = x.sum(axis=0)
-        top = int(np.argmax(sums))
-        test = {top} | {r for r in range(p) if self.late[r]}
-        # no rank two null deviations above the null mean and none found late before: none
-        # can pass (p there is some 0.02 or more, not LATE_ALPHA / P), no draws (a
-        # decision holds the GIL: see _fill). In integers, exact on every rank: P x (sum -
-        # mean) against P x the deviation
-        excess = p * int(sums[top]) - sum(map(int, sums))
-        var = sum(p * sum(v * v for v in e) - sum(e) ** 2 for e in self.epochs)     # P^2 x the variance
-        if (excess <= 0 or excess * excess <= 4 * var) and not any(self.late):
-            self.p = [1.0] * p
-            return [0.0] * p
-        # the null's draws: 1000 first, enough to keep or let go of a rank found late
-        # (LATE_KEEP); the test of the latest draws on to N only where its count of draws
-        # at or above its sum can still be small enough (the same draws, so the same
-        # answer as drawing all N at once)
-        n = int(math.ceil(2 * p / LATE_ALPHA))
+        spans = [self.window * 2 ** k for k in range(LATE_SPANS) if self.window * 2 ** k <= len(self.epochs)]
         rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x1a7e])
-        null = self._null(x, rng, min(n, 1000))
-        drawn = {r: len(null) for r in test}
-        above = {r: int(np.count_nonzero(null >= sums[r])) for r in test}
-        if not self.late[top] and (1 + above[top]) * p <= LATE_ALPHA * (n + 1) and n > len(null):
-            above[top] += int(np.count_nonzero(self._null(x, rng, n - len(null)) >= sums[top]))
-            drawn[top] = n
-        others = [np.median(np.delete(x, r, axis=1), axis=1) for r in sorted(test)]
-        beyond = dict(zip(sorted(test), (float(np.mean(x[:, r] - o)) / 1e6 for r, o in zip(sorted(test), others))))
-        for r in range(p):
-            self.p[r] = min(1.0, p * (1 + above[r]) / (drawn[r] + 1)) if r in test else 1.0
-            if r == top and not self.late[r]:
-                self.late[r] = drawn[r] == n and p * (1 + above[r]) <= LATE_ALPHA * (n + 1)
-            elif self.late[r] and not (self.p[r] <= LATE_KEEP and beyond[r] > 0):
-                self.late[r] = False
+        self.p, beyond = [1.0] * p, {}
+        for r in range(p):       # 1000 draws: enough to keep or let go of a rank found late (LATE_KEEP)
+            if self.late[r]:
+                x = np.array(self.epochs[-self.span[r]:], np.int64)
+                above = int(np.count_nonzero(self._null(x, rng, 1000) >= int(x[:, r].sum())))
+                self.p[r], beyond[r] = min(1.0, p * (1 + above) / 1001), self._beyond(x, r)
+                self.late[r] = self.p[r] <= LATE_KEEP and beyond[r] > 0
+        found = self._find(spans, rng)
+        if found is not None:
+            r, span = found
+            b = self._beyond(np.array(self.epochs[-span:], np.int64), r)
+            if b > 0:
+                self.late[r], self.span[r], beyond[r] = True, span, b
         return [max(beyond[r], 0.0) if self.late[r] else 0.0 for r in range(p)]
+
+    @staticmethod
+    def _beyond(x: np.ndarray, r: int) -> float:
+        """Rank r's mean lateness beyond the others' median over the epochs x (seconds)."""
+        return float(np.mean(x[:, r] - np.median(np.delete(x, r, axis=1), axis=1))) / 1e6
+
+    def _find(self, spans: Sequence[int], rng) -> Optional[tuple]:
+        """(rank, span): the latest rank over the last `span` epochs, the first of spans
+        where it is late beyond chance: K x P x p <= LATE_ALPHA, K = len(spans); else None."""
+        p, k = self.size, len(spans)
+        n = int(math.ceil(2 * p * k / LATE_ALPHA))
+        for span in spans:
+            rows = self.epochs[-span:]
+            sums = [sum(e[r] for e in rows) for r in range(p)]
+            top = max(range(p), key=lambda r: (sums[r], -r))
+            if self.late[top]:       # found already
+                continue
+            # no rank two null deviations above the null mean: none can pass (p there is
+            # some 0.02 or more), no draws (a decision holds the GIL: see _fill). In
+            # integers, exact on every rank: P x (sum - mean) against P x the deviation
+            excess = p * sums[top] - sum(sums)
+            var = sum(p * sum(v * v for v in e) - sum(e) ** 2 for e in rows)         # P^2 x the variance
+            if excess <= 0 or excess * excess <= 4 * var:
+                continue
+            # 1000 draws first, the rest only where the count of draws at or above its sum
+            # can still be small enough (the same draws: the answer of drawing all N)
+            x, first = np.array(rows, np.int64), min(n, 1000)
+            above = int(np.count_nonzero(self._null(x, rng, first) >= sums[top]))
+            if first < n and (1 + above) * p * k <= LATE_ALPHA * (n + 1):
+                above += int(np.count_nonzero(self._null(x, rng, n - first) >= sums[top]))
+            if (1 + above) * p * k <= LATE_ALPHA * (n + 1):
+                return top, span
+        return None
 
     @staticmethod
     def _null(x: np.ndarray, rng, n: int) -> np.ndarray:
