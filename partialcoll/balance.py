@@ -33,15 +33,19 @@ balance=
                   2 ** -MAX_TRIES of epsilon's; an exploration that measured it fast on
                   its one block does not reset that, a later measurement does), so a
                   server that stays slow costs a few explored epochs, not epsilon's
-                  share of all of them. Noise is weighed as the measurements show it
-                  (their deviations from the predictions): servers predicted within it
+                  share of all of them; a server whose blocks came from exploration
+                  wins its share back in measured steps (at most twice the blocks it
+                  was last measured on: one fast block says little of a share).
+                  Noise is weighed as the measurements show it (their deviations
+                  from the predictions): servers predicted within it
                   of each other count as equally fast, and a switch must gain more than
                   it; the first epoch is not used. A rank late to the rounds (the
                   telemetry's arrivals, carried in the same rows: a worker starved of CPU
                   posts late, and every owner's first result waits for its blocks, so the
                   owners' times cannot single it out) is predicted that much later as an
-                  owner once a test says it is late beyond chance (LateTest), and for as
-                  long as it stays later than a typical rank.
+                  owner once a test says it is late beyond chance (LateTest, over the
+                  last W, 2W and 4W epochs), and for as long as it stays later than a
+                  typical rank.
 """
 from __future__ import annotations
 
