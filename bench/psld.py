@@ -157,7 +157,8 @@ def report(res: dict, args) -> None:
         print(f"pinning: {'HELD' if not bad else 'BROKEN'} in every configuration "
               f"(ranks {[r for r in range(p) if r not in res['slow']]} on CPU {args.others or 'any'}, "
               f"ranks {res['slow']} and their busy processes on CPU {args.cpu}; each rank's threads' "
-              f"affinity and the CPU each last ran on){'' if not bad else f': {bad}'}")
+              f"affinity and the CPU each last ran on; the busy processes of {hogs} runs)"
+              f"{'' if not bad else f': {bad}'}")
     if "psld" in res["configs"] and res["configs"]["psld"].get("all_share"):
         n = res["nblocks"]
         print("psld: the slow rank's blocks at the last round per repetition: "

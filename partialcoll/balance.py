@@ -295,7 +295,7 @@ def _least_counts(t: Sequence[float], f: Sequence[float], nblocks: int, cap=None
     counts = [0] * len(t)
     heap = [(f[i] + t[i], i) for i in range(len(t))]
     heapq.heapify(heap)
-    full = []
+    full: List[tuple] = []
     for _ in range(nblocks):
         if not heap:                 # every server at its cap: the rest as if there were none
             heap, full = full, []

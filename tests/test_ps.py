@@ -377,10 +377,10 @@ def test_late_test_finds_a_rank_late_by_a_little_in_longer_windows():
     first = found.index(True) if True in found else None
     assert first is not None and first <= 30 and all(found[first:]), found
     rng = np.random.default_rng(7)
-    for run in range(20):
+    for shuffle in range(20):
         t = balance.LateTest(4)
         for e, row in enumerate(STARVED_EPOCHS):
-            assert not any(t.observe((rng.permutation(row) / 1e3).tolist(), e)), (run, e)
+            assert not any(t.observe((rng.permutation(row) / 1e3).tolist(), e)), (shuffle, e)
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):
