@@ -419,7 +419,7 @@ def worker(args) -> None:
                 g.pop("decisions", None)
     if rank == 0:
         print("RESULT " + json.dumps({"scenario": args.scenario, "P": p, "mib": args.mib, "block_mib": args.block_mib,
-                                      "nblocks": nblocks, "rounds": rounds, "slow": slow, "hogs": args.hogs,
+                                      "nblocks": nblocks, "rounds": rounds, "slow": slow, "hogs": 0 if args.scenario == "none" else args.hogs,
                                       "configs": results}), flush=True)
     pc.finalize()
 
