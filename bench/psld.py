@@ -31,8 +31,12 @@ is reported (the machine is shared: its load drifts during a run). Repetition k 
 every collective with 1 + k, so psld explores in other rounds in each.
 
 Interference (PSLD's "computation interference"): the slow rank is pinned to one CPU
-with taskset, and while a configuration with interference runs, it starts --hogs busy
-processes pinned to the same CPU (and kills them after). With --link RATE (root), the
+with taskset, the other ranks to the other CPUs (--others; 'free': not pinned), and
+while a configuration with interference runs, it starts --hogs busy processes pinned
+to the slow rank's CPU (and kills them after). Every rank reports its threads'
+affinity and the CPU each last ran on, and its busy processes' (ps's psr), and the
+driver says whether the pinning held. --record FILE: rank 0 writes psld's decisions
+(every epoch's engine sums, the assignment before and after) for replay. With --link RATE (root), the
 job runs across P emulated hosts instead (tests/hosts.py: network namespaces, MPI over
 TCP, one rank per host), and the interference is a rate limit (tc tbf) on the slow
 ranks' hosts' links only, set and lifted by those ranks. With --quota CPUS (root), the
