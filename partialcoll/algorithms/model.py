@@ -18,7 +18,8 @@ formulas; bench/scale.py checks them against an event simulation of the real sch
     and out, (alpha + n beta + n gamma + 2 o) + (alpha + n beta + o) more.)
 
 Quorum's activation (``quorum``): from the k-th post to the round's start at rank 0,
-the leader's alpha + (P - 1) o, or the comparator network's (D_k + 1)(alpha + o).
+the leader's alpha + (P - 1) o, or the sorting network's in boxes of fan wires,
+(D_k + 1) alpha + (D_k (fan - 1) + 1) o (D_k its box hops).
 
 A hypercube step between ranks mask apart stays inside a node when mask < ppn (ranks
 are placed node by node); across nodes the ppn ranks of a node send at once through its
