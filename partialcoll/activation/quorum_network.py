@@ -19,7 +19,7 @@ Consecutive layers that use at most b dimensions form a segment; within a segmen
 wires that differ only in those b bits (a subcube of 2^b wires) touch nobody else, so
 the segment's comparators on them are a box: a function of the box's 2^b input times
 alone. One rank computes the whole box: it receives the box's inputs held elsewhere
-(at most 2^b - 1 messages) and runs its comparators as local nops; the outputs stay
+(at most 2^b messages) and runs its comparators as local nops; the outputs stay
 there until a later box or the leader needs them. Messages are one per box input, not
 one per comparator, and a box is one hop, not b. The host is the rank with the fewest
 receives so far among the inputs' holders and the least loaded rank; the leader hosts
