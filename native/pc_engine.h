@@ -94,7 +94,8 @@ typedef struct pc_idle_policy {
     double sleep_min_us; /* then sleep, doubling from this ... */
     double sleep_max_us; /* ... up to this cap; a local post wakes the sleeper at once */
     double deep_after_us;/* after this long without any event, the cap grows with the idle
-                          * time (a tenth of it: a wake-up costs at most 10 % extra latency) ... */
+                          * time (a tenth of it over the armed round's message steps: a round
+                          * through that many napping ranks takes at most 10 % longer) ... */
     double deep_sleep_us;/* ... up to this (an idle rank costs almost no CPU) */
     int64_t busy_bytes;  /* while a message this large moves (its round has begun), poll ... */
     double busy_cap_us;  /* ... as long as the last event is younger than this */

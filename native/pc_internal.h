@@ -235,6 +235,8 @@ struct pc_sched {
     int live;                /* this execution's data is moving: a plain schedule from its start,
                               * a round of a partial collective from its TAKE */
     int needs_trigger;       /* nothing but pre-posted receives can happen before the TRIGGER */
+    int hops;                /* receives on the longest dependency chain: the message steps a
+                              * round may take through ranks that nap (progress.c's deep sleep) */
     int running;             /* (unit; atomic): an execution runs; Hop's entry predicate reads it */
     int remaining, draining; /* (unit) */
     int err;                 /* (unit; atomic) */

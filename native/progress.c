@@ -225,6 +225,18 @@ static int engine_flags(void)
     return f;
 }
 
+/* The most message steps (pc_sched.hops) of a running schedule that waits for its peers
+ * (SF_POLLABLE), at least 1. */
+static int engine_hops(void)
+{
+    int h = 1;
+    pthread_mutex_lock(&E.lock);
+    for (pc_sched *s = E.running; s; s = s->next)
+        if ((LOAD(s->flags) & SF_POLLABLE) && s->hops > h) h = s->hops;
+    pthread_mutex_unlock(&E.lock);
+    return h;
+}
+
 /* ------------------------------------------------------------------ passes */
 typedef struct { pc_sched **s; int cap; } snapshot;
 static __thread snapshot snap;
@@ -466,7 +478,9 @@ void notify_books(void)
  * sleep with a doubling, capped backoff. While a large message moves (SF_BUSY) it keeps
  * yielding instead of sleeping, up to idle_busy_bound_us() after the last event (a few
  * times the period at which large transfers showed progress, at most busy_cap_us). Past
- * deep_after_us the sleep cap grows to a tenth of the idle time (at most deep_sleep_us).
+ * deep_after_us the sleep cap grows to a tenth of the idle time divided by the message
+ * steps of the longest armed schedule (at most deep_sleep_us): a round that crosses that
+ * many napping ranks, one after another, answers within about a tenth of their idle time.
  * A kick (a local post) ends a sleep at once. Called without any lock. */
 typedef struct { double idle_since, sleep_us; unsigned spins; } idle_state;
 
@@ -501,8 +515,10 @@ static void idle_step(idle_state *st, int busy)
     }
     sleep_for_kick(st->sleep_us);
     double cap = E.policy.sleep_max_us;
-    if (idle > E.policy.deep_after_us && idle / 10 > cap)
-        cap = idle / 10 < E.policy.deep_sleep_us ? idle / 10 : E.policy.deep_sleep_us;
+    if (idle > E.policy.deep_after_us) {
+        double deep = idle / (10.0 * engine_hops());
+        if (deep > cap) cap = deep < E.policy.deep_sleep_us ? deep : E.policy.deep_sleep_us;
+    }
     st->sleep_us *= 2;
     if (st->sleep_us > cap) st->sleep_us = cap;
 }

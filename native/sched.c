@@ -387,6 +387,27 @@ int sched_create(void *comm_handle, int nops, const pc_opspec *spec, int nedges,
             goto out;
         }
     }
+    /* the receives on the longest dependency chain (Kahn's order; ops on a cycle never
+     * run and are left out) */
+    int *deg = malloc(sizeof(int) * (size_t)(nops + 1)), *queue = malloc(sizeof(int) * (size_t)(nops + 1));
+    int *depth = calloc((size_t)(nops + 1), sizeof(int));
+    if (!deg || !queue || !depth) rc = fail(PC_ERR_NOMEM, "out of memory");
+    else {
+        int head = 0, tail = 0;
+        memcpy(deg, cnt, sizeof(int) * (size_t)nops);
+        for (int i = 0; i < nops; i++) if (deg[i] == 0) queue[tail++] = i;
+        while (head < tail) {
+            int i = queue[head++];
+            int d = depth[i] + (s->ops[i].kind == PC_RECV);
+            if (d > s->hops) s->hops = d;
+            for (int k = 0; k < s->ops[i].nsucc; k++) {
+                int j = s->ops[i].succ[k];
+                if (depth[j] < d) depth[j] = d;
+                if (--deg[j] == 0) queue[tail++] = j;
+            }
+        }
+    }
+    free(deg); free(queue); free(depth);
 out:
     free(sendseq); free(recvseq);
     if (rc) { sched_destroy(s); return rc; }

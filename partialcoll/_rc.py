@@ -43,7 +43,8 @@ class RC:
         sleep_min_us: then sleep, doubling from this (default 10) ...
         sleep_max_us: ... up to this cap (default 200); a local post wakes the engine at once.
         deep_after_us: after this long without any event (default 20000), the sleep cap grows
-            to a tenth of the idle time, so a wake-up adds at most ~10 % to it ...
+            to a tenth of the idle time divided by the message steps of the armed round, so
+            a round that crosses that many napping ranks takes at most ~10 % longer ...
         deep_sleep_us: ... up to this (default 20000): an idle or waiting rank costs under 1 %
             of a core, a rank idle for up to 200 ms answers a peer within a tenth of that,
             and one idle for longer within 20 ms.

@@ -18,6 +18,7 @@ from partialcoll.algorithms import model
 from partialcoll.schedule import RECV, SEND, TRIGGER, Schedule
 
 NEVER = math.inf
+C_RECEIVES = 3        # receives per rank and round <= C_RECEIVES * ceil(log2 p), p <= 4096
 
 
 def build(p, k, builder=quorum_network.activation):
@@ -128,48 +129,66 @@ def test_never_before_the_kth_post_with_slow_links(p):
             assert simulate(scheds, less, latency)[0][active[0]] == NEVER, (p, k)
 
 
-def test_network_sorts():
-    """The pruned network (only real wires) sorts: every output wire is the sorted input,
-    for 1-20 wires (NumPy's sort is the reference)."""
+def test_bitonic_sorts():
+    """The layers the boxes are cut from sort: 1-40 values padded with +inf to a power of
+    two come out in NumPy's order."""
     rng = np.random.default_rng(0)
-    for wires in range(1, 21):
-        comps = quorum_network.cone(wires, tuple(range(wires)))
-        for _ in range(20):
-            x = list(rng.permutation(wires))
-            for i, j, _, _ in comps:
-                x[i], x[j] = min(x[i], x[j]), max(x[i], x[j])
-            assert x == sorted(x) == list(range(wires)), (wires, x)
+    for wires in range(1, 41):
+        n = 1 << max(wires - 1, 0).bit_length()
+        for _ in range(10):
+            x = list(rng.uniform(0, 1, wires)) + [math.inf] * (n - wires)
+            for s, d in quorum_network.bitonic(n):
+                for i in range(n):
+                    j = i | 1 << d
+                    if not i >> d & 1:
+                        lo, hi = min(x[i], x[j]), max(x[i], x[j])
+                        x[i], x[j] = (lo, hi) if not i >> s & 1 else (hi, lo)
+            assert x[:wires] == sorted(x[:wires]), (wires, x)
 
 
-def test_broken_network_is_caught():
-    """A comparator left out of the cone: the simulation sees the wrong post start the round."""
-    full = quorum_network.cone(7, quorum_network.outputs(8, 4))
-    missed = 0
-    for drop in range(len(full)):
-        comps = full[:drop] + full[drop + 1:]
-        x = [5, 3, 6, 0, 2, 4, 1]
-        for i, j, _, _ in comps:
-            x[i], x[j] = min(x[i], x[j]), max(x[i], x[j])
-        missed += x[2] != 2 or x[3] != 3
-    assert missed > 0
+def evaluate(net, posts, flip=None):
+    """The plan's outputs on post times, its gates run in order (flip: one gate's min and
+    max swapped)."""
+    val = dict(enumerate(posts))
+    for box in net.boxes:
+        for out, x, y, hi in box.gates:
+            hi = hi != (out == flip)
+            val[out] = max(val[x], val[y]) if hi else min(val[x], val[y])
+    return [val[x] for x, _ in net.outs]
 
 
-@pytest.mark.parametrize("p", [16, 64, 256, 1024, 4096])
+def test_broken_plan_is_caught():
+    """A gate whose min and max are swapped: some post order makes the output wrong (the
+    check that the simulation's exact start rests on)."""
+    net = quorum_network.plan(9, 4)
+    rng = np.random.default_rng(1)
+    orders = [list(rng.permutation(8).astype(float)) for _ in range(200)]
+    assert all(evaluate(net, o) == [2.0, 3.0] for o in orders)
+    gates = [g[0] for box in net.boxes for g in box.gates]
+    caught = sum(any(evaluate(net, o, flip=g) != [2.0, 3.0] for o in orders) for g in gates)
+    assert caught == len(gates), (caught, len(gates))
+
+
+@pytest.mark.parametrize("p", [16, 64, 100, 256, 1024, 3000, 4096])
 def test_receives_per_rank(p):
     """Counted on the dry-built schedules (every rank up to 64; at larger P the ranks the
-    closed count says receive most, and a sample): at most L(L + 1)/2 + 1 receives per
-    rank and round, L = ceil(log2 p), where the leader's quorum gives rank 0 p - 1."""
+    plan says receive most, and a sample): at most C_RECEIVES * ceil(log2 p) receives per
+    rank and round (and at most the segments + one box + the activation), where the
+    leader's quorum gives rank 0 p - 1."""
     L = math.ceil(math.log2(p))
     for k in sorted({1, 2, (p + 1) // 2, p - 1, p}):
-        closed = quorum_network.receives(p, k)
+        net = quorum_network.plan(p, k)
+        counted = quorum_network.receives(p, k)
         ranks = range(p) if p <= 64 else sorted(set(
-            sorted(closed, key=closed.get)[-4:] + [0, 1, p // 2, p - 1]))
+            sorted(counted, key=counted.get)[-4:] + [0, 1, p // 2, p - 1]))
         for r in ranks:
             s = Schedule(rank=r, size=p)
             quorum_network.activation(s, s._trigger(), k=k)
             n = sum(op.kind == RECV for op in s.ops)
-            assert n == closed[r], (p, k, r, n, closed[r])
-        assert max(closed.values()) <= L * (L + 1) // 2 + 1, (p, k, max(closed.values()))
+            assert n == counted[r], (p, k, r, n, counted[r])
+        most = max(counted.values())
+        assert most <= C_RECEIVES * L, (p, k, most)
+        assert most <= net.segments + (1 << net.dims) + 1, (p, k, most)
     lead = Schedule(rank=0, size=p)
     quorum.activation(lead, lead._trigger(), k=p // 2)
     assert sum(op.kind == RECV for op in lead.ops) == p - 1
@@ -180,7 +199,7 @@ def test_choice_follows_the_model():
     sooner (with the defaults), and builds what it chose."""
     for p in (2, 3, 8, 64, 1024, 4096):
         k = (p + 1) // 2
-        net = model.quorum("network", p, quorum_network.depth(p, k))
+        net = model.quorum("network", p, quorum_network.depth(p, k), 1 << quorum_network.box_dims(p))
         want = "network" if p > 2 and net < model.quorum("leader", p) else "leader"
         assert quorum_network.choose(p, k) == want, p
         s = Schedule(rank=0, size=p)

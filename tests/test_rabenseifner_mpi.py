@@ -8,8 +8,8 @@ import pytest
 @pytest.mark.mpiexec
 def test_rabenseifner(mpirun):
     """P = 1 - 9 in one launch of 9 ranks (sub-communicators in turn: starting the ranks
-    is most of a small check's time); in the same launch, the quorum through the comparator
-    network at P = 2, 3, 4, 5, 8 (quorum_network_checks.py): the k-th post starts the round
+    is most of a small check's time); in the same launch, the quorum through the sorting
+    network in boxes at P = 2, 3, 4, 5, 8 (quorum_network_checks.py): the k-th post starts the round
     and not the (k - 1)-th, results equal the posters' values summed in the check, and with
     late="fold" MPI_Allreduce of everything posted."""
     mpirun(["rabenseifner_checks.py", "quorum_network_checks.py"], 9, "--sizes=1,2,3,4,5,6,7,8,9",

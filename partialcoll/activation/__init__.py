@@ -16,8 +16,8 @@ full       full               nobody: each rank's own post starts its part
 
 Quorum has two builders that start the round at the same moment, the k-th post:
 ``quorum`` (rank 0 hears a notification from every rank: p - 1 receives, one hop) and
-``quorum_network`` (a comparator network: at most ceil(log2 p)(ceil(log2 p) + 1) / 2
-+ 1 receives per rank, as many hops). ``quorum_network.choose`` takes the one the
+``quorum_network`` (a sorting network in boxes: at most 3 ceil(log2 p) receives per
+rank up to p = 4096, a hop per box). ``quorum_network.choose`` takes the one the
 model predicts sooner.
 """
 from __future__ import annotations

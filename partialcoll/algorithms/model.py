@@ -18,7 +18,8 @@ formulas; bench/scale.py checks them against an event simulation of the real sch
     and out, (alpha + n beta + n gamma + 2 o) + (alpha + n beta + o) more.)
 
 Quorum's activation (``quorum``): from the k-th post to the round's start at rank 0,
-the leader's alpha + (P - 1) o, or the comparator network's (D_k + 1)(alpha + o).
+the leader's alpha + (P - 1) o, or the sorting network's in boxes of fan wires,
+(D_k + 1) alpha + (D_k (fan - 1) + 1) o (D_k its box hops).
 
 A hypercube step between ranks mask apart stays inside a node when mask < ppn (ranks
 are placed node by node); across nodes the ppn ranks of a node send at once through its
@@ -147,18 +148,19 @@ def predict(alg: str, p: int, nbytes: float, ppn: int = 1, q: Params = DEFAULTS,
     raise ValueError(f"no model of {alg!r}")
 
 
-def quorum(how: str, p: int, depth: int = 0, q: Params = DEFAULTS) -> float:
+def quorum(how: str, p: int, depth: int = 0, fan: int = 2, q: Params = DEFAULTS) -> float:
     """Predicted seconds from quorum's k-th post to the round's start at the leader (the
     broadcast after it is the same either way). "leader": one hop, then rank 0 takes the
     p - 1 notifications one after another (every rank posting at once: the case that
-    makes rank 0 a hot spot); "network": depth comparator hops, then the hop to rank 0
+    makes rank 0 a hot spot); "network": depth box hops, each a message and then up to
+    fan - 1 receives taken one after another at the box's rank, then the hop to rank 0
     (activation/quorum_network.py)."""
     if p <= 1:
         return 0.0
     if how == "leader":
         return q.alpha + (p - 1) * q.o
     if how == "network":
-        return (depth + 1) * (q.alpha + q.o)
+        return (depth + 1) * q.alpha + (depth * (fan - 1) + 1) * q.o
     raise ValueError(f"no model of quorum activation {how!r}")
 
 

@@ -1,8 +1,8 @@
-"""Quorum through the comparator network, under MPI: python quorum_network_checks.py [--sizes=P,Q,...]
+"""Quorum through the sorting network in boxes, under MPI: python quorum_network_checks.py [--sizes=P,Q,...]
 (or --quorum-sizes=P,Q,..., which takes precedence: in a job with rabenseifner_checks.py)
 
 Every check makes the quorum builder take the network (quorum_network.choose patched on
-every rank: the model takes it only from P = 4096 on). The k-th post starts the round,
+every rank: the model takes it only from P ≈ 900 on). The k-th post starts the round,
 not the (k - 1)-th: k - 1 chosen ranks post, the round must not complete within 0.3 s
 (one window serves every k of a P: their collectives are open together); then the k-th
 posts, and every rank's result is the sum of exactly those k ranks'
