@@ -542,6 +542,22 @@ static int coll_poll(pc_unit *u)
     return progressed;
 }
 
+/* A pass tests the alarm receive (a peer's report) at most every PC_ALARM_US while a round
+ * of the collective runs: each test is an MPI progress call, as costly as the round's own
+ * (at P = 2, 8 B: a fifth of a waiting thread's instructions were the alarm's MPI_Test,
+ * every pass), and a report needs no microseconds. A parked or idle collective tests it
+ * at every pass. Unit lock held. */
+#define PC_ALARM_US 100.0
+
+static int coll_alarm_due(pc_coll *c)
+{
+    if (!c->armed || !c->armed->running) return 1;
+    double now = now_us();
+    if (now - c->alarm_us < PC_ALARM_US) return 0;
+    c->alarm_us = now;
+    return 1;
+}
+
 static int coll_poll_once(pc_coll *c)
 {
     if (c->rep.pending) {                /* recorded where no MPI call may be made (abandon) */
@@ -552,6 +568,7 @@ static int coll_poll_once(pc_coll *c)
         coll_peer_failed(c);
         return 1;
     }
+    if (!c->rep.alarm.nsend && !coll_alarm_due(c)) return 0;
     if (!report_heard(&c->rep)) return 0;
     if (c->err || c->rep.made || LOAD(c->finished)) return 1;
     if (c->armed && c->armed->running && c->armed_round < c->rep.peer.upto) {

@@ -368,6 +368,7 @@ struct pc_coll {
     int peer_heard;          /* (unit) ... or heard while a round before peer.upto runs here:
                               * that round completes, the next fails (coll_arm) */
     double peer_heard_us;    /* (unit) when: a round that has not completed 2 s later fails */
+    double alarm_us;         /* (unit) when a pass last tested the alarm receive (coll_alarm_due) */
     pc_tele tele;            /* (unit) who is slow: telemetry.c */
 };
 
