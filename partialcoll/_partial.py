@@ -697,7 +697,7 @@ class PartialAllreduce(_propagate.Reporting):
             # for the next Result made (_spare). A request or Result anyone holds is never
             # touched.
             res = req._result
-            if _refs(res) == _ONLY_OURS:
+            if res is not None and _refs(res) == _ONLY_OURS:
                 if r & 4 and req is early:
                     req.index, req.late, res.round = index, late, index
                     req._token.append(True)
