@@ -973,6 +973,22 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
     return rc;
 }
 
+/* pc_coll_wait1, and whether the result is shaped as the one res held before (the
+ * caller's last take into the same words): its round is index, this request's post is
+ * inside it, and its rounds, nap, posts and active and closing bits are the same (P <= 64).
+ * Returns -1 for that (the caller may then make its Result from that one's fields without
+ * reading res), PC_OK otherwise, or the error. */
+int pc_coll_wait1_same(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res)
+{
+    int64_t before[5] = {res[1], res[2], res[6], res[7], res[8]};
+    int small = c->size <= 64;
+    int rc = pc_coll_wait1(c, index, timeout_s, out, res);
+    if (rc != PC_OK || !small) return rc;
+    int64_t after[5] = {res[1], res[2], res[6], res[7], res[8]};
+    return res[0] == index && res[3] <= index && index < res[4] && memcmp(before, after, sizeof after) == 0 ? -1
+                                                                                                          : PC_OK;
+}
+
 /* An early take's result is shaped as the last one's (its own round, this rank's post
  * inside it, the same rounds, counts and active and closing bits; P <= 64): the caller
  * then makes its Result from the last one's fields without reading res. */

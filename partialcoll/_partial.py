@@ -76,7 +76,7 @@ _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
 _post_take = _engine.lib.pc_coll_post_take
 _copyto = np.copyto
-_pc_wait1 = _engine.lib.pc_coll_wait1
+_pc_wait1_same = _engine.lib.pc_coll_wait1_same
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
 _refs = sys.getrefcount
 # post()'s recycling: the references to the last early request (self._early, post()'s local,
@@ -932,12 +932,14 @@ class PartialAllreduce(_propagate.Reporting):
             fout = _engine.ffi.from_buffer(out)
         pool = self._res_pool                    # list.pop/append: safe across threads
         try:
-            res, values = entry = pool.pop()
+            entry = pool.pop()
         except IndexError:
-            res, values = entry = self._new_res()
+            entry = [*self._new_res(), None]
+        res = entry[0]
         first = _SLICE if timeout is None or timeout >= _SLICE else max(timeout, 0.0)
-        code = _pc_wait1(c, index, first, fout, res)
-        if code:
+        # -1: the result is shaped as the last one taken into res, whose fields entry[2] keeps
+        code = _pc_wait1_same(c, index, first, fout, res)
+        if code > 0:
             if code != TIMEOUT_CODE:
                 check_round(code, self._peers, f"round {index}")
             # not done within the first slice: wait out the rest of the timeout in slices
@@ -947,7 +949,14 @@ class PartialAllreduce(_propagate.Reporting):
                            peers=self._peers, what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
-        r = self._result_of(values, out, index)
+        shape = entry[2]
+        if code < 0 and shape is not None:       # its own round, this post inside, shaped as the last
+            r = self._fresh_result()
+            r.data, r.round, r.contributed = out, index, True
+            r.active, r.nap, r.rounds, r.closing, r.posts = shape
+        else:
+            r = self._result_of(entry[1], out, index)
+            entry[2] = (r.active, r.nap, r.rounds, r.closing, r.posts)
         pool.append(entry)
         return r
 
@@ -964,8 +973,9 @@ class PartialAllreduce(_propagate.Reporting):
         return r
 
     def _new_res(self):
-        """A pc_coll_wait1 result array for _res_pool, with its reader: the words a result
-        reads as a list (memoryview.tolist, a third of ffi.unpack's time)."""
+        """A pc_coll_wait1 result array, with its reader: the words a result reads as a
+        list (memoryview.tolist, a third of ffi.unpack's time). _res_pool's entries add the
+        fields of the last Result made from the array's words (pc_coll_wait1_same)."""
         res = _engine.ffi.new(self._res_type)
         return res, memoryview(_engine.ffi.buffer(res)).cast("q")[:self._res_used].tolist
 
