@@ -389,6 +389,7 @@ typedef struct {
     int sleeping;            /* (wmtx; written atomically: wait_until looks without it) SLEEP_* */
     double nap_until_us;     /* (wmtx) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
+    int done_sleepers;       /* threads about to sleep or asleep on E.done (dmtx; atomic) */
     int64_t app_left_us;     /* when one last left such a wait (atomic) */
     int64_t pass_since_us;   /* the progress thread's pass began then; 0 between passes (atomic) */
     int conds_ready;
