@@ -542,6 +542,22 @@ static int coll_poll(pc_unit *u)
     return progressed;
 }
 
+/* A pass tests the alarm receive (a peer's report) at most every PC_ALARM_US while a round
+ * of the collective runs: each test is an MPI progress call, as costly as the round's own
+ * (at P = 2, 8 B: a fifth of a waiting thread's instructions were the alarm's MPI_Test,
+ * every pass), and a report needs no microseconds. A parked or idle collective tests it
+ * at every pass. Unit lock held. */
+#define PC_ALARM_US 100.0
+
+static int coll_alarm_due(pc_coll *c)
+{
+    if (!c->armed || !c->armed->running) return 1;
+    double now = now_us();
+    if (now - c->alarm_us < PC_ALARM_US) return 0;
+    c->alarm_us = now;
+    return 1;
+}
+
 static int coll_poll_once(pc_coll *c)
 {
     if (c->rep.pending) {                /* recorded where no MPI call may be made (abandon) */
@@ -552,6 +568,7 @@ static int coll_poll_once(pc_coll *c)
         coll_peer_failed(c);
         return 1;
     }
+    if (!c->rep.alarm.nsend && !coll_alarm_due(c)) return 0;
     if (!report_heard(&c->rep)) return 0;
     if (c->err || c->rep.made || LOAD(c->finished)) return 1;
     if (c->armed && c->armed->running && c->armed_round < c->rep.peer.upto) {
@@ -954,6 +971,22 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
     int rc = pc_coll_wait_take(c, index, timeout_s, out, (uint64_t *)(res + 7), &info);
     if (rc == PC_OK) res_of(res, &info);
     return rc;
+}
+
+/* pc_coll_wait1, and whether the result is shaped as the one res held before (the
+ * caller's last take into the same words): its round is index, this request's post is
+ * inside it, and its rounds, nap, posts and active and closing bits are the same (P <= 64).
+ * Returns -1 for that (the caller may then make its Result from that one's fields without
+ * reading res), PC_OK otherwise, or the error. */
+int pc_coll_wait1_same(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res)
+{
+    int64_t before[5] = {res[1], res[2], res[6], res[7], res[8]};
+    int small = c->size <= 64;
+    int rc = pc_coll_wait1(c, index, timeout_s, out, res);
+    if (rc != PC_OK || !small) return rc;
+    int64_t after[5] = {res[1], res[2], res[6], res[7], res[8]};
+    return res[0] == index && res[3] <= index && index < res[4] && memcmp(before, after, sizeof after) == 0 ? -1
+                                                                                                          : PC_OK;
 }
 
 /* An early take's result is shaped as the last one's (its own round, this rank's post

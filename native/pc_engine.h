@@ -229,6 +229,9 @@ int pc_coll_wait_take(pc_coll *c, int64_t index, double timeout_s, void *out, ui
  * wait1 writes round, rounds, nap, post_lo, post_hi, finished, posts, then the mask words */
 int64_t pc_coll_post1(pc_coll *c, const void *x, void *out);
 int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
+/* wait1, returning -1 where the result is shaped as the one res held before (its round is
+ * index, this request's post inside it, the same rounds, nap, posts and bits; P <= 64) */
+int pc_coll_wait1_same(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res);
 /* post(x, out=y).wait() in one call where the round completes within it (coll.c): post,
  * and take the result into out and res (as wait1) if this request is alone and its round
  * completed (an early take); returned: the last post's early take's wait has returned

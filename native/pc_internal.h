@@ -370,6 +370,7 @@ struct pc_coll {
     int peer_heard;          /* (unit) ... or heard while a round before peer.upto runs here:
                               * that round completes, the next fails (coll_arm) */
     double peer_heard_us;    /* (unit) when: a round that has not completed 2 s later fails */
+    double alarm_us;         /* (unit) when a pass last tested the alarm receive (coll_alarm_due) */
     pc_tele tele;            /* (unit) who is slow: telemetry.c */
 };
 
@@ -390,6 +391,7 @@ typedef struct {
     int sleeping;            /* (wmtx; written atomically: wait_until looks without it) SLEEP_* */
     double nap_until_us;     /* (wmtx) */
     int app_polling;         /* application threads progressing in wait() (atomic) */
+    int done_sleepers;       /* threads about to sleep or asleep on E.done (dmtx; atomic) */
     int64_t app_left_us;     /* when one last left such a wait (atomic) */
     int64_t pass_since_us;   /* the progress thread's pass began then; 0 between passes (atomic) */
     int conds_ready;

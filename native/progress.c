@@ -457,8 +457,14 @@ static void sleep_as(double us, int how)
 
 static void sleep_for_kick(double us) { sleep_as(us, SLEEP_NAP); }
 
+/* A waiter counts itself in done_sleepers under dmtx before it tests its predicate, and
+ * the caller changed what predicates read before this: either the waiter sees the change,
+ * or this sees the waiter and wakes it. Without one, no lock (a round completed in the
+ * waiting thread's own pass, the small-message loop). */
 void notify_done(void)
 {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&E.done_sleepers, __ATOMIC_SEQ_CST) == 0) return;
     pthread_mutex_lock(&E.dmtx);
     pthread_cond_broadcast(&E.done);
     pthread_mutex_unlock(&E.dmtx);
@@ -763,7 +769,10 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         struct timespec ts;
         abs_deadline(&ts, slice);
         pthread_mutex_lock(&E.dmtx);
+        __atomic_add_fetch(&E.done_sleepers, 1, __ATOMIC_SEQ_CST);    /* notify_done */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (!pred(arg)) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
+        __atomic_sub_fetch(&E.done_sleepers, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&E.dmtx);
     }
     /* the progress thread takes over: at once if it is parked, else when its nap ends */

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -75,8 +76,13 @@ _ndarray = np.ndarray
 _post1 = _engine.lib.pc_coll_post1
 _post_take = _engine.lib.pc_coll_post_take
 _copyto = np.copyto
-_pc_wait1 = _engine.lib.pc_coll_wait1
+_pc_wait1_same = _engine.lib.pc_coll_wait1_same
 _new_bare = object.__new__           # a Result or PartialRequest without __init__ (hot paths)
+_refs = sys.getrefcount
+# post()'s recycling: the references to the last early request (self._early, post()'s local,
+# getrefcount's argument) and to its Result (the request's _result, a local, the argument)
+# when nobody else holds them
+_ONLY_OURS = 3
 _NULL = _engine.ffi.NULL
 _NO_FB = (object(), None, None, _NULL, None, None)    # PartialAllreduce._fb: no host post to repeat
 _rc_values = rc._values          # rc.timeout without RC.__getattr__ on the hot path
@@ -414,6 +420,10 @@ class PartialAllreduce(_propagate.Reporting):
         # wait may not have returned it yet: the next post settles it (_settle_early)
         self._early: Optional[PartialRequest] = None
         self._unreturned: List[PartialRequest] = []     # earlier such requests, settled unreturned
+        # the last post's request where it did not take its result (post() recycles it),
+        # and Results nobody holds any more, for the next ones made (post(), _result_of)
+        self._prev: Optional[PartialRequest] = None
+        self._spare: List[Result] = []
         self._shape: tuple = ()          # the last early take's active, nap, rounds, closing, posts
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         # on_failure="shrink": called with the collective after a shrink, before its rounds are
@@ -667,6 +677,7 @@ class PartialAllreduce(_propagate.Reporting):
                 if r < 0:
                     self._check_post(-r)
             else:
+                self._prev = None                # its out or x is not this post's
                 if self._early is not None and self._settle_early(self._early):
                     check(_engine.lib.pc_coll_returned(self._native_coll()))
                 return self._post(x, out)
@@ -676,23 +687,52 @@ class PartialAllreduce(_propagate.Reporting):
                 self._let_go()
         index = r >> 3
         self._fb_index = index
-        # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
-        req = _new_bare(PartialRequest)
-        req._coll, req.index, req.late, req._out = self, index, (r & 1) == 1, out
-        req._on_device, req._fout, req._token = False, fb[3], [True]
+        late = (r & 1) == 1
+        req = self._prev if early is None else early
+        if req is not None and not req._token and _refs(req) == _ONLY_OURS + (req is early):
+            # the last post's request is done (its wait returned) and nobody but this
+            # collective holds it: nobody can see it change, so it serves this post (a
+            # post+wait loop that keeps no request; same x, out and collective). So does its
+            # Result where nobody holds it: for this post's early take if shaped alike, else
+            # for the next Result made (_spare). A request or Result anyone holds is never
+            # touched.
+            res = req._result
+            if res is not None and _refs(res) == _ONLY_OURS:
+                if r & 4 and req is early:
+                    req.index, req.late, res.round = index, late, index
+                    req._token.append(True)
+                    return req
+                self._spare.append(res)
+            req.index, req.late, req._result = index, late, None
+            req._token.append(True)
+        else:
+            # PartialRequest(self, index, late, out, False, fb[3]) without the __init__ call
+            req = _new_bare(PartialRequest)
+            req._coll, req.index, req.late, req._out = self, index, late, out
+            req._on_device, req._fout, req._token, req._result = False, fb[3], [True], None
         if r & 4:                         # the post took the result, shaped as the last one
-            res = _new_bare(Result)
+            res = self._fresh_result()
             res.data, res.round, res.contributed = out, index, True
             res.active, res.nap, res.rounds, res.closing, res.posts = self._shape
             req._result = res
-            self._early = req
+            self._early, self._prev = req, None
         elif r & 2:                       # the post took the result: wait() returns it
             req._result = res = self._result_of(self._pres[1], out, index)
             self._shape = (res.active, res.nap, res.rounds, res.closing, res.posts)
-            self._early = req
+            self._early, self._prev = req, None
         else:
-            req._result = self._early = None
+            self._early, self._prev = None, req
         return req
+
+    def _fresh_result(self) -> Result:
+        """A Result to fill: one nobody holds any more (post() kept it), or a new one."""
+        spare = self._spare
+        if spare:
+            try:
+                return spare.pop()       # atomic: another thread may have taken the last
+            except IndexError:
+                pass
+        return _new_bare(Result)
 
     def _settle_early(self, early: "PartialRequest") -> int:
         """Before the next post: 1 if the last post's early-taken request has been returned
@@ -831,6 +871,7 @@ class PartialAllreduce(_propagate.Reporting):
         """Post no more through _fb; its out (unless it is out) goes to _outs, as the engine
         may still run the last post's round in it."""
         earlier, self._fb = self._fb[2], _NO_FB
+        self._prev = None                # post() recycles no request of other buffers
         if earlier is not None and earlier is not out:
             self._keep_out(self._fb_index, earlier)
 
@@ -891,12 +932,14 @@ class PartialAllreduce(_propagate.Reporting):
             fout = _engine.ffi.from_buffer(out)
         pool = self._res_pool                    # list.pop/append: safe across threads
         try:
-            res, values = entry = pool.pop()
+            entry = pool.pop()
         except IndexError:
-            res, values = entry = self._new_res()
+            entry = [*self._new_res(), None]
+        res = entry[0]
         first = _SLICE if timeout is None or timeout >= _SLICE else max(timeout, 0.0)
-        code = _pc_wait1(c, index, first, fout, res)
-        if code:
+        # -1: the result is shaped as the last one taken into res, whose fields entry[2] keeps
+        code = _pc_wait1_same(c, index, first, fout, res)
+        if code > 0:
             if code != TIMEOUT_CODE:
                 check_round(code, self._peers, f"round {index}")
             # not done within the first slice: wait out the rest of the timeout in slices
@@ -906,7 +949,14 @@ class PartialAllreduce(_propagate.Reporting):
                            peers=self._peers, what=f"round {index}")
         if self._outs:
             self._outs.pop(index, None)          # the engine is done with this request's out
-        r = self._result_of(values, out, index)
+        shape = entry[2]
+        if code < 0 and shape is not None:       # its own round, this post inside, shaped as the last
+            r = self._fresh_result()
+            r.data, r.round, r.contributed = out, index, True
+            r.active, r.nap, r.rounds, r.closing, r.posts = shape
+        else:
+            r = self._result_of(entry[1], out, index)
+            entry[2] = (r.active, r.nap, r.rounds, r.closing, r.posts)
         pool.append(entry)
         return r
 
@@ -916,15 +966,16 @@ class PartialAllreduce(_propagate.Reporting):
         key = (v[7], v[8]) if self._mask_words == 1 else tuple(v[7:])   # the active and closing bits
         hit = self._mask_cache.get(key)
         active, closing = hit if hit is not None else self._ranks_of(key)
-        r = _new_bare(Result)
+        r = self._fresh_result()
         r.data, r.round, r.active, r.nap, r.rounds, r.closing = out, v[0], active, v[2], v[1], closing
         r.posts = v[6]
         r.contributed = v[3] <= index < v[4]
         return r
 
     def _new_res(self):
-        """A pc_coll_wait1 result array for _res_pool, with its reader: the words a result
-        reads as a list (memoryview.tolist, a third of ffi.unpack's time)."""
+        """A pc_coll_wait1 result array, with its reader: the words a result reads as a
+        list (memoryview.tolist, a third of ffi.unpack's time). _res_pool's entries add the
+        fields of the last Result made from the array's words (pc_coll_wait1_same)."""
         res = _engine.ffi.new(self._res_type)
         return res, memoryview(_engine.ffi.buffer(res)).cast("q")[:self._res_used].tolist
 

@@ -19,7 +19,9 @@ zeros, another round's data, a hang or a false Timeout:
 - post+wait in one engine call (the same x and out as the last post: the post takes the
   result where its round completed within it): the right data under the right round,
   also when a later post names the same out before the first request's wait, and when
-  two threads wait on a request whose post took the result.
+  two threads wait on a request whose post took the result;
+- post() recycles the last request and its Result only where nobody else holds them: a
+  kept request or Result never changes.
 """
 from __future__ import annotations
 
@@ -299,6 +301,45 @@ def test_post_wait_in_one_engine_call(comm, late):
     for req in (ra, rb):
         with pytest.raises(pc.StateError):
             req.wait(timeout=5.0)
+
+
+@pytest.mark.parametrize("mode", ["full", "solo"])
+def test_kept_requests_and_results_stay_theirs(comm, mode):
+    """post() recycles the last request and its Result where nobody else holds them (a
+    post+wait loop that keeps neither): a loop that keeps every third Result and every
+    third request (the rest dropped) finds each kept one unchanged by later posts, each
+    kept request's wait returning its own Result; the dropped ones were recycled (the
+    next post's request has their token list, held here: no new request could have it).
+    Full mode: every result is its round's sum, in y."""
+    coll = pc.PartialAllreduce(N, np.float64, comm=comm, mode=mode)
+    x, y = np.empty(N), np.empty(N)
+    kept_res, kept_req = [], []
+    tok, recycled, want = None, [], []
+    for k in range(30):
+        x[:] = value(comm.rank, k)
+        req = coll.post(x, out=y)
+        recycled.append(req._token is tok)
+        want.append(k >= 2 and (k - 1) % 3 != 1)    # the first post makes its request (new x, y)
+        res = req.wait(timeout=30.0)
+        if mode == "full":
+            assert res.round == k and np.array_equal(y, total(comm.size, k)), (k, res, y)
+        fields = (res.round, res.rounds, res.nap, res.posts, res.active, res.closing, res.contributed)
+        tok = None
+        if k % 3 == 0:
+            kept_res.append((res, fields))
+            tok = req._token                 # the request is dropped: recycled, not the Result
+        elif k % 3 == 1:
+            kept_req.append((req, req.index, res))
+        else:
+            tok = req._token
+        del req, res
+    for res, fields in kept_res:
+        assert res.data is y and (res.round, res.rounds, res.nap, res.posts, res.active, res.closing,
+                                  res.contributed) == fields, (fields, res)
+    for req, index, res in kept_req:
+        assert req.index == index and req.wait(timeout=5.0) is res, (index, req.index, res)
+    assert recycled == want, (recycled, want)
+    coll.close(timeout=30)
 
 
 def test_engine_takes_each_request_once(comm):
