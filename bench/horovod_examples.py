@@ -5,7 +5,8 @@ the launcher (PARTIALCOLL_TORCH), nothing else changed; and ``speed``: pytorch_m
 with the two lines docs/stragglers.md recommends for a persistent straggler
 (hvd.SpeedAwareSampler in DistributedSampler's place, the models averaged after each
 epoch) and mode=solo, late=fold, average=nap; ``speed+root``: the same with rank 0's model
-broadcast after each epoch instead of the average (what the average is worth).
+broadcast after each epoch instead of the average (what the average is worth);
+``speed+steps``: the average weighted by each rank's number of steps in the epoch.
 A configuration name may end in ``:epochs=N`` (or ``:lr=F``, ``:momentum=M``): the
 recommended configuration with 12 epochs where the others run 8 is ``speed:epochs=12``.
 
@@ -46,6 +47,7 @@ CONFIGS = {
     "speed+rna": ("partialcoll", "mode=solo,late=fold,average=nap,lr_scaling=contributors"),      # the same
     "speed+world": ("partialcoll", "mode=solo,late=fold"),                                           # the same
     "speed+root": ("partialcoll", "mode=solo,late=fold,average=nap"),      # rank 0's model, not the average
+    "speed+steps": ("partialcoll", "mode=solo,late=fold,average=nap"),     # the average weighted by steps
     "speed+latest": ("partialcoll", "mode=solo,late=latest,average=nap"),                            # the same
 }
 # the configuration docs/stragglers.md recommends for Horovod's loop with a persistent
@@ -61,12 +63,16 @@ SPEED_LINES = [
 
 def speed_variant(folder, config="speed"):
     """pytorch_mnist.py with SPEED_LINES applied (speed+root: rank 0's model broadcast in
-    the average's place), written into folder."""
+    the average's place; speed+steps: the average weighted by steps), written into folder."""
     with open(os.path.join(EXAMPLES, SCRIPTS["mnist"])) as f:
         text = f.read()
     for old, new in SPEED_LINES:
         assert text.count(old) == 1, old
         text = text.replace(old, new)
+    if config.startswith("speed+steps"):
+        text = text.replace("hvd.sync_parameters(model.parameters())",
+                            "w = float(len(train_loader)); tot = hvd.allreduce(torch.tensor(w), op=hvd.Sum).item()\n"
+                            "            for p in model.parameters(): p.data.copy_(hvd.allreduce(p.data * w, op=hvd.Sum) / tot)")
     if config.startswith("speed+root"):
         text = text.replace("hvd.sync_parameters(model.parameters())",
                             "hvd.sync_parameters(model.parameters(), how='broadcast')")
