@@ -15,6 +15,8 @@ rest of the example runs as it is.
   second: a strided stem and two basic blocks. Pass ``--model resnet_small`` to
   pytorch_synthetic_benchmark.py.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -42,16 +44,24 @@ class transforms:
             return (x - self.mean) / self.std
 
 
+@functools.lru_cache(maxsize=None)
+def _digits():
+    """scikit-learn's digits at 1x28x28 in [0, 1], and their labels (read once per process:
+    the training and the held-out set are two parts of them)."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images = F.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    return images, torch.tensor(digits.target, dtype=torch.int64)
+
+
 class _Digits(torch.utils.data.Dataset):
     def __init__(self, train, transform):
-        from sklearn.datasets import load_digits
-        digits = load_digits()
-        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-        images = F.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+        images, targets = _digits()
         order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
         part = order[360:] if train else order[:360]
         self.images = images[part]
-        self.targets = torch.tensor(digits.target, dtype=torch.int64)[part]
+        self.targets = targets[part]
         self.transform = transform
 
     def __len__(self):

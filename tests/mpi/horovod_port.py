@@ -55,6 +55,8 @@ port = printed("pytorch_mnist.py", MNIST)
 assert "_hvd_reference" not in repr(sys.modules["partialcoll.integrations.torch"])
 rank = MPI.COMM_WORLD.rank
 diff = max(abs(a - b) for a, b in zip(port, reference)) if len(port) == len(reference) else float("inf")
-print(f"COMPARED rank={rank} values={len(port)}/{len(reference)} maxdiff={diff:.3g}", flush=True)
+# one write, newline included: the ranks' lines reach mpiexec's output whole
+sys.stdout.write(f"COMPARED rank={rank} values={len(port)}/{len(reference)} maxdiff={diff:.3g}\n")
+sys.stdout.flush()
 example("pytorch_synthetic_benchmark.py", SYNTHETIC)
 print(f"PASSED {rank}", flush=True)
