@@ -973,6 +973,20 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
     return rc;
 }
 
+/* A result's shape, from the words wait1 writes (round, rounds, nap, post_lo, post_hi,
+ * finished, posts, mask words): its rounds, nap, posts and, where one mask word holds them
+ * (P <= 64), its active and closing bits. */
+static void res_shape(const int64_t *res, int64_t shape[5])
+{
+    shape[0] = res[1]; shape[1] = res[2]; shape[2] = res[6]; shape[3] = res[7]; shape[4] = res[8];
+}
+
+/* The result is request index's own round, with its post inside. */
+static int res_own_round(const int64_t *res, int64_t index)
+{
+    return res[0] == index && res[3] <= index && index < res[4];
+}
+
 /* pc_coll_wait1, and whether the result is shaped as the one res held before (the
  * caller's last take into the same words): its round is index, this request's post is
  * inside it, and its rounds, nap, posts and active and closing bits are the same (P <= 64).
@@ -980,13 +994,12 @@ int pc_coll_wait1(pc_coll *c, int64_t index, double timeout_s, void *out, int64_
  * reading res), PC_OK otherwise, or the error. */
 int pc_coll_wait1_same(pc_coll *c, int64_t index, double timeout_s, void *out, int64_t *res)
 {
-    int64_t before[5] = {res[1], res[2], res[6], res[7], res[8]};
-    int small = c->size <= 64;
+    int64_t before[5], after[5];
+    res_shape(res, before);
     int rc = pc_coll_wait1(c, index, timeout_s, out, res);
-    if (rc != PC_OK || !small) return rc;
-    int64_t after[5] = {res[1], res[2], res[6], res[7], res[8]};
-    return res[0] == index && res[3] <= index && index < res[4] && memcmp(before, after, sizeof after) == 0 ? -1
-                                                                                                          : PC_OK;
+    if (rc != PC_OK || W_of(c) != 1) return rc;
+    res_shape(res, after);
+    return res_own_round(res, index) && memcmp(before, after, sizeof after) == 0 ? -1 : PC_OK;
 }
 
 /* An early take's result is shaped as the last one's (its own round, this rank's post
@@ -994,9 +1007,9 @@ int pc_coll_wait1_same(pc_coll *c, int64_t index, double timeout_s, void *out, i
  * then makes its Result from the last one's fields without reading res. */
 static int coll_same_shape(pc_coll *c, int64_t index, const int64_t *res)
 {
-    int64_t shape[5] = {res[1], res[2], res[6], res[7], res[8]};   /* rounds, nap, posts, bits */
-    int same = c->shaped && W_of(c) == 1 && res[0] == index && res[3] <= index && index < res[4]
-               && memcmp(shape, c->shape, sizeof shape) == 0;
+    int64_t shape[5];
+    res_shape(res, shape);
+    int same = c->shaped && W_of(c) == 1 && res_own_round(res, index) && memcmp(shape, c->shape, sizeof shape) == 0;
     memcpy(c->shape, shape, sizeof shape);
     c->shaped = W_of(c) == 1;
     return same;
