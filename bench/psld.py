@@ -81,7 +81,7 @@ def driver(args) -> None:
     slow = {"one": [p - 1], "two": [p - 2, p - 1], "transient": [p - 1], "none": [p - 1]}[args.scenario]
     worker = [sys.executable, HERE, args.scenario, "--worker", "--np", str(p), "--mib", str(args.mib),
               "--link", args.link or "", "--every", str(args.every), "--servers", str(args.servers),
-              *(["--verbose"] if args.verbose else []),
+              *(["--verbose"] if args.verbose else []), *(["--run-delay"] if args.run_delay else []),
               "--block-mib", str(args.block_mib), "--rounds", str(args.rounds), "--hogs", str(args.hogs),
               "--repeat", str(args.repeat), "--only", args.only,
               "--cpu", slow_cpu, "--others", args.others, "--record", args.record,
@@ -225,6 +225,21 @@ def thread_cpu() -> dict:
     return out
 
 
+def run_delay() -> int:
+    """ns this process's threads have spent runnable but not running so far (the second
+    field of /proc/<tid>/schedstat: the wait the scheduler's other tasks caused, what a
+    CPU-starved rank shows directly; idle.c reads the same for its interference test)."""
+    import glob
+    ns = 0
+    for task in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(task) as f:
+                ns += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):    # a thread that ended meanwhile
+            continue
+    return ns
+
+
 def worker(args) -> None:
     import numpy as np
     from mpi4py import MPI
@@ -323,7 +338,7 @@ def worker(args) -> None:
         quiet_barrier(comm, QUIET)
         decisions.clear()
         pinned.clear()
-        ends = []
+        ends, waits = [], []
         cpu0 = thread_cpu()
         t0 = time.perf_counter()
         for i in range(rounds):
@@ -340,6 +355,8 @@ def worker(args) -> None:
             else:
                 coll.post(x).wait(timeout=120)
             ends.append(time.perf_counter() - t0)
+            if args.run_delay:
+                waits.append(run_delay())
         interfere(False)                         # its barriers: the servers measure once the rounds are over
         cpu = {k: round((v - cpu0.get(k, 0)) / 1e6 / rounds, 3) for k, v in thread_cpu().items()}   # ms per round
         shares, counts = [], []
@@ -352,6 +369,7 @@ def worker(args) -> None:
         who = coll.stats() if coll is not None else None     # who is slow, as the rounds saw it
         every = comm.gather(ends if posting else None)
         cpus = comm.gather(cpu)
+        delays = comm.gather(np.diff(waits).tolist() if args.run_delay and posting else None)
         pins = comm.gather(pinned[0] if pinned else None)
         if rank:
             return {}
@@ -361,6 +379,8 @@ def worker(args) -> None:
                "cpu_ms_per_round": {r: cpus[r] for r in range(p)}}      # per rank and thread, over all rounds
         if any(pins):
             out["pinning"] = pins
+        if args.run_delay:                       # per rank: ns runnable, not running, in each round
+            out["run_delay_ns"] = delays
         if decisions:
             out["decisions"] = list(decisions)
         if who is not None:
@@ -419,6 +439,8 @@ def worker(args) -> None:
             means = [g["mean_ms"] for g in got]
             results[name] = dict(sorted(got, key=lambda g: g["mean_ms"])[len(got) // 2], all_ms=means,
                                  all_share=[g.get("slow_share") for g in got])
+            if args.run_delay:
+                results[name]["all_run_delay_ns"] = [g.get("run_delay_ns") for g in got]
             for g in got:
                 g.pop("decisions", None)
     if rank == 0:
@@ -452,6 +474,9 @@ def main() -> None:
                          "but --cpu, so no rank shares the slow rank's CPU; 'free': not pinned)")
     ap.add_argument("--record", default="", help="rank 0 writes psld's decisions here (JSON: per "
                                                   "repetition, every epoch's engine sums and the decision)")
+    ap.add_argument("--run-delay", action="store_true",
+                    help="every rank records, per round, the ns its threads were runnable but not running "
+                         "(schedstat; run_delay_ns per rank in --json)")
     ap.add_argument("--timeout", type=float, default=170)
     ap.add_argument("--json", help="driver: also write the results here")
     ap.add_argument("--verbose", action="store_true", help="every rank says what it starts (on stderr)")

@@ -25,6 +25,7 @@
 #define _GNU_SOURCE
 #include "pc_internal.h"
 #include <fcntl.h>
+#include <dirent.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,6 +268,27 @@ static void take_sample(sample *s)
     }
     s->throttled = I.quota > 0 ? cgroup_throttled() : 0;
 
+}
+
+/* ns this process's threads have spent runnable but not running so far (the second field
+ * of each /proc/self/task/<tid>/schedstat): the CPU starvation of a rank whose CPU is
+ * shared with busy processes, as the scheduler counts it. The balancer's rows carry it
+ * (coll.c, TAKE): ~10 us a round for a few threads, only where owners are rebalanced. */
+int64_t idle_run_delay_ns(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return 0;
+    int64_t ns = 0;
+    struct dirent *e;
+    char path[64], buf[128];
+    while ((e = readdir(d))) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/schedstat", e->d_name);
+        long long run = 0, wait = 0;
+        if (read_line(path, buf, sizeof buf) > 0 && sscanf(buf, "%lld %lld", &run, &wait) == 2) ns += wait;
+    }
+    closedir(d);
+    return ns;
 }
 
 /* Is the node interfered with (any rank's fresh word says so)? */

@@ -60,7 +60,7 @@ void tele_take(pc_tele *t, int64_t n, int64_t *times)
 {
     if (!t->cap) return;
     if (times) {                                   /* this rank's word of its row's arrivals */
-        times[(size_t)(PC_TIME_FIELDS - 1) * (size_t)t->size + (size_t)t->rank] += t->arrival_ns;
+        times[(size_t)PC_TIME_ARRIVAL * (size_t)t->size + (size_t)t->rank] += t->arrival_ns;
         t->arrival_ns = 0;
     }
     pc_tele_rec *r = tele_slot(t, n);

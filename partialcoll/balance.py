@@ -65,7 +65,7 @@ from .algorithms import OWNED
 from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
-FIELDS = 5                   # PC_TIME_FIELDS: the engine's sums per rank (OwnerTimes)
+FIELDS = 6                   # PC_TIME_FIELDS: the engine's sums per rank (OwnerTimes)
 ALPHA = 0.25                 # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
                              # (0.5 chased noise: with measurements 30 % off at random, equal
                              # servers' blocks moved and rounds took 1.17x the balanced ones in
@@ -105,6 +105,10 @@ LATE_SPANS = 3               # LateTest also tests the last 2W and 4W epochs (Bo
                              # W epochs never say so at LATE_ALPHA, is found once enough have
                              # (a CPU-starved rank at P = 4 here: P x p ~ 0.03 over 10 epochs,
                              # ~1e-3 over 20, ~2e-5 over 40)
+STARVE_ALPHA = 1e-4          # StarveTest: the chance, per decision, that a rank nobody starves is
+                             # found starved (its run delay exchangeable with the others' within
+                             # an epoch); a rank is found late or starved by chance with
+                             # probability <= LATE_ALPHA + STARVE_ALPHA per decision
 LATE_KEEP = 0.5              # a rank found late stays late until its p-value (x P) rises above
                              # this: hysteresis (with fewer blocks it serves less and may look
                              # less late, not on time)
@@ -211,6 +215,10 @@ class OwnerTimes:
                for the slowest sender, common to every owner, plus the owner's own delay
                in starting: a CPU-starved owner answers late, then quickly)
     held       the blocks it held per round (what it was measured on)
+    late       per rank: how late it arrives to the rounds (seconds per round behind the
+               rank that waited most: the telemetry's arrivals)
+    starved    per rank: how long its threads were runnable but not running (seconds per
+               round: the scheduler's run delay, CPU starvation)
     psld predicts an owner's span for n blocks as fixed + n * marginal.
     """
 
@@ -241,6 +249,7 @@ class OwnerTimes:
         self.fixed = np.array([_max0(x - m) for x, m in zip(latency, marginal)])
         arrival = [x / 1e9 / max(rounds, 1) for x in v[4 * p:5 * p]]
         self.late = np.array([max(arrival) - a for a in arrival]) if p else np.zeros(0)
+        self.starved = np.array([x / 1e9 / max(rounds, 1) for x in v[5 * p:6 * p]])
 
 
 def _fill(t, servers: Sequence[int]) -> List[float]:
@@ -480,6 +489,84 @@ class LateTest:
         return out
 
 
+def starve_window(size: int) -> int:
+    """StarveTest's window for `size` ranks: the fewest epochs in which a rank can pass
+    STARVE_ALPHA (one whose run delay tops every epoch's: p = size ** -W)."""
+    p = max(size, 2)
+    return math.ceil(math.log(p / STARVE_ALPHA) / math.log(p) - 1e-9)
+
+
+class StarveTest:
+    """Which ranks are CPU-starved beyond chance (psld's starvation; pure: every rank feeds
+    it the same epochs and gets the same answer).
+
+    Each epoch brings every rank's run delay (OwnerTimes.starved: seconds per round its
+    threads were runnable but not running, as the scheduler counts it). A rank that shares
+    its CPU with busy processes waits for it in every round, and so tops the epochs far
+    more steadily than it tops their lateness (bench/psld.py one, P = 4: the starved rank's
+    run delay topped every epoch, its lateness 47 - 60 % of them). The test is LateTest's
+    permutation test on the last W = starve_window epochs (one window), with the p-value
+    computed exactly where the P ** W draws can be counted (meet in the middle: P ** (W/2)
+    sums per half; else N = 2 P / STARVE_ALPHA draws): the top sum is starved when
+    P x p <= STARVE_ALPHA, so a decision finds a rank nobody starves with probability
+    <= STARVE_ALPHA. A rank found stays so while P x p <= LATE_KEEP (its run delay, unlike
+    its lateness, does not fall when its blocks are taken away)."""
+
+    EXACT = 1 << 16              # the most sums per half counted exactly
+
+    def __init__(self, size: int) -> None:
+        self.size, self.window = size, starve_window(size)
+        self.epochs: List[List[int]] = []          # the last `window` epochs, microseconds per rank
+        self.starved = [False] * size
+
+    def observe(self, delay: Sequence[float], epoch: int) -> List[float]:
+        """Feed an epoch's run delays (seconds per rank; NaN: none measured, skipped);
+        return each starved rank's run delay beyond the others' median (seconds per
+        round, over the window; 0 for the others)."""
+        p = self.size
+        if p < 2 or len(delay) != p or any(x != x for x in delay):
+            return self._beyond()
+        self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in delay]])[-self.window:]
+        if len(self.epochs) < self.window:
+            return self._beyond()
+        x = np.array(self.epochs, np.int64)
+        sums = x.sum(axis=0).tolist()
+        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x57a4])
+        for r in range(p):
+            if self.starved[r]:
+                self.starved[r] = p * self._tail(x, sums[r], rng) <= LATE_KEEP
+        top = max(range(p), key=lambda r: (sums[r], -r))
+        if not self.starved[top] and p * self._tail(x, sums[top], rng) <= STARVE_ALPHA:
+            self.starved[top] = True
+        return self._beyond()
+
+    def _beyond(self) -> List[float]:
+        """Each starved rank's mean run delay beyond the others' median (0 for the
+        others, and for a starved rank that waits no more than them: not starved)."""
+        out = [0.0] * self.size
+        for r in range(self.size):
+            if self.starved[r] and len(self.epochs) >= self.window:
+                out[r] = max(LateTest._beyond(np.array(self.epochs[-self.window:], np.int64), r), 0.0)
+                self.starved[r] = out[r] > 0
+        return out
+
+    def _tail(self, x: np.ndarray, s: int, rng) -> float:
+        """P(a sum of one value drawn from each epoch's >= s): exact where countable."""
+        w, p = x.shape
+        half = w // 2
+        if p ** (w - half) <= self.EXACT:
+            a, b = np.zeros(1, np.int64), np.zeros(1, np.int64)
+            for row in x[:half]:
+                a = (a[:, None] + row[None, :]).ravel()
+            for row in x[half:]:
+                b = (b[:, None] + row[None, :]).ravel()
+            b.sort()
+            count = int((len(b) - np.searchsorted(b, s - a, side="left")).sum())
+            return count / float(p) ** w
+        n = int(math.ceil(2 * p / STARVE_ALPHA))
+        return (1 + int(np.count_nonzero(LateTest._null(x, rng, n) >= s))) / (n + 1)
+
+
 def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
                  late=None, cap=None):
     """psld's blocks per server. tries: a list, or a function of the exploitation's
@@ -597,7 +684,8 @@ class Predictor:
                                                  # measurement on the share the predictions give
                                                  # it has confirmed it since (caps)
         self.late_test = LateTest(size)          # ranks late to the rounds beyond chance
-        self.late = [0.0] * size                 # ... and by how much (seconds per round)
+        self.starve_test = StarveTest(size)      # ranks CPU-starved beyond chance (and by how much)
+        self.late = [0.0] * size                 # late, or starved, by how much (seconds per round)
 
     def _average(self, est: List[float], dev: List[float], count: List[int], measured: List[float],
                  same: List[bool], base: Sequence[float], jump: Optional[float] = None,
@@ -634,11 +722,15 @@ class Predictor:
 
     def update(self, measured: "OwnerTimes", epoch: int = 0):
         """(marginal, fixed) predictions after epoch's measurements (lists); self.late:
-        the ranks found late to the rounds, by how much (LateTest)."""
+        the ranks found late to the rounds (LateTest), by how much, or starved of CPU
+        (StarveTest), by how late they were when found, as long as they stay so."""
         p = len(self.est)
-        # every rank's lateness is measured in every epoch, blocks or not
+        # every rank's lateness and run delay are measured in every epoch, blocks or not
         late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
         self.late = self.late_test.observe(late, epoch)
+        delay = getattr(measured, "starved", ())
+        starved = self.starve_test.observe(_floats(delay) if len(delay) == p else [NAN] * p, epoch)
+        self.late = [max(x, y) for x, y in zip(self.late, starved)]
         marginal = [0.0 if x != x else x for x in self.est]       # what a fixed delay adds to
         known = [x == x for x in self.est]
         # a measurement of another kind than the series' (one block at a time, its

@@ -164,17 +164,19 @@ def test_static_is_round_robin_and_kept():
     assert balance.decide("static", measured, pred, [1, 3], rr, 0, 0, 0.1) == rr
 
 
-def observe(t, counts, latency=0.0, ranks=3, late=None):
+def observe(t, counts, latency=0.0, ranks=3, late=None, starved=None):
     """The engine's sums for owners of per-block cost t holding counts blocks, each of
     `ranks` senders seeing its first result after latency + t and its last after
     latency + n t; late: each rank's arrival in the round after the earliest (s), as the
-    telemetry carries it: its wait in a full round, late ranks waiting less."""
+    telemetry carries it: its wait in a full round, late ranks waiting less; starved:
+    each rank's run delay (s; 0 where not given)."""
     t, n = np.asarray(t, float), np.asarray(counts, float)
     held = n > 0
     span = np.where(held, (latency + n * t) * ranks, 0) * 1e9
     first = np.where(held, (latency + t) * ranks, 0) * 1e9
     waits = (1.0 - (0 * n if late is None else np.asarray(late, float))) * 1e9
-    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits]).astype(np.int64))
+    delay = (0 * n if starved is None else np.asarray(starved, float)) * 1e9
+    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits, delay]).astype(np.int64))
 
 
 def test_owner_times_read_the_engine_sums():
@@ -381,6 +383,154 @@ def test_late_test_finds_a_rank_late_by_a_little_in_longer_windows():
         t = balance.LateTest(4)
         for e, row in enumerate(STARVED_EPOCHS):
             assert not any(t.observe((rng.permutation(row) / 1e3).tolist(), e)), (shuffle, e)
+
+
+# bench/psld.py one (P = 4, ranks 0 - 2 on CPU 0, rank 3 on CPU 1 beside 6 busy processes,
+# rebalance_every 2): epochs 1 - 10 of 7 runs, as the engine's rows summed them: per epoch
+# each rank's run delay (schedstat: runnable, not running), then its lateness to the rounds,
+# both per round in 0.1 ms. Rank 3's run delay tops 67 of the 70 epochs; its lateness 31.
+STARVED_RUNS = [
+    [[403, 341, 367, 761, 0, 177, 150, 191], [354, 251, 368, 419, 0, 7, 6, 348],
+     [441, 359, 472, 506, 77, 76, 0, 163], [335, 267, 323, 516, 0, 31, 82, 56],
+     [271, 397, 343, 365, 51, 0, 20, 79], [318, 481, 298, 409, 12, 0, 85, 12], [349, 404, 353, 500, 2, 84, 0, 17],
+     [326, 302, 388, 534, 15, 16, 0, 90], [579, 684, 645, 1004, 60, 0, 132, 146],
+     [411, 535, 458, 389, 78, 0, 33, 116]],
+    [[375, 446, 309, 808, 134, 28, 34, 0], [284, 248, 411, 582, 0, 133, 123, 101],
+     [268, 327, 373, 624, 0, 3, 8, 67], [327, 312, 353, 708, 28, 0, 86, 157],
+     [351, 331, 270, 836, 0, 154, 193, 116], [367, 329, 353, 592, 209, 0, 94, 157],
+     [384, 279, 384, 472, 97, 98, 0, 160], [328, 294, 300, 518, 0, 31, 7, 131],
+     [284, 327, 426, 618, 112, 106, 0, 108], [342, 273, 306, 420, 0, 37, 123, 90]],
+    [[358, 240, 327, 872, 0, 197, 173, 43], [427, 422, 282, 481, 26, 0, 39, 284],
+     [360, 429, 334, 582, 0, 23, 46, 133], [463, 374, 243, 609, 0, 85, 125, 219],
+     [313, 240, 308, 650, 106, 7, 0, 9], [395, 361, 448, 563, 25, 0, 13, 268],
+     [316, 431, 363, 558, 91, 36, 0, 195], [371, 388, 345, 771, 57, 0, 82, 219],
+     [340, 462, 444, 488, 19, 0, 27, 193], [406, 251, 270, 492, 13, 34, 0, 202]],
+    [[338, 311, 322, 650, 23, 100, 0, 44], [372, 301, 275, 359, 0, 69, 179, 187],
+     [310, 295, 338, 537, 88, 45, 0, 231], [302, 284, 340, 643, 0, 21, 26, 163],
+     [320, 186, 275, 497, 0, 19, 9, 90], [323, 395, 262, 658, 0, 5, 12, 5], [322, 272, 284, 376, 0, 50, 13, 117],
+     [368, 386, 276, 560, 0, 26, 33, 147], [350, 359, 465, 601, 173, 0, 31, 106],
+     [407, 337, 292, 702, 0, 205, 147, 102]],
+    [[512, 261, 377, 1281, 19, 18, 15, 0], [253, 393, 277, 430, 226, 0, 153, 812],
+     [329, 428, 421, 563, 49, 31, 0, 108], [317, 381, 287, 715, 0, 4, 126, 118],
+     [327, 408, 286, 471, 148, 148, 0, 213], [354, 318, 418, 783, 64, 58, 0, 3],
+     [308, 386, 365, 528, 75, 0, 28, 151], [450, 413, 341, 752, 0, 6, 118, 78],
+     [374, 387, 348, 807, 28, 41, 22, 0], [376, 366, 404, 656, 40, 132, 9, 0]],
+    [[458, 285, 275, 682, 0, 215, 137, 112], [319, 425, 334, 779, 133, 0, 158, 46],
+     [425, 356, 329, 600, 19, 133, 34, 0], [356, 348, 308, 793, 50, 0, 131, 109],
+     [260, 204, 265, 628, 173, 218, 0, 261], [366, 302, 283, 440, 0, 6, 65, 226],
+     [296, 273, 267, 668, 8, 46, 0, 19], [396, 266, 199, 668, 0, 56, 115, 41],
+     [331, 394, 433, 392, 151, 0, 5, 207], [371, 327, 178, 583, 0, 28, 45, 84]],
+    [[645, 715, 485, 1770, 0, 152, 178, 1059], [319, 373, 391, 514, 212, 219, 0, 889],
+     [366, 251, 320, 553, 0, 24, 52, 47], [433, 300, 450, 574, 9, 12, 0, 50], [379, 401, 381, 741, 44, 0, 51, 74],
+     [315, 358, 383, 692, 62, 0, 46, 6], [312, 398, 412, 624, 0, 8, 21, 18], [352, 264, 323, 769, 143, 0, 12, 72],
+     [368, 382, 486, 677, 0, 271, 163, 93], [399, 374, 312, 433, 139, 0, 161, 119]],
+]
+
+
+def test_starve_test_tail_is_exact():
+    """StarveTest's p-value: the share of the P ** W ways to draw one value from each
+    epoch whose sum reaches s, counted exactly (meet in the middle), against every draw
+    listed (itertools.product); ties count (>=). Past EXACT sums per half: Monte Carlo,
+    within its noise of the exact share."""
+    import itertools
+    rng = np.random.default_rng(3)
+    for p, w in ((2, 7), (3, 5), (4, 4), (5, 3)):
+        x = rng.integers(0, 6, (w, p))           # small values: many ties
+        every = [sum(c) for c in itertools.product(*x.tolist())]
+        t = balance.StarveTest(p)
+        for s in sorted(set(every))[::2] + [max(every) + 1]:
+            want = sum(v >= s for v in every) / len(every)
+            assert t._tail(x, s, None) == want, (p, w, s)
+    x = rng.integers(0, 1000, (8, 4))
+    s = int(np.sort(x, axis=1)[:, -2:].sum() // 2)
+    exact = balance.StarveTest(4)._tail(x, s, None)
+    t = balance.StarveTest(4)
+    t.EXACT = 1
+    mc = t._tail(x, s, np.random.default_rng(0))
+    assert 1e-3 < exact < 0.5 and abs(mc - exact) < 4 * (exact / 80000) ** 0.5 + 2e-5, (exact, mc)
+
+
+@pytest.mark.parametrize("kind", ["exponential", "pareto", "stall"])
+def test_starve_test_false_findings_within_their_bound(kind, monkeypatch):
+    """StarveTest's bound: with nobody starved (whose threads wait for a CPU in an epoch is
+    chance), a decision finds a rank starved with probability <= STARVE_ALPHA, whatever
+    the noise's shape. At STARVE_ALPHA 0.05 (W: 6 epochs at P = 2, 3 at P = 8), 600
+    single decisions per P find at most 1.5 x 0.05 x 600. Without the factor P (p against
+    STARVE_ALPHA) up to P x more."""
+    monkeypatch.setattr(balance, "STARVE_ALPHA", 0.05)
+    rng = np.random.default_rng(["exponential", "pareto", "stall"].index(kind) + 10)
+    for p in (2, 8):
+        found = 0
+        for k in range(600):
+            t = balance.StarveTest(p)
+            t.epochs = [[int(v * 1e6) for v in lateness(kind, rng, p)] for _ in range(t.window - 1)]
+            got = t.observe(lateness(kind, rng, p).tolist(), k)
+            found += any(t.starved)
+            assert any(t.starved) == any(x > 0 for x in got)
+        assert found <= 1.5 * 0.05 * 600, (p, found)
+
+
+def test_starve_test_finds_the_starved_rank_of_recorded_runs():
+    """The recorded runs above: StarveTest finds rank 3 at its first full window (epoch 8,
+    W = 8 at P = 4) in 5 of the 7 runs, by epoch 10 in 6 (the other held one block from
+    epoch 1: less to do, less to wait for), and no other rank; with each epoch's run delays
+    shuffled among the ranks (nobody starved, by construction), nobody in 20 shuffles of
+    each run."""
+    w = balance.starve_window(4)
+    assert w == 8
+    first = []
+    for run in STARVED_RUNS:
+        t, hit = balance.StarveTest(4), None
+        for e, row in enumerate(run, 1):
+            got = t.observe([v / 1e4 for v in row[:4]], e)
+            assert not any(got[:3]), (e, got)
+            hit = e if hit is None and got[3] > 0 else hit
+            assert hit is None or got[3] > 0.01, (e, got)           # kept, ~25 - 38 ms beyond the others
+        first.append(hit)
+    assert sum(h == w for h in first) >= 5 and sum(h is not None for h in first) >= 6, first
+    rng = np.random.default_rng(5)
+    for run in STARVED_RUNS:
+        for _ in range(20):
+            t = balance.StarveTest(4)
+            for e, row in enumerate(run, 1):
+                assert not any(t.observe((rng.permutation(row[:4]) / 1e4).tolist(), e))
+
+
+def starved_rounds(run, shuffle=None):
+    """psld's decisions on a recorded run: equal owners (1 ms a block after 20 ms every
+    owner's first result waits for), each epoch's lateness and run delays as recorded
+    (shuffle: a generator that permutes the run delays among the ranks); decisions run
+    2 epochs later, as in the engine. The blocks each rank held, per epoch."""
+    p, pred = 4, balance.Predictor(4)
+    cur = ps.round_robin(16, list(range(p)))
+    decided, held = [cur, cur], []
+    for e, row in enumerate([run[0]] + run):         # epoch 0: psld's warm-up
+        n = np.bincount(decided[e], minlength=p)
+        held.append(n.tolist())
+        delay = np.array(row[:4]) / 1e4 if shuffle is None else shuffle.permutation(row[:4]) / 1e4
+        m = observe([0.001] * p, n, latency=0.02, late=np.array(row[4:]) / 1e4, starved=delay)
+        cur = balance.decide("psld", m, pred, list(range(p)), cur, 1, e, 0.0)
+        decided.append(cur)
+    return held + [np.bincount(d, minlength=p).tolist() for d in decided[-2:]]
+
+
+def test_psld_empties_a_starved_rank_of_recorded_runs():
+    """psld on the recorded runs: a rank found starved is predicted late by its run delay
+    beyond the others' (~30 ms a round here), so its blocks go to the others (6, 5, 5, 0)
+    from decision 8 (running from epoch 10, round 20 at rebalance_every 2) in 5 of the 7
+    runs, and stay there. LateTest alone (the lateness of these 10 epochs) finds nobody:
+    without the run delays (shuffled), no block moves."""
+    emptied = 0
+    for run in STARVED_RUNS:
+        held = starved_rounds(run)
+        assert all(h == [4, 4, 4, 4] for h in held[:10]), held
+        emptied += held[10] == [6, 5, 5, 0] and all(h == held[10] for h in held[10:])
+    assert emptied >= 5, emptied
+    rng = np.random.default_rng(6)
+    for run in STARVED_RUNS:
+        for _ in range(5):
+            held = starved_rounds(run, rng)
+            assert all(h == [4, 4, 4, 4] for h in held), held
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):
