@@ -45,7 +45,11 @@ balance=
                   owners' times cannot single it out) is predicted that much later as an
                   owner once a test says it is late beyond chance (LateTest, over the
                   last W, 2W and 4W epochs), and for as long as it stays later than a
-                  typical rank.
+                  typical rank. A rank starved of CPU (its threads' run delay, carried in
+                  the same rows: runnable, not running) is predicted later by its run
+                  delay beyond a typical rank's once a test says it is starved beyond
+                  chance (StarveTest, over the fewest epochs that can say so), and for as
+                  long as it stays so.
 """
 from __future__ import annotations
 
@@ -727,10 +731,7 @@ class Predictor:
         p = len(self.est)
         # every rank's lateness and run delay are measured in every epoch, blocks or not
         late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
-        self.late = self.late_test.observe(late, epoch)
-        delay = getattr(measured, "starved", ())
-        starved = self.starve_test.observe(_floats(delay) if len(delay) == p else [NAN] * p, epoch)
-        self.late = [max(x, y) for x, y in zip(self.late, starved)]
+        self.late = [max(x, y) for x, y in zip(self.late_test.observe(late, epoch), self.starve(measured, epoch))]
         marginal = [0.0 if x != x else x for x in self.est]       # what a fixed delay adds to
         known = [x == x for x in self.est]
         # a measurement of another kind than the series' (one block at a time, its
@@ -753,6 +754,13 @@ class Predictor:
         self.probed = [fr and not was and k for fr, was, k in zip(fresh, self.fresh, known)]
         self.fresh = fresh
         return list(self.est), list(self.fixed)
+
+    def starve(self, measured: "OwnerTimes", epoch: int) -> List[float]:
+        """Feed epoch's run delays to the starvation test (from the first epoch on: the
+        warm-up's owner times mislead, a CPU-starved rank's run delay does not); each
+        starved rank's run delay beyond the others' (seconds per round)."""
+        p, delay = len(self.est), getattr(measured, "starved", ())
+        return self.starve_test.observe(_floats(delay) if len(delay) == p else [NAN] * p, epoch)
 
     def spread(self):
         """(marginal, fixed) mean deviations to expect of each owner's measurements: its
@@ -813,6 +821,7 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
                 predictor.est[i] = t                             # the last measurement of each owner
         return proportional(predictor.est, servers, current)
     if epoch < WARMUP:
+        predictor.starve(measured, epoch)
         return list(current)
     marginal, fixed = predictor.update(measured, epoch)
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)

@@ -386,44 +386,45 @@ def test_late_test_finds_a_rank_late_by_a_little_in_longer_windows():
 
 
 # bench/psld.py one (P = 4, ranks 0 - 2 on CPU 0, rank 3 on CPU 1 beside 6 busy processes,
-# rebalance_every 2): epochs 1 - 10 of 7 runs, as the engine's rows summed them: per epoch
+# rebalance_every 2): epochs 0 - 9 of 7 runs, as the engine's rows summed them: per epoch
 # each rank's run delay (schedstat: runnable, not running), then its lateness to the rounds,
-# both per round in 0.1 ms. Rank 3's run delay tops 67 of the 70 epochs; its lateness 31.
+# both per round in 0.1 ms. Rank 3's run delay tops 65 of the 70 epochs; its lateness 35.
 STARVED_RUNS = [
-    [[403, 341, 367, 761, 0, 177, 150, 191], [354, 251, 368, 419, 0, 7, 6, 348],
-     [441, 359, 472, 506, 77, 76, 0, 163], [335, 267, 323, 516, 0, 31, 82, 56],
-     [271, 397, 343, 365, 51, 0, 20, 79], [318, 481, 298, 409, 12, 0, 85, 12], [349, 404, 353, 500, 2, 84, 0, 17],
-     [326, 302, 388, 534, 15, 16, 0, 90], [579, 684, 645, 1004, 60, 0, 132, 146],
-     [411, 535, 458, 389, 78, 0, 33, 116]],
-    [[375, 446, 309, 808, 134, 28, 34, 0], [284, 248, 411, 582, 0, 133, 123, 101],
-     [268, 327, 373, 624, 0, 3, 8, 67], [327, 312, 353, 708, 28, 0, 86, 157],
-     [351, 331, 270, 836, 0, 154, 193, 116], [367, 329, 353, 592, 209, 0, 94, 157],
-     [384, 279, 384, 472, 97, 98, 0, 160], [328, 294, 300, 518, 0, 31, 7, 131],
-     [284, 327, 426, 618, 112, 106, 0, 108], [342, 273, 306, 420, 0, 37, 123, 90]],
-    [[358, 240, 327, 872, 0, 197, 173, 43], [427, 422, 282, 481, 26, 0, 39, 284],
-     [360, 429, 334, 582, 0, 23, 46, 133], [463, 374, 243, 609, 0, 85, 125, 219],
-     [313, 240, 308, 650, 106, 7, 0, 9], [395, 361, 448, 563, 25, 0, 13, 268],
-     [316, 431, 363, 558, 91, 36, 0, 195], [371, 388, 345, 771, 57, 0, 82, 219],
-     [340, 462, 444, 488, 19, 0, 27, 193], [406, 251, 270, 492, 13, 34, 0, 202]],
-    [[338, 311, 322, 650, 23, 100, 0, 44], [372, 301, 275, 359, 0, 69, 179, 187],
-     [310, 295, 338, 537, 88, 45, 0, 231], [302, 284, 340, 643, 0, 21, 26, 163],
-     [320, 186, 275, 497, 0, 19, 9, 90], [323, 395, 262, 658, 0, 5, 12, 5], [322, 272, 284, 376, 0, 50, 13, 117],
-     [368, 386, 276, 560, 0, 26, 33, 147], [350, 359, 465, 601, 173, 0, 31, 106],
-     [407, 337, 292, 702, 0, 205, 147, 102]],
-    [[512, 261, 377, 1281, 19, 18, 15, 0], [253, 393, 277, 430, 226, 0, 153, 812],
-     [329, 428, 421, 563, 49, 31, 0, 108], [317, 381, 287, 715, 0, 4, 126, 118],
-     [327, 408, 286, 471, 148, 148, 0, 213], [354, 318, 418, 783, 64, 58, 0, 3],
-     [308, 386, 365, 528, 75, 0, 28, 151], [450, 413, 341, 752, 0, 6, 118, 78],
-     [374, 387, 348, 807, 28, 41, 22, 0], [376, 366, 404, 656, 40, 132, 9, 0]],
-    [[458, 285, 275, 682, 0, 215, 137, 112], [319, 425, 334, 779, 133, 0, 158, 46],
-     [425, 356, 329, 600, 19, 133, 34, 0], [356, 348, 308, 793, 50, 0, 131, 109],
-     [260, 204, 265, 628, 173, 218, 0, 261], [366, 302, 283, 440, 0, 6, 65, 226],
-     [296, 273, 267, 668, 8, 46, 0, 19], [396, 266, 199, 668, 0, 56, 115, 41],
-     [331, 394, 433, 392, 151, 0, 5, 207], [371, 327, 178, 583, 0, 28, 45, 84]],
-    [[645, 715, 485, 1770, 0, 152, 178, 1059], [319, 373, 391, 514, 212, 219, 0, 889],
-     [366, 251, 320, 553, 0, 24, 52, 47], [433, 300, 450, 574, 9, 12, 0, 50], [379, 401, 381, 741, 44, 0, 51, 74],
-     [315, 358, 383, 692, 62, 0, 46, 6], [312, 398, 412, 624, 0, 8, 21, 18], [352, 264, 323, 769, 143, 0, 12, 72],
-     [368, 382, 486, 677, 0, 271, 163, 93], [399, 374, 312, 433, 139, 0, 161, 119]],
+    [[90, 199, 131, 404, 138, 1, 0, 12], [403, 341, 367, 761, 0, 177, 150, 191],
+     [354, 251, 368, 419, 0, 7, 6, 348], [441, 359, 472, 506, 77, 76, 0, 163],
+     [335, 267, 323, 516, 0, 31, 82, 56], [271, 397, 343, 365, 51, 0, 20, 79],
+     [318, 481, 298, 409, 12, 0, 85, 12], [349, 404, 353, 500, 2, 84, 0, 17], [326, 302, 388, 534, 15, 16, 0, 90],
+     [579, 684, 645, 1004, 60, 0, 132, 146]],
+    [[139, 152, 220, 425, 0, 8, 27, 36], [375, 446, 309, 808, 134, 28, 34, 0],
+     [284, 248, 411, 582, 0, 133, 123, 101], [268, 327, 373, 624, 0, 3, 8, 67],
+     [327, 312, 353, 708, 28, 0, 86, 157], [351, 331, 270, 836, 0, 154, 193, 116],
+     [367, 329, 353, 592, 209, 0, 94, 157], [384, 279, 384, 472, 97, 98, 0, 160],
+     [328, 294, 300, 518, 0, 31, 7, 131], [284, 327, 426, 618, 112, 106, 0, 108]],
+    [[102, 263, 180, 252, 88, 0, 15, 21], [358, 240, 327, 872, 0, 197, 173, 43],
+     [427, 422, 282, 481, 26, 0, 39, 284], [360, 429, 334, 582, 0, 23, 46, 133],
+     [463, 374, 243, 609, 0, 85, 125, 219], [313, 240, 308, 650, 106, 7, 0, 9],
+     [395, 361, 448, 563, 25, 0, 13, 268], [316, 431, 363, 558, 91, 36, 0, 195],
+     [371, 388, 345, 771, 57, 0, 82, 219], [340, 462, 444, 488, 19, 0, 27, 193]],
+    [[95, 267, 209, 354, 16, 3, 24, 0], [338, 311, 322, 650, 23, 100, 0, 44],
+     [372, 301, 275, 359, 0, 69, 179, 187], [310, 295, 338, 537, 88, 45, 0, 231],
+     [302, 284, 340, 643, 0, 21, 26, 163], [320, 186, 275, 497, 0, 19, 9, 90], [323, 395, 262, 658, 0, 5, 12, 5],
+     [322, 272, 284, 376, 0, 50, 13, 117], [368, 386, 276, 560, 0, 26, 33, 147],
+     [350, 359, 465, 601, 173, 0, 31, 106]],
+    [[172, 174, 239, 270, 81, 88, 55, 0], [512, 261, 377, 1281, 19, 18, 15, 0],
+     [253, 393, 277, 430, 226, 0, 153, 812], [329, 428, 421, 563, 49, 31, 0, 108],
+     [317, 381, 287, 715, 0, 4, 126, 118], [327, 408, 286, 471, 148, 148, 0, 213],
+     [354, 318, 418, 783, 64, 58, 0, 3], [308, 386, 365, 528, 75, 0, 28, 151],
+     [450, 413, 341, 752, 0, 6, 118, 78], [374, 387, 348, 807, 28, 41, 22, 0]],
+    [[103, 161, 213, 229, 71, 0, 11, 14], [458, 285, 275, 682, 0, 215, 137, 112],
+     [319, 425, 334, 779, 133, 0, 158, 46], [425, 356, 329, 600, 19, 133, 34, 0],
+     [356, 348, 308, 793, 50, 0, 131, 109], [260, 204, 265, 628, 173, 218, 0, 261],
+     [366, 302, 283, 440, 0, 6, 65, 226], [296, 273, 267, 668, 8, 46, 0, 19],
+     [396, 266, 199, 668, 0, 56, 115, 41], [331, 394, 433, 392, 151, 0, 5, 207]],
+    [[120, 151, 208, 1176, 148, 2, 0, 13], [645, 715, 485, 1770, 0, 152, 178, 1059],
+     [319, 373, 391, 514, 212, 219, 0, 889], [366, 251, 320, 553, 0, 24, 52, 47],
+     [433, 300, 450, 574, 9, 12, 0, 50], [379, 401, 381, 741, 44, 0, 51, 74], [315, 358, 383, 692, 62, 0, 46, 6],
+     [312, 398, 412, 624, 0, 8, 21, 18], [352, 264, 323, 769, 143, 0, 12, 72],
+     [368, 382, 486, 677, 0, 271, 163, 93]],
 ]
 
 
@@ -471,28 +472,28 @@ def test_starve_test_false_findings_within_their_bound(kind, monkeypatch):
 
 
 def test_starve_test_finds_the_starved_rank_of_recorded_runs():
-    """The recorded runs above: StarveTest finds rank 3 at its first full window (epoch 8,
-    W = 8 at P = 4) in 5 of the 7 runs, by epoch 10 in 6 (the other held one block from
-    epoch 1: less to do, less to wait for), and no other rank; with each epoch's run delays
-    shuffled among the ranks (nobody starved, by construction), nobody in 20 shuffles of
-    each run."""
+    """The recorded runs above: StarveTest finds rank 3 at its first full window (epoch 7:
+    W = 8 at P = 4, from epoch 0) in 4 of the 7 runs, by epoch 9 in 5 (of the others, one
+    held a single block from epoch 1: less to do, less to wait for), and no other rank;
+    with each epoch's run delays shuffled among the ranks (nobody starved, by
+    construction), nobody in 20 shuffles of each run."""
     w = balance.starve_window(4)
     assert w == 8
     first = []
     for run in STARVED_RUNS:
         t, hit = balance.StarveTest(4), None
-        for e, row in enumerate(run, 1):
+        for e, row in enumerate(run):
             got = t.observe([v / 1e4 for v in row[:4]], e)
             assert not any(got[:3]), (e, got)
             hit = e if hit is None and got[3] > 0 else hit
             assert hit is None or got[3] > 0.01, (e, got)           # kept, ~25 - 38 ms beyond the others
         first.append(hit)
-    assert sum(h == w for h in first) >= 5 and sum(h is not None for h in first) >= 6, first
+    assert sum(h == w - 1 for h in first) >= 4 and sum(h is not None for h in first) >= 5, first
     rng = np.random.default_rng(5)
     for run in STARVED_RUNS:
         for _ in range(20):
             t = balance.StarveTest(4)
-            for e, row in enumerate(run, 1):
+            for e, row in enumerate(run):
                 assert not any(t.observe((rng.permutation(row[:4]) / 1e4).tolist(), e))
 
 
@@ -504,7 +505,7 @@ def starved_rounds(run, shuffle=None):
     p, pred = 4, balance.Predictor(4)
     cur = ps.round_robin(16, list(range(p)))
     decided, held = [cur, cur], []
-    for e, row in enumerate([run[0]] + run):         # epoch 0: psld's warm-up
+    for e, row in enumerate(run):                    # epoch 0: psld's warm-up (run delays kept)
         n = np.bincount(decided[e], minlength=p)
         held.append(n.tolist())
         delay = np.array(row[:4]) / 1e4 if shuffle is None else shuffle.permutation(row[:4]) / 1e4
@@ -517,15 +518,16 @@ def starved_rounds(run, shuffle=None):
 def test_psld_empties_a_starved_rank_of_recorded_runs():
     """psld on the recorded runs: a rank found starved is predicted late by its run delay
     beyond the others' (~30 ms a round here), so its blocks go to the others (6, 5, 5, 0)
-    from decision 8 (running from epoch 10, round 20 at rebalance_every 2) in 5 of the 7
-    runs, and stay there. LateTest alone (the lateness of these 10 epochs) finds nobody:
-    without the run delays (shuffled), no block moves."""
+    from decision 7 (the warm-up epoch's run delays count; running from epoch 9, round 18
+    at rebalance_every 2) in 4 of the 7 runs, and stay there. LateTest alone (the
+    lateness of these 10 epochs) finds nobody: without the run delays (shuffled), no block
+    moves."""
     emptied = 0
     for run in STARVED_RUNS:
         held = starved_rounds(run)
-        assert all(h == [4, 4, 4, 4] for h in held[:10]), held
-        emptied += held[10] == [6, 5, 5, 0] and all(h == held[10] for h in held[10:])
-    assert emptied >= 5, emptied
+        assert all(h == [4, 4, 4, 4] for h in held[:9]), held
+        emptied += held[9] == [6, 5, 5, 0] and all(h == held[9] for h in held[9:])
+    assert emptied >= 4, emptied
     rng = np.random.default_rng(6)
     for run in STARVED_RUNS:
         for _ in range(5):

@@ -403,6 +403,7 @@ def test_transient_owner_wins_its_blocks_back(comm):
         epoch, held = args[-2], ~np.isnan(measured.marginal)
         measured.marginal = np.where(held, 1e-3, np.nan)
         measured.fixed = np.where(held, 1e-3 + 0.05 * ((np.arange(p) == slow) & (epoch < 3)), np.nan)
+        measured.starved = np.zeros(p)       # nobody starved of CPU (this machine's run delays)
         return real(kind, measured, *args)
 
     balance.decide, _engine.lib = decide, _switch_proxy(real_lib, lambda epoch: handed.__setitem__(0, epoch))
@@ -436,8 +437,9 @@ def late_rounds(comm, delay, rounds=40, shuffle=False):
     blocks. Every result is checked against the closed form; returns every round's
     assignment and epoch 18's arrivals (round 18's; OwnerTimes), after checking that every
     rank read the same arrivals and ran the same assignments. shuffle: every decision
-    sees its epoch's lateness shuffled among the ranks (the same permutation on every
-    rank, seeded by the epoch): who is late in an epoch is chance by construction."""
+    sees its epoch's lateness and run delays shuffled among the ranks (the same permutation
+    on every rank, seeded by the epoch): who is late or starved in an epoch is chance by
+    construction."""
     from partialcoll import balance
     p, late = comm.size, comm.size - 1
     count = 4 * p * 64                   # 4 blocks per rank
@@ -446,8 +448,9 @@ def late_rounds(comm, delay, rounds=40, shuffle=False):
     def decide(kind, measured, predictor, servers, current, seed, epoch, epsilon):
         held = ~np.isnan(measured.marginal)
         measured.marginal = measured.fixed = np.where(held, 1e-3, np.nan)
-        if shuffle:
-            measured.late = measured.late[np.random.default_rng([epoch, 0x5f]).permutation(len(measured.late))]
+        if shuffle:                      # who is late or starved of CPU: chance (the same permutation)
+            order = np.random.default_rng([epoch, 0x5f]).permutation(len(measured.late))
+            measured.late, measured.starved = measured.late[order], measured.starved[order]
         return real(kind, measured, predictor, servers, current, seed, epoch, epsilon)
 
     balance.decide = decide
@@ -495,6 +498,71 @@ def test_psld_moves_no_block_with_nobody_late(comm):
     moved = [(n, np.bincount(a, minlength=comm.size).tolist()) for n, a in enumerate(ran) if not np.array_equal(a, ran[0])]
     assert np.array_equal(ran[0], np.arange(len(ran[0])) % comm.size) and not moved, \
         f"nobody late, yet blocks moved: (round, blocks per rank) {moved[:3]}"
+
+
+def _run_delay() -> float:
+    """Seconds this process's threads have been runnable but not running (the second field
+    of /proc/self/task/*/schedstat), read here in Python: the reference for the engine's."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+@pytest.mark.mpi(min_size=2)
+def test_rows_carry_each_ranks_run_delay(comm):
+    """Where owners are rebalanced, each rank's run delay (its threads' time runnable but
+    not running) rides in its word of the rounds' rows. The last rank, all its threads
+    pinned to one CPU beside a busy process, computes 3 ms before each post: epoch 0's
+    sums (rounds 0 - 19), the same on every rank, give it at least a quarter of what its
+    /proc showed from before its first post to after its last wait (read in Python), and
+    every rank at most what its own showed."""
+    import subprocess
+    import sys
+    if not os.path.exists("/proc/self/task/%d/schedstat" % os.getpid()):
+        pytest.skip("reads the threads' run delays in /proc/self/task/*/schedstat (Linux, schedstats)")
+    p, rounds, last = comm.size, 20, comm.size - 1
+    coll = pc.allreduce_init(4 * p * 64, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64 * 8,
+                             balance="psld", epsilon=0.0, rebalance_every=rounds)
+    hog, pinned = None, {}
+    if comm.rank == last:                # every thread (the progress thread too) and the busy process on one CPU
+        cpu = min(os.sched_getaffinity(0))
+        for tid in map(int, os.listdir("/proc/self/task")):
+            pinned[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {cpu})
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                               preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    x, work = np.ones(4 * p * 64), np.ones(1 << 16)
+    try:
+        comm.Barrier()
+        before = _run_delay()
+        for i in range(rounds):
+            t0 = time.perf_counter()
+            while comm.rank == last and time.perf_counter() - t0 < 0.003:
+                work.sum()                   # runnable: it waits for the CPU the busy process holds
+            assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p), i
+        own = _run_delay() - before
+        measured = coll._owners_measured(0)
+        coll.close()
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        for tid, cpus in pinned.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:                  # a thread that ended meanwhile
+                pass
+    engine = measured.starved * rounds       # seconds over the epoch's rounds, per rank
+    everyone = comm.allgather((engine.tobytes(), own))
+    assert all(e[0] == everyone[0][0] for e in everyone), "ranks disagree on the run delays"
+    mine = [e[1] for e in everyone]
+    assert all(0 <= engine[r] <= mine[r] + 1e-6 for r in range(p)), (engine.tolist(), mine)
+    assert mine[last] > 0.005 and engine[last] >= 0.25 * mine[last], (engine.tolist(), mine)
 
 
 def test_bad_owner_options(comm):
