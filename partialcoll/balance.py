@@ -593,7 +593,7 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     already wait for it every round, and what it serves adds to that, so its lateness is
     added to its fixed delay. That is a difference the test has weighed already: where
     the two owners the switch test compares have equal times, the gain is in the counts
-    and the lateness, and need beat only the counts' noise.
+    and the lateness, and need beat only the counts' noise. Such a rank is not explored.
 
     cap -- per server, the most blocks the predictions may give it (None: no limit):
     a server whose blocks came from exploration grows in measured steps (Predictor.caps)."""
@@ -643,7 +643,10 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     # from 1 block to 2 may shorten no predicted round: judged alone, it would never run)
     if counts is not now and cap is not None and any(c is not None and k > c for k, c in zip(counts, cap)):
         counts = _least_counts(*steps, n, [max(c, k) if c is not None else None for c, k in zip(cap, now)])
-    idle = [i for i in range(len(servers)) if counts[i] == 0]
+    # a rank found late or starved is not explored: what exploration measures (its owner
+    # times) cannot clear it, its lateness or run delay can (and lets it go); each explored
+    # block of a starved rank cost a round as slow as with its whole share
+    idle = [i for i in range(len(servers)) if counts[i] == 0 and not (late is not None and late[servers[i]] > 0)]
     if idle and n > 1 and epsilon > 0:
         rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch, 0x9d1])
         if rng.random() < epsilon:
