@@ -1237,7 +1237,8 @@ typedef struct { pc_coll *c; int64_t epoch; } coll_epoch_arg;
 static int coll_epoch_out(void *p)
 {
     coll_epoch_arg *a = p;
-    return LOAD(a->c->epochs) > a->epoch || LOAD(a->c->finished) || LOAD(a->c->err) || LOAD(a->c->abandoned);
+    return LOAD(a->c->epochs) > a->epoch || LOAD(a->c->finished) || LOAD(a->c->err) || LOAD(a->c->abandoned)
+           || LOAD(a->c->stats_stopped);
 }
 
 static int coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got)
@@ -1255,6 +1256,10 @@ static int coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums
     }
     size_t tb = sizeof(int64_t) * PC_TIME_FIELDS * (size_t)c->size;
     unit_lock(&c->owner.unit);
+    /* and at every epoch: the balancer wakes once an epoch, not on a timer (a thread that
+     * woke every 50 ms cost the progress threads 1.5 - 2.5 ms of CPU a round where ranks
+     * share cores, decisions or not: docs/results.md) */
+    if (epoch >= 0) coll_reap_retired(c);
     int rc = c->err ? coll_error(c) : PC_OK;
     int64_t e = c->epochs;
     if (rc == PC_OK && epoch >= 0 && e > epoch) {
@@ -1267,6 +1272,13 @@ static int coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums
     }
     unit_unlock(&c->owner.unit);
     return rc;
+}
+
+static int coll_stop_stats(pc_coll *c)
+{
+    STORE(c->stats_stopped, 1);
+    notify_books();                    /* its wait_passive re-reads the predicate */
+    return PC_OK;
 }
 
 static int coll_switched(pc_coll *c, int64_t k, int64_t *round)
@@ -1376,6 +1388,7 @@ PINNED(pc_coll_close, coll_close, (pc_coll *c), (c))
 PINNED(pc_coll_abort, coll_abort, (pc_coll *c, const char *type, const char *message, double timeout_s), (c, type, message, timeout_s))
 PINNED(pc_coll_peer_error, coll_peer_error, (pc_coll *c, int *rank, char *type, int tlen, char *message, int mlen), (c, rank, type, tlen, message, mlen))
 PINNED(pc_coll_stats, coll_stats, (pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got), (c, epoch, timeout_s, sums, got))
+PINNED(pc_coll_stop_stats, coll_stop_stats, (pc_coll *c), (c))
 PINNED(pc_coll_switched, coll_switched, (pc_coll *c, int64_t k, int64_t *round), (c, k, round))
 PINNED(pc_coll_salvage, coll_salvage, (pc_coll *c, int64_t *st, void *out, uint64_t *mask, pc_result *info), (c, st, out, mask, info))
 PINNED(pc_coll_switch, coll_switch_to, (pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1), (c, epoch, s0, s1))

@@ -263,6 +263,9 @@ int pc_sched_set_timers(pc_sched *s, int n, const int *triples);
  * (ns): epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
  * collective finished first); epoch < 0: the latest snapshot, or the sums so far */
 int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got);
+/* The balancer stops: a pc_coll_stats waiting for an epoch returns at once (*got = 0), and
+ * every later one without waiting */
+int pc_coll_stop_stats(pc_coll *c);
 /* Decision `epoch` (in order, on every rank): the schedules of the rounds (NULL, NULL: keep
  * the current ones), run from the first round n = m K >= (epoch + 2) K whose previous round
  * found the decision received on every rank (the same n everywhere). The collective owns

@@ -345,6 +345,7 @@ struct pc_coll {
     pc_sched **sched[2];     /* [0]: the mode's activation, [1]: full rounds */
     pc_sched *armed;
     int abandoned;           /* (unit; atomic): the balancer's wait reads it */
+    int stats_stopped;       /* (atomic) pc_coll_stop_stats: the balancer's wait ends */
     /* load-aware owners (spec.timed, spec.rebalance_every; coll.c "Owners"), all (unit) but epochs */
     int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
     int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */

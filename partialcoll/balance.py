@@ -846,7 +846,10 @@ class Balancer:
     the GIL); an entry's first round is filled in by whichever thread asks the engine
     first (pc_coll_switched: the same answer for both, never revised)."""
 
-    SLICE = 0.05
+    SLICE = 5.0      # seconds; the engine wakes it at every epoch's end, the collective's
+                     # end and stop(): the slice is a fallback (at 50 ms its timed wake-ups
+                     # cost the progress threads 1.5 - 2.5 ms of CPU a round where ranks
+                     # share cores: docs/results.md)
 
     def __init__(self, coll, native, balance: str, servers: Sequence[int], assignment: Sequence[int],
                  seed: int, epsilon: float, every: int) -> None:
@@ -916,6 +919,8 @@ class Balancer:
         first round of every decision the engine applied: the last time it is asked."""
         self._stop = True
         if threading.current_thread() is not self.thread:
+            if self.thread.is_alive() and self._lib is not None:
+                self._check(self._lib.pc_coll_stop_stats(self._native))     # its wait ends now
             self.thread.join()
         self._resolve()
         self._settled = True

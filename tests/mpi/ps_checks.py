@@ -345,6 +345,41 @@ def test_balancer_sleeps_while_rounds_run(comm):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_balancer_sleeps_between_epochs_and_stops_at_once(comm):
+    """The balancer thread sleeps until the engine wakes it (an epoch's end, the
+    collective's end, stop()), not on a timer: over 0.5 s in which no round runs it wakes
+    at most twice (at a 50 ms slice it woke 10 times, and cost the progress threads of
+    ranks sharing cores 1.5 - 2.5 ms of CPU a round: docs/results.md); a collective
+    dropped without close() stops it at once, not after its slice."""
+    from partialcoll import balance
+    if not os.path.exists("/proc/thread-self/status"):
+        pytest.skip("counts the balancer thread's context switches in /proc/self/task/*/status (Linux)")
+    p = comm.size
+    coll = pc.allreduce_init(64 * p, np.float64, MPI.SUM, comm, algorithm="ps", block_bytes=64,
+                             balance="psld", rebalance_every=2)
+    x = np.ones(64 * p)
+    for _ in range(4):                   # two epochs: decisions made, the balancer waits for the third
+        assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p)
+    thread = coll._balancer.thread
+
+    def switches():
+        with open(f"/proc/self/task/{thread.native_id}/status") as f:
+            return int(next(line for line in f if line.startswith("voluntary_ctxt_switches")).split()[1])
+
+    time.sleep(0.1)
+    before = switches()
+    time.sleep(0.5)
+    woke = switches() - before
+    comm.Barrier()
+    t0 = time.perf_counter()
+    coll._abandon()                      # what a collective dropped without close() does
+    took = time.perf_counter() - t0
+    assert not thread.is_alive()
+    assert woke <= 2, (woke, balance.Balancer.SLICE)
+    assert took < 1.0, took
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_failing_balancer_fails_the_collective(comm):
     """A decision that raises (here on the last rank only, at epoch 1) leaves no round
     parked for good: that rank's wait raises with the balancer's exception, the others'
