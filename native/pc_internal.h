@@ -398,6 +398,7 @@ typedef struct {
     pc_idle_policy policy;   /* written at start; poll_armed atomic */
     int64_t last_event_us;   /* (atomic) see note_event() */
     int64_t last_post_us, post_period_us;   /* (atomic) see note_post() */
+    unsigned nposts;         /* (atomic) local posts, for note_post() */
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
     int deferred;            /* reports made where no MPI call could be (report_defer), not
                               * sent yet (atomic) */
