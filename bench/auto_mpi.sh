@@ -4,11 +4,12 @@
 # latency --modes mpi,full), then the median over runs of auto / MPI per (P, size), and
 # what auto chose there (this machine's model parameters: partialcoll-bench calibrate).
 #   flock /tmp/pc-bench.lock sh bench/auto_mpi.sh OUTDIR [RUNS]
+# PS="2 3 4" runs those P only (a long series in parts: the summary reads every P of OUTDIR).
 set -e
 out=${1:?usage: auto_mpi.sh OUTDIR [RUNS]}
 runs=${2:-5}
 mkdir -p "$out"
-for p in 2 3 4 5 6 7 8; do
+for p in ${PS:-2 3 4 5 6 7 8}; do
   for run in $(seq 1 "$runs"); do
     timeout 600 mpiexec -n "$p" partialcoll-bench latency -m 1M:16M -f 4 --modes mpi,full -i 20 -x 3 \
       --json "$out/p$p-run$run.json" > /dev/null
@@ -20,7 +21,10 @@ from partialcoll.algorithms import explain, model, tree
 out, runs = sys.argv[1], int(sys.argv[2])
 print("# auto / MPI_Allreduce (full mode, avg latency), median over runs; auto's choice")
 print(f"# {'P':>2} {'bytes':>9} {'median':>7} {'runs':<40} algorithm")
+import os
 for p in range(2, 9):
+    if not os.path.exists(f"{out}/p{p}-run{runs}.json"):
+        continue
     by = {}
     for run in range(1, runs + 1):
         d = json.load(open(f"{out}/p{p}-run{run}.json"))

@@ -738,6 +738,7 @@ static int coll_post_end(pc_coll *c)
     tele_post(&c->tele, c->posts);     /* telemetry.c: before the post may start its round */
     c->claimed[(c->posts % PC_CLAIMS) / 64] &= ~(1ULL << (c->posts % 64));   /* its request: not taken */
     c->posts++;
+    note_post();
     int rc = coll_maybe_trigger(c);
     return rc == PC_OK && c->err ? coll_error(c) : rc;
 }

@@ -399,6 +399,8 @@ typedef struct {
     int conds_ready;
     pc_idle_policy policy;   /* written at start; poll_armed atomic */
     int64_t last_event_us;   /* (atomic) see note_event() */
+    int64_t last_post_us, post_period_us;   /* (atomic) see note_post() */
+    unsigned nposts;         /* (atomic) local posts, for note_post() */
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
     int deferred;            /* reports made where no MPI call could be (report_defer), not
                               * sent yet (atomic) */
@@ -427,6 +429,7 @@ void abs_deadline(struct timespec *ts, double us);
 
 /* progress.c */
 double note_event(void);
+void note_post(void);                    /* a local post: the period between posts (the deep sleep) */
 void kick(void);                         /* new work: note the event, wake the poller */
 void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);

@@ -45,6 +45,20 @@ double note_event(void)
     return gap;
 }
 
+/* A local post: the period between this process's posts, averaged (a loop's iteration),
+ * from the clock at every 8th post (a clock read per post was 2 - 3 % of an 8 B round
+ * at P = 2). The deep sleep waits for several periods (deep_after_us()): a rank that
+ * computes between its posts is not idle, its peers' rounds cross it every iteration.
+ * Two threads posting at once may lose one sample of the average. */
+void note_post(void)
+{
+    if ((__atomic_add_fetch(&E.nposts, 1, __ATOMIC_RELAXED) & 7) != 0) return;
+    int64_t now = (int64_t)now_us(), last = __atomic_exchange_n(&E.last_post_us, now, __ATOMIC_RELAXED);
+    if (last <= 0 || now <= last) return;
+    int64_t avg = LOAD(E.post_period_us), gap = (now - last) / 8;
+    STORE(E.post_period_us, avg > 0 ? avg + (gap - avg) / 8 : gap);
+}
+
 /* ------------------------------------------------------------------ units */
 void unit_init(pc_unit *u, void (*destroy)(pc_unit *), void (*abandon)(pc_unit *))
 {
@@ -497,6 +511,27 @@ static void idle_reset(idle_state *st)
     st->spins = 0;
 }
 
+/* How long without an event before the sleep cap grows (the deep sleep): deep_after_us,
+ * or four periods between this process's posts where that is longer: at most 2
+ * deep_after_us while a thread of this rank waits for a round, else (its application
+ * computes between posts) at most 5
+ * deep_after_us (100 ms by default: a nap of sleep_max_us costs about 7 % of a core on
+ * a 2-core VM, so a rank that waits for seconds still averages under 1 %). A rank of a
+ * loop whose iteration is longer than deep_after_us was taken as idle in the middle of
+ * each iteration: the activation of a round it had not posted to yet (solo, majority,
+ * probe) waited up to a tenth of its idle time at every such rank it crossed (Fig. 9 at
+ * 10 ms skew across 8 hosts: probe 1.36x its ideal, 1.13x with the cap held). */
+static double deep_after_us(void)
+{
+    double lo = E.policy.deep_after_us, hi = 5 * lo;
+    /* a thread of this rank waits for a round (it posted, a peer is late): at most 2
+     * deep_after_us (a wait of 150 ms for a late peer cost 5 - 6 ms more CPU with 5;
+     * tests/mpi/idle_checks.py), enough for a loop's skew of posts up to that */
+    if (LOAD(E.done_sleepers) > 0 || LOAD(E.app_polling) > 0) hi = 2 * lo;
+    double t = 4.0 * (double)LOAD(E.post_period_us);
+    return t < lo ? lo : t > hi ? hi : t;
+}
+
 static void idle_step(idle_state *st, int busy)
 {
     int poll = idle_poll();
@@ -521,7 +556,7 @@ static void idle_step(idle_state *st, int busy)
     }
     sleep_for_kick(st->sleep_us);
     double cap = E.policy.sleep_max_us;
-    if (idle > E.policy.deep_after_us) {
+    if (idle > deep_after_us()) {
         double deep = idle / (10.0 * engine_hops());
         if (deep > cap) cap = deep < E.policy.deep_sleep_us ? deep : E.policy.deep_sleep_us;
     }
@@ -547,9 +582,14 @@ static void *progress_main(void *arg)
              * after the loop ends (a thread that spun on sched_yield() here took the lines
              * the waiter writes: 8 B rounds 2x slower on a 16-core node); else for 5
              * sleep_max_us (each wake-up preempts a rank's application thread, and its
-             * peers wait for it). Where ranks share cores: yield (polling) or nap. */
+             * peers wait for it). Where ranks share cores: yield (polling), or nap; while
+             * the waiter polls a large message (SF_BUSY), until it stops (it wakes this
+             * thread then: wake(), wake_lazy()): naps of sleep_max_us woke this thread
+             * 4 - 8 times in a 1 MiB round at P = 8 on 2 cores, each wake-up preempting a
+             * rank that was moving data (a small round's wait is over within one nap). */
             if (idle_core_each()) sleep_as(idle_spare() ? E.policy.spin_us : 5 * E.policy.sleep_max_us, SLEEP_ASIDE);
             else if (idle_poll()) sched_yield();
+            else if (engine_flags() & SF_BUSY) sleep_as(-1, SLEEP_PARKED);
             else sleep_for_kick(E.policy.sleep_max_us);
             idle_reset(&st);
             continue;
@@ -747,7 +787,15 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         double idle = now - st.idle_since;
         int64_t pass_since = LOAD(E.pass_since_us);
         int stuck = pass_since > 0 && now - (double)pass_since > E.policy.sleep_max_us;
-        if (idle < yield_until || (idle_poll() && idle < idle_spin_bound_us())) {
+        int spin = idle < yield_until || (idle_poll() && idle < idle_spin_bound_us());
+        /* a large message moves (SF_BUSY): the progress thread would poll it, yielding, up
+         * to the busy bound; this thread does so instead, while the progress thread
+         * stands aside. The rank polls with one thread either way, and the round's end is
+         * seen here, without the hand-off: a futex wake-up of this thread that, where ranks
+         * share cores, waited for a core behind the other ranks' polling threads (1 MiB
+         * rounds at P = 4 on 2 cores: 1.1 - 1.3x MPI_Allreduce, not 0.9x) */
+        if (!spin && idle < idle_busy_bound_us() && (engine_flags() & SF_BUSY)) spin = 1;
+        if (spin) {
             /* spin phase: progress here, sparing the hand-off to the progress thread;
              * yield every 8th pass (not where every thread has a CPU: idle_spare), and on
              * every pass after spin_us: a peer's thread (or this rank's progress thread)

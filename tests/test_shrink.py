@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import mpi_flavour, run_mpi
+from partialcoll.activation import quorum_network
 
 pytestmark = pytest.mark.mpiexec
 
@@ -137,7 +138,26 @@ def test_survivors_go_on(nprocs):
 MPICH_CASES = {
     3: ("raise", [("solo*3", {2}, 10), ("full", {0}, ROUNDS)]),
     5: ("exit", [("full*2", {4}, 10), ("majority", {1}, 10), ("probe", {3}, ROUNDS), ("quorum", {0}, 10)]),
+    # quorum through the sorting network in boxes (forced), a box's host dying at P = 8, 7,
+    # 6 (in a round) and 5 (after its last round: the survivors meet it in close())
+    8: ("exit", [("qnet", {1}, 10), ("qnet", {2}, 10), ("qnet", {3}, 10), ("qnet", {4}, ROUNDS)]),
 }
+
+
+def check_network(out, nprocs, phases):
+    """Phases of mode qnet: each victim hosted a box of its phase's network (k = P // 2, as
+    shrink_dies.py makes it), and every survivor's collective, the rebuilt one too, asked
+    for the network."""
+    members = list(range(nprocs))
+    for phase, (mode, victims, _) in enumerate(phases):
+        if mode == "qnet":
+            hosts = {members[b.host] for b in quorum_network.plan(len(members), len(members) // 2).boxes}
+            assert victims <= hosts, (phase, victims, hosts)
+            alive = [r for r in members if r not in victims]
+            calls = {int(m.group(1)): int(m.group(2))
+                     for m in re.finditer(rf"NETWORK phase={phase} rank=(\d+) calls=(\d+)", out)}
+            assert sorted(calls) == alive and min(calls.values()) >= 2, (phase, calls)
+        members = [r for r in members if r not in victims]
 
 
 @pytest.mark.parametrize("nprocs", sorted(MPICH_CASES))
@@ -145,7 +165,8 @@ def test_survivors_of_a_report_go_on(nprocs):
     """MPICH (no ULFM) under -disable-auto-cleanup: a rank that raises (P = 3, 2) or calls
     sys.exit(3) (P = 5, 4, 3, 2) reports and leaves without aborting the job; the survivors
     go on over MPI_Comm_create_group of the others: the same checks as under ULFM. One
-    victim per launch fails after its last round: the survivors meet it in close()."""
+    victim per launch fails after its last round: the survivors meet it in close(). P = 8
+    (8, 7, 6, 5): quorum through the sorting network, a box's host dying in each phase."""
     if mpi_flavour() == "openmpi":
         pytest.skip("needs the second MPI's environment: MPICH's path (a report, then MPI_Comm_create_group); "
                     "Open MPI runs test_survivors_go_on")
@@ -153,6 +174,7 @@ def test_survivors_of_a_report_go_on(nprocs):
     out = run_mpi("shrink_dies.py", nprocs, str(ROUNDS), spec(phases), how, keep_going=True,
                   expect_passed=nprocs - sum(len(v) for _, v, _ in phases), timeout=120)
     check_phases(out, nprocs, phases)
+    check_network(out, nprocs, phases)
 
 
 def test_shrink_refused_without_ulfm():

@@ -6,7 +6,9 @@ MPICH's ``mpiexec -disable-auto-cleanup`` (HOW ``raise``: an uncaught exception;
 sys.exit(3); each reports to the peers; ``noreport``: os._exit(9), which nobody reports:
 each survivor prints ``UNSURVIVABLE phase=K rank=R at=T <PeerError>``). PHASES is ``mode:victims@round;...``,
 victims ``r`` or ``r+r`` (ranks of COMM_WORLD); a mode written ``mode*k`` makes k
-collectives in that phase. Each phase makes one PartialAllreduce (k)
+collectives in that phase; mode ``qnet`` is quorum through the sorting network in boxes
+(quorum_network.choose patched on every rank, the rebuilt collectives' too: the model
+takes it only from P ≈ 900 on; each survivor prints ``NETWORK phase=K rank=R calls=N``). Each phase makes one PartialAllreduce (k)
 (float64 SUM, late="fold", on_failure="shrink") over the survivors of the phases before
 (the test's own MPIX_Comm_shrink, or MPI_Comm_create_group over the survivors without ULFM); every rank posts and
 waits ROUNDS times, values that differ per rank, post and element, all exact in float64;
@@ -42,6 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 import partialcoll as pc
+from partialcoll.activation import quorum_network
 
 ROUNDS = int(sys.argv[1])
 HOW = sys.argv[3] if len(sys.argv) > 3 else "kill"
@@ -96,7 +99,19 @@ def unsurvivable(phase: int, exc: pc.PeerError) -> None:
     os._exit(0)
 
 
+network_calls = [0]
+model_choice = quorum_network.choose
+
+
+def network_forced(size: int, k: int) -> str:
+    network_calls[0] += 1
+    return "network"
+
+
 for phase, (mode, ncolls, victims, agreeing, die_at) in enumerate(PHASES):
+    quorum_network.choose = network_forced if mode == "qnet" else model_choice
+    if mode == "qnet":
+        mode, network_calls[0] = "quorum", 0
     if me in agreeing:
         from partialcoll import _shrink
         plans[1:] = [ncolls, _shrink.Shrinker._plan]
@@ -151,6 +166,8 @@ for phase, (mode, ncolls, victims, agreeing, die_at) in enumerate(PHASES):
         print(f"SURVIVOR phase={name} rank={me} failed={failed} rounds={got} total={total[j].tolist()} "
               f"posts={posts[j]} full_ok={full_ok[j]} recovered={recovered:.6f} recoveries={coll.recoveries}",
               flush=True)
+    if network_calls[0]:
+        print(f"NETWORK phase={phase} rank={me} calls={network_calls[0]}", flush=True)
     if victims:                  # the next phase over the survivors
         # ULFM: MPIX_Comm_shrink (MPI_Comm_create_group waits on a communicator with dead
         # ranks); MPICH: MPI_Comm_create_group, collective over the survivors only
