@@ -166,8 +166,9 @@ static int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
     return hit;
 }
 
-/* Fire the armed round's trigger if this rank may start it now. */
-int coll_maybe_trigger(pc_coll *c)
+/* Fire the armed round's trigger if this rank may start it now. now: the clock of the post
+ * that calls it (tele_post's read), or 0. */
+int coll_maybe_trigger(pc_coll *c, double now)
 {
     pc_sched *s = c->armed;
     if (!s || c->triggered || !s->running || s->draining || s->trigger_op < 0) return PC_OK;
@@ -180,7 +181,7 @@ int coll_maybe_trigger(pc_coll *c)
      * post starts for others (solo, majority, probe, quorum): wake the progress thread at
      * once; measured at P = 2 under skew (docs/benchmarks.md), the lazy kick made the
      * initiator's round 60 - 100 us slower. */
-    if (needs_trigger) kick_lazy(); else kick_eager();
+    if (needs_trigger) kick_lazy(now); else kick_eager(now);
     return rc;
 }
 
@@ -244,7 +245,7 @@ static int coll_arm(pc_coll *c, int64_t n)
     c->taken = 0;
     int rc = sched_begin(s, n);
     if (rc) return rc;
-    return coll_maybe_trigger(c);
+    return coll_maybe_trigger(c, 0);
 }
 
 static int coll_take(pc_owner *o)
@@ -545,14 +546,16 @@ static int coll_poll(pc_unit *u)
 /* A pass tests the alarm receive (a peer's report) at most every PC_ALARM_US while a round
  * of the collective runs: each test is an MPI progress call, as costly as the round's own
  * (at P = 2, 8 B: a fifth of a waiting thread's instructions were the alarm's MPI_Test,
- * every pass), and a report needs no microseconds. A parked or idle collective tests it
- * at every pass. Unit lock held. */
-#define PC_ALARM_US 100.0
+ * every pass), and a report needs no microseconds. The rate is read on the coarse clock
+ * (a tick of 1 - 4 ms: the alarm is then tested once a tick), as a precise clock read on
+ * every pass cost as much as that test here. A parked or idle collective tests it at
+ * every pass. Unit lock held. */
+#define PC_ALARM_US 1000.0
 
 static int coll_alarm_due(pc_coll *c)
 {
     if (!c->armed || !c->armed->running) return 1;
-    double now = now_us();
+    double now = now_coarse_us();
     if (now - c->alarm_us < PC_ALARM_US) return 0;
     c->alarm_us = now;
     return 1;
@@ -729,10 +732,11 @@ static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 /* ... and ends here, once x is in place: count it, and start the round if eligible. */
 static int coll_post_end(pc_coll *c)
 {
-    tele_post(&c->tele, c->posts);     /* telemetry.c: before the post may start its round */
+    /* telemetry.c: before the post may start its round; its clock read is the kick's too */
+    double now = tele_post(&c->tele, c->posts);
     c->claimed[(c->posts % PC_CLAIMS) / 64] &= ~(1ULL << (c->posts % 64));   /* its request: not taken */
     c->posts++;
-    int rc = coll_maybe_trigger(c);
+    int rc = coll_maybe_trigger(c, now);
     return rc == PC_OK && c->err ? coll_error(c) : rc;
 }
 
@@ -1100,7 +1104,7 @@ static int coll_close(pc_coll *c)
         result_internal(c);
         if (!c->fold && c->pending == 0)      /* from now on fold: close never drops a round */
             fill_identity(c, c->result);
-        rc = coll_maybe_trigger(c);
+        rc = coll_maybe_trigger(c, 0);
     }
     unit_unlock(&c->owner.unit);
     return rc;

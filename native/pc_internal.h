@@ -295,7 +295,7 @@ typedef struct pc_tele {
 
 int tele_init(pc_tele *t, int rank, int size);
 void tele_free(pc_tele *t);
-void tele_post(pc_tele *t, int64_t n);       /* post #n, before it may trigger its round */
+double tele_post(pc_tele *t, int64_t n);     /* post #n, before it may trigger its round; the time it read (0: off) */
 void tele_take(pc_tele *t, int64_t n, int64_t *times);   /* round n's TAKE (times: a timed row, or NULL) */
 void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full);   /* round n completed */
 
@@ -375,7 +375,7 @@ struct pc_coll {
 };
 
 int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */
-int coll_maybe_trigger(pc_coll *c);
+int coll_maybe_trigger(pc_coll *c, double now);
 
 /* ------------------------------------------------------------------ engine (progress.c) */
 enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2, SLEEP_ASIDE = 3 };
@@ -398,6 +398,7 @@ typedef struct {
     pc_idle_policy policy;   /* written at start; poll_armed atomic */
     int64_t last_event_us;   /* (atomic) see note_event() */
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
+    int nflag[3];            /* running schedules with SF_INFLIGHT, SF_POLLABLE, SF_BUSY (atomic) */
     int deferred;            /* reports made where no MPI call could be (report_defer), not
                               * sent yet (atomic) */
     int reporter_on;         /* inline progress: the reporter thread runs (atomic; kick_report) */
@@ -421,6 +422,7 @@ int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n);
 
 /* clock.c */
 double now_us(void);                     /* CLOCK_MONOTONIC, microseconds */
+double now_coarse_us(void);              /* the same, to within its tick (1 - 4 ms); cheap */
 void abs_deadline(struct timespec *ts, double us);
 
 /* progress.c */
@@ -428,12 +430,13 @@ double note_event(void);
 void kick(void);                         /* new work: note the event, wake the poller */
 void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);
-void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
-void kick_eager(void);
+void kick_lazy(double now);              /* a post's kick: wake the poller only if needed */
+void kick_eager(double now);             /* now: the caller's clock read of this event, or 0 */
 void notify_done(void);                  /* a wait's predicate may have changed */
 void notify_books(void);                 /* wait_passive's predicate may have changed */
 void running_add(pc_sched *s);           /* unit lock held; takes E.lock */
 void running_remove(pc_sched *s);
+void engine_set_flags(pc_sched *s, int f);   /* unit lock held: s's SF_* flags are f now */
 int engine_pass(void);                   /* no lock held: one progress pass over every unit */
 /* How progress.c runs a schedule: registered by sched.c (sched_create), so that the
  * progress loop knows the running list and the units, not how a schedule steps. Each

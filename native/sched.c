@@ -45,7 +45,7 @@ void sched_publish(pc_sched *s)
             f |= SF_POLLABLE;
         if (sched_busy(s)) f |= SF_BUSY;
     }
-    STORE(s->flags, f);
+    engine_set_flags(s, f);
 }
 
 /* Stop an execution: no op fires any more, receives are cancelled, sends complete;
@@ -74,6 +74,7 @@ static int sched_drain(pc_sched *s)
 
 void sched_destroy(pc_sched *s)
 {
+    engine_set_flags(s, 0);                  /* no longer counted as running (engine_flags) */
     free(s->timers);
     free(s->ops); free(s->succ_store); free(s->stack); free(s->is_recv); free(s->op_bytes);
     mpi_free_msgs(&s->msgs);
@@ -214,7 +215,7 @@ int sched_begin(pc_sched *s, int64_t version)
     }
     sched_check_done(s);
     sched_publish(s);
-    kick_lazy();
+    kick_lazy(0);
     return s->err ? fail_at(s->err, s->errpeer, s->errmsg) : PC_OK;
 }
 

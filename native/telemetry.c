@@ -40,13 +40,13 @@ static pc_tele_rec *tele_slot(pc_tele *t, int64_t n)
     return r;
 }
 
-void tele_post(pc_tele *t, int64_t n)
+double tele_post(pc_tele *t, int64_t n)
 {
-    if (!t->cap) return;
+    if (!t->cap) return 0;
     double now = now_us();
     t->posts++;
     pc_tele_rec *r = tele_slot(t, n);
-    if (!r) { t->lost++; return; }
+    if (!r) { t->lost++; return now; }
     r->post_us = now;
     if (r->take_us > 0 && now > r->take_us) {    /* round n read this rank's input already */
         r->late_us = now - r->take_us;
@@ -54,6 +54,7 @@ void tele_post(pc_tele *t, int64_t n)
         t->late_us += r->late_us;
         t->arrival_ns -= (int64_t)(r->late_us * 1e3);
     }
+    return now;
 }
 
 void tele_take(pc_tele *t, int64_t n, int64_t *times)
