@@ -260,6 +260,7 @@ void sched_destroy(pc_sched *s);
 int op_complete(pc_sched *s, int first);
 void sched_check_done(pc_sched *s);
 int sched_begin(pc_sched *s, int64_t version);
+int sched_begin_at(pc_sched *s, int64_t version, double now);   /* now: as the kicks' (progress.c) */
 void sched_publish(pc_sched *s);             /* recompute s->flags */
 int sched_fire_trigger(pc_sched *s);
 int sched_progress(pc_sched *s);             /* [pass] one step of s (unit lock held); 1: progressed */
@@ -430,8 +431,10 @@ double note_event(void);
 void kick(void);                         /* new work: note the event, wake the poller */
 void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);
+/* The kicks' now: the caller's clock read of this event, noted by the kick; 0: the kick
+ * reads it; < 0: noted already (the completion whose step makes this event, us ago) */
 void kick_lazy(double now);              /* a post's kick: wake the poller only if needed */
-void kick_eager(double now);             /* now: the caller's clock read of this event, or 0 */
+void kick_eager(double now);
 void notify_done(void);                  /* a wait's predicate may have changed */
 void notify_books(void);                 /* wait_passive's predicate may have changed */
 void running_add(pc_sched *s);           /* unit lock held; takes E.lock */

@@ -418,7 +418,7 @@ static void wake_lazy(int flags)
  *    ends; a wait() or test() in between progresses inline. */
 void kick_lazy(double now)
 {
-    note_at(now > 0 ? now : now_us());
+    if (now >= 0) note_at(now > 0 ? now : now_us());
     int flags = E.threaded ? engine_flags() : 0;
     if (E.threaded && !(flags & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) return;
     wake_lazy(flags);
@@ -428,8 +428,8 @@ void kick_lazy(double now)
  * but only if it could do something (nothing to poll at P = 1). */
 void kick_eager(double now)
 {
-    if (now <= 0) now = now_us();
-    note_at(now);
+    if (now < 0) now = (double)LOAD(E.last_event_us);
+    else note_at(now > 0 ? now : (now = now_us()));
     int flags = E.threaded ? engine_flags() : 0;
     if (E.threaded && !(flags & SF_INFLIGHT)) return;
     if (idle_core_each() && app_in_loop(now)) wake_lazy(flags);   /* its wait() follows at once */

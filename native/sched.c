@@ -188,8 +188,9 @@ int sched_progress(pc_sched *s)
     return 1;
 }
 
-/* Begin one execution with the given version: reset the ops, fire those without deps. */
-int sched_begin(pc_sched *s, int64_t version)
+/* Begin one execution with the given version: reset the ops, fire those without deps.
+ * now: the event's clock, as kick_lazy's. */
+int sched_begin_at(pc_sched *s, int64_t version, double now)
 {
     if (s->running) return fail(PC_ERR_STATE, s->draining ? "the previous execution failed and is still draining"
                                                         : "schedule is already running");
@@ -215,9 +216,11 @@ int sched_begin(pc_sched *s, int64_t version)
     }
     sched_check_done(s);
     sched_publish(s);
-    kick_lazy(0);
+    kick_lazy(now);
     return s->err ? fail_at(s->err, s->errpeer, s->errmsg) : PC_OK;
 }
+
+int sched_begin(pc_sched *s, int64_t version) { return sched_begin_at(s, version, 0); }
 
 
 /* ------------------------------------------------------------------ schedules */
