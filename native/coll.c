@@ -166,9 +166,9 @@ static int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
     return hit;
 }
 
-/* Fire the armed round's trigger if this rank may start it now. now: the clock of the post
- * that calls it (tele_post's read), or 0. */
-int coll_maybe_trigger(pc_coll *c, double now)
+/* Fire the armed round's trigger if this rank may start it now. *now: the event's clock,
+ * as the kicks' (progress.c); where it is 0 and the kick reads the clock, that read. */
+int coll_maybe_trigger(pc_coll *c, double *now)
 {
     pc_sched *s = c->armed;
     if (!s || c->triggered || !s->running || s->draining || s->trigger_op < 0) return PC_OK;
@@ -181,7 +181,8 @@ int coll_maybe_trigger(pc_coll *c, double now)
      * post starts for others (solo, majority, probe, quorum): wake the progress thread at
      * once; measured at P = 2 under skew (docs/benchmarks.md), the lazy kick made the
      * initiator's round 60 - 100 us slower. */
-    if (needs_trigger) kick_lazy(now); else kick_eager(now);
+    double t = needs_trigger ? kick_lazy(*now) : kick_eager(*now);
+    if (*now == 0) *now = t;
     return rc;
 }
 
@@ -246,7 +247,7 @@ static int coll_arm(pc_coll *c, int64_t n, double now)
     c->taken = 0;
     int rc = sched_begin_at(s, n, now);
     if (rc) return rc;
-    return coll_maybe_trigger(c, now);
+    return coll_maybe_trigger(c, &now);
 }
 
 static int coll_take(pc_owner *o)
@@ -737,11 +738,15 @@ static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 /* ... and ends here, once x is in place: count it, and start the round if eligible. */
 static int coll_post_end(pc_coll *c)
 {
-    /* telemetry.c: before the post may start its round; its clock read is the kick's too */
-    double now = tele_post(&c->tele, c->posts);
-    c->claimed[(c->posts % PC_CLAIMS) / 64] &= ~(1ULL << (c->posts % 64));   /* its request: not taken */
+    int64_t n = c->posts;
+    tele_post(&c->tele, n);            /* telemetry.c: before the post may start its round */
+    c->claimed[(n % PC_CLAIMS) / 64] &= ~(1ULL << (n % 64));   /* its request: not taken */
     c->posts++;
-    int rc = coll_maybe_trigger(c, now);
+    /* the clock is read once per post, after its round's first messages are out: by the
+     * kick where the post starts its round (that event's time), else for the telemetry */
+    double now = 0;
+    int rc = coll_maybe_trigger(c, &now);
+    if (c->tele.cap) tele_post_time(&c->tele, n, now > 0 ? now : now_us());
     return rc == PC_OK && c->err ? coll_error(c) : rc;
 }
 
@@ -1109,7 +1114,8 @@ static int coll_close(pc_coll *c)
         result_internal(c);
         if (!c->fold && c->pending == 0)      /* from now on fold: close never drops a round */
             fill_identity(c, c->result);
-        rc = coll_maybe_trigger(c, 0);
+        double now = 0;
+        rc = coll_maybe_trigger(c, &now);
     }
     unit_unlock(&c->owner.unit);
     return rc;

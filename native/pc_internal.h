@@ -296,7 +296,8 @@ typedef struct pc_tele {
 
 int tele_init(pc_tele *t, int rank, int size);
 void tele_free(pc_tele *t);
-double tele_post(pc_tele *t, int64_t n);     /* post #n, before it may trigger its round; the time it read (0: off) */
+void tele_post(pc_tele *t, int64_t n);       /* post #n, before it may trigger its round ... */
+void tele_post_time(pc_tele *t, int64_t n, double now);   /* ... and its time, after */
 void tele_take(pc_tele *t, int64_t n, int64_t *times);   /* round n's TAKE (times: a timed row, or NULL) */
 void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full);   /* round n completed */
 
@@ -376,7 +377,7 @@ struct pc_coll {
 };
 
 int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */
-int coll_maybe_trigger(pc_coll *c, double now);
+int coll_maybe_trigger(pc_coll *c, double *now);
 
 /* ------------------------------------------------------------------ engine (progress.c) */
 enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2, SLEEP_ASIDE = 3 };
@@ -432,9 +433,10 @@ void kick(void);                         /* new work: note the event, wake the p
 void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);
 /* The kicks' now: the caller's clock read of this event, noted by the kick; 0: the kick
- * reads it; < 0: noted already (the completion whose step makes this event, us ago) */
-void kick_lazy(double now);              /* a post's kick: wake the poller only if needed */
-void kick_eager(double now);
+ * reads it; < 0: noted already (the completion whose step makes this event, us ago).
+ * They return the clock they noted (0: none). */
+double kick_lazy(double now);            /* a post's kick: wake the poller only if needed */
+double kick_eager(double now);
 void notify_done(void);                  /* a wait's predicate may have changed */
 void notify_books(void);                 /* wait_passive's predicate may have changed */
 void running_add(pc_sched *s);           /* unit lock held; takes E.lock */

@@ -416,24 +416,27 @@ static void wake_lazy(int flags)
  *    progress: wake it now;
  *  - napping for at most sleep_max_us more, or awake: it finds the kick when its nap
  *    ends; a wait() or test() in between progresses inline. */
-void kick_lazy(double now)
+double kick_lazy(double now)
 {
-    if (now >= 0) note_at(now > 0 ? now : now_us());
+    if (now >= 0) note_at(now = now > 0 ? now : now_us());
     int flags = E.threaded ? engine_flags() : 0;
-    if (E.threaded && !(flags & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) return;
-    wake_lazy(flags);
+    if (!E.threaded || (flags & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) wake_lazy(flags);
+    return now > 0 ? now : 0;
 }
 
 /* The kick of a post that starts a round for others: wake the progress thread at once,
  * but only if it could do something (nothing to poll at P = 1). */
-void kick_eager(double now)
+double kick_eager(double now)
 {
-    if (now < 0) now = (double)LOAD(E.last_event_us);
-    else note_at(now > 0 ? now : (now = now_us()));
+    int noted = now >= 0;
+    if (!noted) now = (double)LOAD(E.last_event_us);
+    else note_at(now = now > 0 ? now : now_us());
     int flags = E.threaded ? engine_flags() : 0;
-    if (E.threaded && !(flags & SF_INFLIGHT)) return;
-    if (idle_core_each() && app_in_loop(now)) wake_lazy(flags);   /* its wait() follows at once */
-    else wake();
+    if (!E.threaded || (flags & SF_INFLIGHT)) {
+        if (idle_core_each() && app_in_loop(now)) wake_lazy(flags);   /* its wait() follows at once */
+        else wake();
+    }
+    return noted ? now : 0;
 }
 
 static int take_kick(void)
