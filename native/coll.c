@@ -552,16 +552,16 @@ static int coll_poll(pc_unit *u)
 /* A pass tests the alarm receive (a peer's report) at most every PC_ALARM_US while a round
  * of the collective runs: each test is an MPI progress call, as costly as the round's own
  * (at P = 2, 8 B: a fifth of a waiting thread's instructions were the alarm's MPI_Test,
- * every pass), and a report needs no microseconds. The rate is read on the coarse clock
- * (a tick of 1 - 4 ms: the alarm is then tested once a tick), as a precise clock read on
- * every pass cost as much as that test here. A parked or idle collective tests it at
- * every pass. Unit lock held. */
-#define PC_ALARM_US 1000.0
+ * every pass), and a report needs no microseconds. A parked or idle collective tests it
+ * at every pass. Unit lock held. (On the coarse clock, once a tick of 1 - 4 ms, rounds
+ * of quorum(2) at P = 4 under Fig. 9's skew took 11 % longer: these tests' MPI progress
+ * counts there.) */
+#define PC_ALARM_US 100.0
 
 static int coll_alarm_due(pc_coll *c)
 {
     if (!c->armed || !c->armed->running) return 1;
-    double now = now_coarse_us();
+    double now = now_us();
     if (now - c->alarm_us < PC_ALARM_US) return 0;
     c->alarm_us = now;
     return 1;

@@ -424,7 +424,6 @@ int pc_mean_local(int dtype, const void *const *v, int k, void *out, int64_t n);
 
 /* clock.c */
 double now_us(void);                     /* CLOCK_MONOTONIC, microseconds */
-double now_coarse_us(void);              /* the same, to within its tick (1 - 4 ms); cheap */
 void abs_deadline(struct timespec *ts, double us);
 
 /* progress.c */
