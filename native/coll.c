@@ -166,8 +166,9 @@ static int pc_coll_eligible(pc_coll *c, int64_t n, int rank)
     return hit;
 }
 
-/* Fire the armed round's trigger if this rank may start it now. */
-int coll_maybe_trigger(pc_coll *c)
+/* Fire the armed round's trigger if this rank may start it now. *now: the event's clock,
+ * as the kicks' (progress.c); where it is 0 and the kick reads the clock, that read. */
+int coll_maybe_trigger(pc_coll *c, double *now)
 {
     pc_sched *s = c->armed;
     if (!s || c->triggered || !s->running || s->draining || s->trigger_op < 0) return PC_OK;
@@ -180,7 +181,8 @@ int coll_maybe_trigger(pc_coll *c)
      * post starts for others (solo, majority, probe, quorum): wake the progress thread at
      * once; measured at P = 2 under skew (docs/benchmarks.md), the lazy kick made the
      * initiator's round 60 - 100 us slower. */
-    if (needs_trigger) kick_lazy(); else kick_eager();
+    double t = needs_trigger ? kick_lazy(*now) : kick_eager(*now);
+    if (*now == 0) *now = t;
     return rc;
 }
 
@@ -218,7 +220,8 @@ static int coll_apply_ready(pc_coll *c, int64_t n)
 
 static void coll_listen(pc_coll *c);
 
-static int coll_arm(pc_coll *c, int64_t n)
+/* Arm round n. now: the event's clock, as the kicks' (progress.c). */
+static int coll_arm(pc_coll *c, int64_t n, double now)
 {
     if (c->peer_heard && n >= c->rep.peer.upto) {      /* a peer's report: this round cannot come */
         c->armed = NULL;
@@ -242,9 +245,9 @@ static int coll_arm(pc_coll *c, int64_t n)
     c->armed = s;
     c->triggered = 0;
     c->taken = 0;
-    int rc = sched_begin(s, n);
+    int rc = sched_begin_at(s, n, now);
     if (rc) return rc;
-    return coll_maybe_trigger(c);
+    return coll_maybe_trigger(c, &now);
 }
 
 static int coll_take(pc_owner *o)
@@ -477,7 +480,11 @@ static void coll_round_done(pc_owner *o, pc_sched *s)
         coll_books_stop(c);
         return;
     }
-    int rc = coll_arm(c, LOAD(c->completed));
+    /* the next round is armed in the step that completed this one: the pass noted that
+     * completion just before (sched_progress), and where the round is small, no clock is
+     * read again for the arming (a read costs 0.1 - 0.3 us in a VM; this is on an 8 B
+     * round's critical path). A large round's reductions may have taken long since. */
+    int rc = coll_arm(c, LOAD(c->completed), c->nbytes < (size_t)E.policy.busy_bytes ? -1 : 0);
     if (rc && !c->err) {
         c->errpeer = pc_last_error_peer();
         snprintf(c->errmsg, sizeof c->errmsg, "%s", pc_last_error());
@@ -552,7 +559,9 @@ static int coll_poll(pc_unit *u)
  * of the collective runs: each test is an MPI progress call, as costly as the round's own
  * (at P = 2, 8 B: a fifth of a waiting thread's instructions were the alarm's MPI_Test,
  * every pass), and a report needs no microseconds. A parked or idle collective tests it
- * at every pass. Unit lock held. */
+ * at every pass. Unit lock held. (On the coarse clock, once a tick of 1 - 4 ms, rounds
+ * of quorum(2) at P = 4 under Fig. 9's skew took 11 % longer: these tests' MPI progress
+ * counts there.) */
 #define PC_ALARM_US 100.0
 
 static int coll_alarm_due(pc_coll *c)
@@ -713,7 +722,7 @@ int pc_coll_set_sched(pc_coll *c, int kind, int variant, pc_sched *s)
 int pc_coll_begin(pc_coll *c)
 {
     unit_lock(&c->owner.unit);
-    int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0);
+    int rc = !LOAD(E.started) ? fail(PC_ERR_STATE, "the engine is not running") : coll_arm(c, 0, 0);
     if (rc == PC_OK && c->size > 1) rc = report_listen(&c->rep, c->rep.alarm.comm, c->spec.ident);
     unit_unlock(&c->owner.unit);
     return rc;
@@ -735,11 +744,16 @@ static int coll_post_begin(pc_coll *c, int64_t *index, int *late)
 /* ... and ends here, once x is in place: count it, and start the round if eligible. */
 static int coll_post_end(pc_coll *c)
 {
-    tele_post(&c->tele, c->posts);     /* telemetry.c: before the post may start its round */
-    c->claimed[(c->posts % PC_CLAIMS) / 64] &= ~(1ULL << (c->posts % 64));   /* its request: not taken */
+    int64_t n = c->posts;
+    tele_post(&c->tele, n);            /* telemetry.c: before the post may start its round */
+    c->claimed[(n % PC_CLAIMS) / 64] &= ~(1ULL << (n % 64));   /* its request: not taken */
     c->posts++;
     note_post();
-    int rc = coll_maybe_trigger(c);
+    /* the clock is read once per post, after its round's first messages are out: by the
+     * kick where the post starts its round (that event's time), else for the telemetry */
+    double now = 0;
+    int rc = coll_maybe_trigger(c, &now);
+    if (c->tele.cap) tele_post_time(&c->tele, n, now > 0 ? now : now_us());
     return rc == PC_OK && c->err ? coll_error(c) : rc;
 }
 
@@ -1107,7 +1121,8 @@ static int coll_close(pc_coll *c)
         result_internal(c);
         if (!c->fold && c->pending == 0)      /* from now on fold: close never drops a round */
             fill_identity(c, c->result);
-        rc = coll_maybe_trigger(c);
+        double now = 0;
+        rc = coll_maybe_trigger(c, &now);
     }
     unit_unlock(&c->owner.unit);
     return rc;
@@ -1310,7 +1325,7 @@ static int coll_switch_to(pc_coll *c, int64_t epoch, pc_sched *s0, pc_sched *s1)
         if (c->parked >= 0 && !c->err && !c->abandoned && !LOAD(c->finished)) {
             int64_t n = c->parked;
             c->parked = -1;
-            rc = coll_arm(c, n);
+            rc = coll_arm(c, n, 0);
             coll_listen(c);
             if (rc && !c->err) {
                 c->errpeer = pc_last_error_peer();

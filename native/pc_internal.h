@@ -260,6 +260,7 @@ void sched_destroy(pc_sched *s);
 int op_complete(pc_sched *s, int first);
 void sched_check_done(pc_sched *s);
 int sched_begin(pc_sched *s, int64_t version);
+int sched_begin_at(pc_sched *s, int64_t version, double now);   /* now: as the kicks' (progress.c) */
 void sched_publish(pc_sched *s);             /* recompute s->flags */
 int sched_fire_trigger(pc_sched *s);
 int sched_progress(pc_sched *s);             /* [pass] one step of s (unit lock held); 1: progressed */
@@ -295,7 +296,8 @@ typedef struct pc_tele {
 
 int tele_init(pc_tele *t, int rank, int size);
 void tele_free(pc_tele *t);
-void tele_post(pc_tele *t, int64_t n);       /* post #n, before it may trigger its round */
+void tele_post(pc_tele *t, int64_t n);       /* post #n, before it may trigger its round ... */
+void tele_post_time(pc_tele *t, int64_t n, double now);   /* ... and its time, after */
 void tele_take(pc_tele *t, int64_t n, int64_t *times);   /* round n's TAKE (times: a timed row, or NULL) */
 void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full);   /* round n completed */
 
@@ -377,7 +379,7 @@ struct pc_coll {
 };
 
 int pc_coll_mask_words(int size);            /* 2 * ceil(P/64) + P */
-int coll_maybe_trigger(pc_coll *c);
+int coll_maybe_trigger(pc_coll *c, double *now);
 
 /* ------------------------------------------------------------------ engine (progress.c) */
 enum { SLEEP_AWAKE = 0, SLEEP_NAP = 1, SLEEP_PARKED = 2, SLEEP_ASIDE = 3 };
@@ -402,6 +404,7 @@ typedef struct {
     int64_t last_post_us, post_period_us;   /* (atomic) see note_post() */
     unsigned nposts;         /* (atomic) local posts, for note_post() */
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
+    int nflag[3];            /* running schedules with SF_INFLIGHT, SF_POLLABLE, SF_BUSY (atomic) */
     int deferred;            /* reports made where no MPI call could be (report_defer), not
                               * sent yet (atomic) */
     int reporter_on;         /* inline progress: the reporter thread runs (atomic; kick_report) */
@@ -433,12 +436,16 @@ void note_post(void);                    /* a local post: the period between pos
 void kick(void);                         /* new work: note the event, wake the poller */
 void kick_report(void);                  /* a report deferred: kick; inline, a thread sends it */
 void wake(void);
-void kick_lazy(void);                    /* a post's kick: wake the poller only if needed */
-void kick_eager(void);
+/* The kicks' now: the caller's clock read of this event, noted by the kick; 0: the kick
+ * reads it; < 0: noted already (the completion whose step makes this event, us ago).
+ * They return the clock they noted (0: none). */
+double kick_lazy(double now);            /* a post's kick: wake the poller only if needed */
+double kick_eager(double now);
 void notify_done(void);                  /* a wait's predicate may have changed */
 void notify_books(void);                 /* wait_passive's predicate may have changed */
 void running_add(pc_sched *s);           /* unit lock held; takes E.lock */
 void running_remove(pc_sched *s);
+void engine_set_flags(pc_sched *s, int f);   /* unit lock held: s's SF_* flags are f now */
 int engine_pass(void);                   /* no lock held: one progress pass over every unit */
 /* How progress.c runs a schedule: registered by sched.c (sched_create), so that the
  * progress loop knows the running list and the units, not how a schedule steps. Each

@@ -37,9 +37,9 @@ pc_engine_state E = {.lock = SHORT_MUTEX, .wmtx = SHORT_MUTEX,
 
 /* The time of the last event (a message completed, a post, a round armed), in us:
  * the idle policy counts from it. Returns the period since the previous event (0: none). */
-double note_event(void)
+static double note_at(double at)
 {
-    int64_t now = (int64_t)now_us(), last = __atomic_exchange_n(&E.last_event_us, now, __ATOMIC_RELAXED);
+    int64_t now = (int64_t)at, last = __atomic_exchange_n(&E.last_event_us, now, __ATOMIC_RELAXED);
     double gap = last > 0 && now > last ? (double)(now - last) : 0;
     if (gap > 0) idle_note_gap(gap);
     return gap;
@@ -58,6 +58,8 @@ void note_post(void)
     int64_t avg = LOAD(E.post_period_us), gap = (now - last) / 8;
     STORE(E.post_period_us, avg > 0 ? avg + (gap - avg) / 8 : gap);
 }
+
+double note_event(void) { return note_at(now_us()); }
 
 /* ------------------------------------------------------------------ units */
 void unit_init(pc_unit *u, void (*destroy)(pc_unit *), void (*abandon)(pc_unit *))
@@ -228,14 +230,23 @@ void running_remove(pc_sched *s)
     pthread_mutex_unlock(&E.lock);
 }
 
+/* s's flags (SF_*) become f (its unit lock held: the only writer of s->flags). The
+ * schedules with each flag are counted (a schedule's flags are 0 unless it runs), so that
+ * engine_flags() reads their OR without E.lock: a post's kick asks it twice a round. */
+void engine_set_flags(pc_sched *s, int f)
+{
+    int old = s->flags;
+    if (old == f) return;
+    for (int b = 0; b < 3; b++)
+        if ((old ^ f) & (1 << b)) __atomic_add_fetch(&E.nflag[b], f & (1 << b) ? 1 : -1, __ATOMIC_RELAXED);
+    STORE(s->flags, f);
+}
+
 /* The OR of the running schedules' flags (SF_*): what the idle policy asks. */
 static int engine_flags(void)
 {
-    if (LOAD(E.nrunning) == 0) return 0;
     int f = 0;
-    pthread_mutex_lock(&E.lock);
-    for (pc_sched *s = E.running; s; s = s->next) f |= LOAD(s->flags);
-    pthread_mutex_unlock(&E.lock);
+    for (int b = 0; b < 3; b++) if (LOAD(E.nflag[b]) > 0) f |= 1 << b;
     return f;
 }
 
@@ -389,9 +400,9 @@ void wake(void)
 
 /* An application thread left a wait() within the last spin_us: it runs a loop of
  * posts and waits, and its next wait() progresses inline. */
-static int app_in_loop(void)
+static int app_in_loop(double now)
 {
-    return now_us() - (double)LOAD(E.app_left_us) < E.policy.spin_us;
+    return now - (double)LOAD(E.app_left_us) < E.policy.spin_us;
 }
 
 /* Wake the progress thread if it sleeps for longer than sleep_max_us; where it stands
@@ -401,10 +412,12 @@ static void wake_lazy(int flags)
 {
     pthread_mutex_lock(&E.wmtx);
     E.kicked = 1;
-    double left = E.sleeping == SLEEP_NAP || E.sleeping == SLEEP_ASIDE ? E.nap_until_us - now_us() : 0;
-    if (!E.threaded || E.sleeping == SLEEP_PARKED || (E.sleeping == SLEEP_NAP && left > E.policy.sleep_max_us)
-        || (E.sleeping == SLEEP_ASIDE && left > E.policy.sleep_max_us && (flags & SF_BUSY)))
-        pthread_cond_signal(&E.work);
+    /* the clock only where the nap's end decides (a read costs 0.1 - 0.3 us in a VM): not
+     * for a thread that stands aside while no large message moves (a post+wait loop) */
+    int how = E.sleeping, sig = !E.threaded || how == SLEEP_PARKED;
+    if (!sig && (how == SLEEP_NAP || (how == SLEEP_ASIDE && (flags & SF_BUSY))))
+        sig = E.nap_until_us - now_us() > E.policy.sleep_max_us;
+    if (sig) pthread_cond_signal(&E.work);
     pthread_mutex_unlock(&E.wmtx);
 }
 
@@ -417,23 +430,27 @@ static void wake_lazy(int flags)
  *    progress: wake it now;
  *  - napping for at most sleep_max_us more, or awake: it finds the kick when its nap
  *    ends; a wait() or test() in between progresses inline. */
-void kick_lazy(void)
+double kick_lazy(double now)
 {
-    note_event();
+    if (now >= 0) note_at(now = now > 0 ? now : now_us());
     int flags = E.threaded ? engine_flags() : 0;
-    if (E.threaded && !(flags & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) return;
-    wake_lazy(flags);
+    if (!E.threaded || (flags & (idle_poll() ? SF_INFLIGHT : SF_POLLABLE))) wake_lazy(flags);
+    return now > 0 ? now : 0;
 }
 
 /* The kick of a post that starts a round for others: wake the progress thread at once,
  * but only if it could do something (nothing to poll at P = 1). */
-void kick_eager(void)
+double kick_eager(double now)
 {
-    note_event();
+    int noted = now >= 0;
+    if (!noted) now = (double)LOAD(E.last_event_us);
+    else note_at(now = now > 0 ? now : now_us());
     int flags = E.threaded ? engine_flags() : 0;
-    if (E.threaded && !(flags & SF_INFLIGHT)) return;
-    if (idle_core_each() && app_in_loop()) wake_lazy(flags);   /* its wait() follows at once */
-    else wake();
+    if (!E.threaded || (flags & SF_INFLIGHT)) {
+        if (idle_core_each() && app_in_loop(now)) wake_lazy(flags);   /* its wait() follows at once */
+        else wake();
+    }
+    return noted ? now : 0;
 }
 
 static int take_kick(void)
@@ -574,7 +591,7 @@ static void *progress_main(void *arg)
     for (;;) {
         if (LOAD(E.stop)) break;
         idle_sample();
-        if (LOAD(E.app_polling) > 0 || (idle_core_each() && app_in_loop())) {
+        if (LOAD(E.app_polling) > 0 || (idle_core_each() && app_in_loop(now_us()))) {
             /* an application thread is polling in wait(), or left one spin_us ago (a loop of
              * post and wait): stay off MPI and off the engine's cache lines. Where each rank
              * has a core, stand aside asleep: where its progress thread has one too and the
@@ -825,7 +842,9 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     }
     /* the progress thread takes over: at once if it is parked, else when its nap ends */
     if (polling) {
-        STORE(E.app_left_us, (int64_t)now_us());
+        /* when it left: the clock of its last passes (read every 4th pass; a few us old at
+         * most, against a spin_us of tens), not a read of its own */
+        STORE(E.app_left_us, (int64_t)now);
         __atomic_sub_fetch(&E.app_polling, 1, __ATOMIC_SEQ_CST);
         /* the flags matter only to a thread that stands aside (a racy read: one that
          * begins to stand aside just now takes over when its sleep ends, within 1 ms) */

@@ -45,7 +45,7 @@ void sched_publish(pc_sched *s)
             f |= SF_POLLABLE;
         if (sched_busy(s)) f |= SF_BUSY;
     }
-    STORE(s->flags, f);
+    engine_set_flags(s, f);
 }
 
 /* Stop an execution: no op fires any more, receives are cancelled, sends complete;
@@ -74,6 +74,7 @@ static int sched_drain(pc_sched *s)
 
 void sched_destroy(pc_sched *s)
 {
+    engine_set_flags(s, 0);                  /* no longer counted as running (engine_flags) */
     free(s->timers);
     free(s->ops); free(s->succ_store); free(s->stack); free(s->is_recv); free(s->op_bytes);
     mpi_free_msgs(&s->msgs);
@@ -187,8 +188,9 @@ int sched_progress(pc_sched *s)
     return 1;
 }
 
-/* Begin one execution with the given version: reset the ops, fire those without deps. */
-int sched_begin(pc_sched *s, int64_t version)
+/* Begin one execution with the given version: reset the ops, fire those without deps.
+ * now: the event's clock, as kick_lazy's. */
+int sched_begin_at(pc_sched *s, int64_t version, double now)
 {
     if (s->running) return fail(PC_ERR_STATE, s->draining ? "the previous execution failed and is still draining"
                                                         : "schedule is already running");
@@ -214,9 +216,11 @@ int sched_begin(pc_sched *s, int64_t version)
     }
     sched_check_done(s);
     sched_publish(s);
-    kick_lazy();
+    kick_lazy(now);
     return s->err ? fail_at(s->err, s->errpeer, s->errmsg) : PC_OK;
 }
+
+int sched_begin(pc_sched *s, int64_t version) { return sched_begin_at(s, version, 0); }
 
 
 /* ------------------------------------------------------------------ schedules */

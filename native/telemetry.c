@@ -40,15 +40,28 @@ static pc_tele_rec *tele_slot(pc_tele *t, int64_t n)
     return r;
 }
 
+/* Post #n is counted before it may start its round, and timed after (tele_post_time): its
+ * clock is read once the round it started has sent its first messages (a read costs
+ * 0.1 - 0.3 us in a VM, on an 8 B round's critical path before them). Until then its
+ * time is pending (post_us < 0), and a TAKE the post itself makes takes that time. */
 void tele_post(pc_tele *t, int64_t n)
 {
     if (!t->cap) return;
-    double now = now_us();
     t->posts++;
     pc_tele_rec *r = tele_slot(t, n);
     if (!r) { t->lost++; return; }
+    r->post_us = -1;
+}
+
+void tele_post_time(pc_tele *t, int64_t n, double now)
+{
+    if (!t->cap) return;
+    pc_tele_rec *r = tele_slot(t, n);
+    if (!r || r->post_us >= 0) return;             /* lost (tele_post counted it) */
     r->post_us = now;
-    if (r->take_us > 0 && now > r->take_us) {    /* round n read this rank's input already */
+    if (r->take_us < 0) {                          /* its own round's TAKE: not late */
+        r->take_us = now;
+    } else if (r->take_us > 0 && now > r->take_us) {   /* round n read this rank's input already */
         r->late_us = now - r->take_us;
         t->late++;
         t->late_us += r->late_us;
@@ -65,8 +78,9 @@ void tele_take(pc_tele *t, int64_t n, int64_t *times)
     }
     pc_tele_rec *r = tele_slot(t, n);
     /* Only a post still to come is measured against the TAKE: when it came first, its
-     * lateness is 0 whatever the TAKE's time, so no clock is read (it costs ~0.3 us here) */
-    if (r) r->take_us = r->post_us > 0 ? r->post_us : now_us();
+     * lateness is 0 whatever the TAKE's time, so no clock is read (it costs ~0.3 us here);
+     * the post that makes this TAKE has its time still pending (tele_post) */
+    if (r) r->take_us = r->post_us > 0 ? r->post_us : r->post_us < 0 ? -1 : now_us();
 }
 
 void tele_round(pc_tele *t, int64_t n, const uint64_t *mask, int W, int full)

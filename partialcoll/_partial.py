@@ -18,7 +18,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -401,8 +402,10 @@ class PartialAllreduce(_propagate.Reporting):
         self.size, self.rank = size, rank
         self._closed = True              # until _build has made the native collective
         # threads inside wait()/test() of a request (one entry each), and whether close()
-        # has begun: each side writes its own before it reads the other's (class docstring)
-        self._waiting: list = []
+        # has begun: each side writes its own before it reads the other's (class docstring).
+        # A deque, as are _spare and _res_pool: a list that empties frees its storage and the
+        # next append allocates it again, twice per post+wait
+        self._waiting: Deque[None] = deque()
         self._closing = False
         # the native collective, held for the threads in _waiting by _abandon() when it
         # dropped it under them; the last of them lets go of it (_let_go)
@@ -423,7 +426,7 @@ class PartialAllreduce(_propagate.Reporting):
         # the last post's request where it did not take its result (post() recycles it),
         # and Results nobody holds any more, for the next ones made (post(), _result_of)
         self._prev: Optional[PartialRequest] = None
-        self._spare: List[Result] = []
+        self._spare: Deque[Result] = deque()
         self._shape: tuple = ()          # the last early take's active, nap, rounds, closing, posts
         self._shrink: Optional[_shrink.Shrinker] = None     # on_failure="shrink": _shrink.py
         # on_failure="shrink": called with the collective after a shrink, before its rounds are
@@ -516,7 +519,7 @@ class PartialAllreduce(_propagate.Reporting):
         self._res_len = 7 + self._mask_len                       # pc_coll_wait1's res
         self._res_type = ffi.typeof(f"int64_t[{self._res_len}]")
         self._res_used = 7 + 2 * self._mask_words                # ... of which a result reads these
-        self._res_pool: list = []
+        self._res_pool: deque = deque()
         self._pres = self._new_res()                             # the post's early take (one poster)
         ident = identity(op_code(self.op), self.dtype)
         self._identity = ident
@@ -930,7 +933,7 @@ class PartialAllreduce(_propagate.Reporting):
             fout = _engine.ffi.from_buffer(out)
         elif fout is None:                       # a request of the device path's host out
             fout = _engine.ffi.from_buffer(out)
-        pool = self._res_pool                    # list.pop/append: safe across threads
+        pool = self._res_pool                    # deque.pop/append: safe across threads
         try:
             entry = pool.pop()
         except IndexError:
