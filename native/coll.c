@@ -285,15 +285,15 @@ static int coll_take(pc_owner *o)
     memset(m, 0, sizeof(uint64_t) * (size_t)c->spec.mask_words);
     if (c->spec.timed) {               /* my row of the owners' times, measured since my last TAKE */
         int P = c->size;
+        if (c->spec.rebalance_every > 0) {     /* and my run delay since then: CPU starvation */
+            int64_t now = idle_run_delay_ns();  /* (my word of the row, as tele_take's arrivals) */
+            c->meas[(size_t)PC_TIME_RUN_DELAY * (size_t)P + (size_t)c->rank] =
+                c->run_delay > 0 && now > c->run_delay ? now - c->run_delay : 0;
+            c->run_delay = now;
+        }
         memcpy(m + pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)c->rank, c->meas,
                sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
         memset(c->meas, 0, sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);
-        if (c->spec.rebalance_every > 0) {     /* my run delay since my last TAKE: CPU starvation */
-            int64_t now = idle_run_delay_ns();
-            m[pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)c->rank + (size_t)PC_TIME_RUN_DELAY * (size_t)P
-              + (size_t)c->rank] = (uint64_t)(c->run_delay > 0 && now > c->run_delay ? now - c->run_delay : 0);
-            c->run_delay = now;
-        }
         m[pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)P + (size_t)c->rank] = (uint64_t)c->decided;
     }
     if (k > 0) m[c->rank / 64] |= 1ULL << (c->rank % 64);
