@@ -403,6 +403,8 @@ typedef struct {
     int64_t last_event_us;   /* (atomic) see note_event() */
     int64_t last_post_us, post_period_us;   /* (atomic) see note_post() */
     unsigned nposts;         /* (atomic) local posts, for note_post() */
+    int64_t waits_us[8];     /* (atomic) the last waits of application threads ... */
+    unsigned nwaits;         /* ... and how many so far (note_wait()) */
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
     int nflag[3];            /* running schedules with SF_INFLIGHT, SF_POLLABLE, SF_BUSY (atomic) */
     int deferred;            /* reports made where no MPI call could be (report_defer), not

@@ -528,24 +528,53 @@ static void idle_reset(idle_state *st)
     st->spins = 0;
 }
 
+/* A wait of an application thread ended (a round, or whatever it waited for, completed)
+ * us after the rank's last event before it: the rank's idle time then, as the deep sleep
+ * counts it (a rank that computes, then posts to a round it does not start, has been
+ * idle since its previous round). The last eight are kept, for routine_wait_us(). Two
+ * waits ending at once may share a slot (one sample lost). */
+static void note_wait(double us)
+{
+    unsigned i = __atomic_fetch_add(&E.nwaits, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&E.waits_us[i & 7], (int64_t)us, __ATOMIC_RELAXED);
+}
+
+/* How idle this rank routinely is when its waits end: the third longest of the last
+ * eight (note_wait; 0 before eight), so that a wait is routine once three of eight
+ * lasted that long, and one or two longer ones (a late peer, now and then) are not. */
+static double routine_wait_us(void)
+{
+    if (__atomic_load_n(&E.nwaits, __ATOMIC_RELAXED) < 8) return 0;
+    int64_t w[8];
+    for (int i = 0; i < 8; i++) w[i] = __atomic_load_n(&E.waits_us[i], __ATOMIC_RELAXED);
+    for (int i = 1; i < 8; i++)          /* insertion sort, descending */
+        for (int j = i; j > 0 && w[j] > w[j - 1]; j--) { int64_t t = w[j]; w[j] = w[j - 1]; w[j - 1] = t; }
+    return (double)w[2];
+}
+
 /* How long without an event before the sleep cap grows (the deep sleep): deep_after_us,
- * or four periods between this process's posts where that is longer: at most 2
- * deep_after_us while a thread of this rank waits for a round, else (its application
- * computes between posts) at most 5
- * deep_after_us (100 ms by default: a nap of sleep_max_us costs about 7 % of a core on
- * a 2-core VM, so a rank that waits for seconds still averages under 1 %). A rank of a
- * loop whose iteration is longer than deep_after_us was taken as idle in the middle of
- * each iteration: the activation of a round it had not posted to yet (solo, majority,
- * probe) waited up to a tenth of its idle time at every such rank it crossed (Fig. 9 at
- * 10 ms skew across 8 hosts: probe 1.36x its ideal, 1.13x with the cap held). */
+ * or longer where this rank's idle periods are routinely long, at most 5 deep_after_us
+ * (100 ms by default: a nap of sleep_max_us costs about 7 % of a core on a 2-core VM,
+ * so a rank that waits for seconds still averages under 1 %):
+ *  - while its application computes between posts: four periods between posts. A rank of
+ *    a loop whose iteration is longer than deep_after_us was taken as idle in the middle
+ *    of each iteration: the activation of a round it had not posted to yet (solo,
+ *    majority, probe) waited up to a tenth of its idle time at every such rank it
+ *    crossed (Fig. 9 at 10 ms skew across 8 hosts: probe 1.36x its ideal, 1.13x with the
+ *    cap held);
+ *  - while a thread of this rank waits (for a round: it posted, the round has not
+ *    completed): four times the idle time at which three of its last eight waits ended
+ *    (routine_wait_us). A rank that posts early in every iteration waits routinely, and
+ *    the round that ends its wait (an activation, a peer's data) crosses it, so it stays
+ *    awake that long; a wait longer than routine (a late peer) goes deep after
+ *    deep_after_us, as a rank's first waits do: a wait of 150 ms for a late peer cost
+ *    5 - 6 ms more CPU when waiting ranks kept the computing ranks' bound
+ *    (tests/mpi/idle_checks.py). */
 static double deep_after_us(void)
 {
     double lo = E.policy.deep_after_us, hi = 5 * lo;
-    /* a thread of this rank waits for a round (it posted, a peer is late): at most 2
-     * deep_after_us (a wait of 150 ms for a late peer cost 5 - 6 ms more CPU with 5;
-     * tests/mpi/idle_checks.py), enough for a loop's skew of posts up to that */
-    if (LOAD(E.done_sleepers) > 0 || LOAD(E.app_polling) > 0) hi = 2 * lo;
-    double t = 4.0 * (double)LOAD(E.post_period_us);
+    int waiting = LOAD(E.done_sleepers) > 0 || LOAD(E.app_polling) > 0;
+    double t = 4.0 * (waiting ? routine_wait_us() : (double)LOAD(E.post_period_us));
     return t < lo ? lo : t > hi ? hi : t;
 }
 
@@ -783,7 +812,9 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
     idle_state st;
     idle_reset(&st);
     int polling = 0, rc = PC_OK, passed = 0;   /* passed: a pass was made (a wait tests once) */
+    int slept = 0;                             /* on E.done: then `now` is stale at the end */
     unsigned polls = 0;
+    double began = -1;
     /* where each rank of the node has a core, yield it on every pass for yield_us more
      * before sleeping; else a rank that computes may need it: sleep after spin_us */
     double yield_until = E.policy.spin_us + (idle_core_each() ? E.policy.yield_us : 0);
@@ -792,6 +823,10 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         /* the clock on every 4th pass while polling: a read costs as much as a pass's
          * MPI test in a VM (an 8 B round is a few passes) */
         if (!polling || (++polls & 3) == 0) now = now_us();
+        if (began < 0) {    /* idle since the last event (a post that starts no round is none) */
+            double last = (double)LOAD(E.last_event_us);
+            began = last > 0 && last < now ? last : now;
+        }
         if (deadline < 0 && timeout_s >= 0) deadline = now + timeout_s * 1e6;
         /* the deadline only after one pass: wait(timeout=0) is a test, which progresses */
         if (deadline >= 0 && now >= deadline && passed) { rc = PC_ERR_TIMEOUT; break; }
@@ -839,7 +874,12 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         if (!pred(arg)) pthread_cond_timedwait(&E.done, &E.dmtx, &ts);
         __atomic_sub_fetch(&E.done_sleepers, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_unlock(&E.dmtx);
+        slept = 1;
     }
+    /* how long the rank had been idle when its wait ended (what the deep sleep learns:
+     * deep_after_us()); no clock read of its own for a wait that only polled (an 8 B
+     * round: its last passes' clock) */
+    if (rc == PC_OK && began >= 0 && E.threaded) note_wait((slept ? now_us() : now) - began);
     /* the progress thread takes over: at once if it is parked, else when its nap ends */
     if (polling) {
         /* when it left: the clock of its last passes (read every 4th pass; a few us old at
