@@ -403,8 +403,11 @@ typedef struct {
     int64_t last_event_us;   /* (atomic) see note_event() */
     int64_t last_post_us, post_period_us;   /* (atomic) see note_post() */
     unsigned nposts;         /* (atomic) local posts, for note_post() */
-    int64_t waits_us[8];     /* (atomic) the last waits of application threads ... */
-    unsigned nwaits;         /* ... and how many so far (note_wait()) */
+    /* (atomic) the last waits of application threads, and how many so far (note_wait()):
+     * a cache line of their own, written at every wait, read by a sleeping progress thread */
+    _Alignas(64) int64_t waits_us[8];
+    _Alignas(64) unsigned nwaits;
+    char waits_pad[60];
     int nrunning;            /* schedules on E.running (E.lock; atomic reads) */
     int nflag[3];            /* running schedules with SF_INFLIGHT, SF_POLLABLE, SF_BUSY (atomic) */
     int deferred;            /* reports made where no MPI call could be (report_defer), not

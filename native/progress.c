@@ -535,7 +535,8 @@ static void idle_reset(idle_state *st)
  * waits ending at once may share a slot (one sample lost). */
 static void note_wait(double us)
 {
-    unsigned i = __atomic_fetch_add(&E.nwaits, 1, __ATOMIC_RELAXED);
+    unsigned i = __atomic_load_n(&E.nwaits, __ATOMIC_RELAXED);   /* no locked RMW per wait */
+    __atomic_store_n(&E.nwaits, i + 1, __ATOMIC_RELAXED);
     __atomic_store_n(&E.waits_us[i & 7], (int64_t)us, __ATOMIC_RELAXED);
 }
 
