@@ -824,10 +824,8 @@ int wait_until(int (*pred)(void *), void *arg, double timeout_s)
         /* the clock on every 4th pass while polling: a read costs as much as a pass's
          * MPI test in a VM (an 8 B round is a few passes) */
         if (!polling || (++polls & 3) == 0) now = now_us();
-        if (began < 0) {    /* idle since the last event (a post that starts no round is none) */
-            double last = (double)LOAD(E.last_event_us);
-            began = last > 0 && last < now ? last : now;
-        }
+        /* idle since the last event (a post that starts no round is none): idle_reset's */
+        if (began < 0) began = st.idle_since > 0 && st.idle_since < now ? st.idle_since : now;
         if (deadline < 0 && timeout_s >= 0) deadline = now + timeout_s * 1e6;
         /* the deadline only after one pass: wait(timeout=0) is a test, which progresses */
         if (deadline >= 0 && now >= deadline && passed) { rc = PC_ERR_TIMEOUT; break; }

@@ -42,10 +42,11 @@ class RC:
         yield_us: then sched_yield() this long (default 200).
         sleep_min_us: then sleep, doubling from this (default 10) ...
         sleep_max_us: ... up to this cap (default 200); a local post wakes the engine at once.
-        deep_after_us: after this long without any event (default 20000; or four periods
-            between this process's posts where longer, at most five times this, twice while
-            a thread of the rank waits for a round: a rank of a loop is not idle
-            mid-iteration), the sleep cap grows
+        deep_after_us: after this long without any event (default 20000; or, where longer,
+            four periods between this process's posts, or while a thread of the rank waits
+            for a round four times the idle time at which three of its last eight waits
+            ended, at most five times this: a rank of a loop is not idle mid-iteration, nor
+            while it waits as long as it routinely does), the sleep cap grows
             to a tenth of the idle time divided by the message steps of the armed round, so
             a round that crosses that many napping ranks takes at most ~10 % longer ...
         deep_sleep_us: ... up to this (default 20000): an idle or waiting rank costs under 1 %
