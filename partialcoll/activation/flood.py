@@ -36,7 +36,7 @@ message to 0 does not exist: edges 1 -> 0, 0 <-> 2 keep their empty messages.
 """
 from __future__ import annotations
 
-from typing import Callable, FrozenSet, List, NamedTuple
+from typing import Callable, Dict, FrozenSet, List, NamedTuple, Set, Tuple
 
 import numpy as np
 
@@ -54,10 +54,12 @@ class Carried(NamedTuple):
     into: FrozenSet[int] = frozenset()    # neighbours whose first data message activates me: none from them
 
 
+NOTHING_CARRIED = Carried()
+
 DataPhase = Callable[[Schedule, ScheduleOp], object]   # data(s, after): add the data phase after op `after`
 
 
-def _first_messages(rank: int, size: int, data: DataPhase):
+def _first_messages(rank: int, size: int, data: DataPhase) -> Tuple[Set[int], Set[int]]:
     """Rank's data phase, dry-built: (the peers whose first message from rank leaves as soon
     as rank's input is taken, the peers whose first message to rank has its receive posted
     at arming)."""
@@ -65,7 +67,8 @@ def _first_messages(rank: int, size: int, data: DataPhase):
     taken = s.nop(label="the input is taken")
     data(s, taken)
     prompt = {taken.index}        # ops that follow the take through local ops only
-    sends, recvs = {}, {}
+    sends: Dict[int, ScheduleOp] = {}
+    recvs: Dict[int, ScheduleOp] = {}
     for op in s.ops[taken.index + 1:]:
         if op.kind not in (SEND, RECV) and op.deps and all(d in prompt for d in op.deps):
             prompt.add(op.index)
@@ -84,7 +87,8 @@ def carried(rank: int, size: int, data: DataPhase) -> Carried:
     soon as a has taken its input, and b's receive of it is posted when the round is armed.
     Both ends of an edge compute the same answer (from both ranks' dry-built data phases)."""
     mine = _first_messages(rank, size, data)
-    out, into = set(), set()
+    out: Set[int] = set()
+    into: Set[int] = set()
     for q in neighbours(rank, size):
         theirs = _first_messages(q, size, data)
         if q in mine[0] and rank in theirs[1]:
@@ -94,7 +98,7 @@ def carried(rank: int, size: int, data: DataPhase) -> Carried:
     return Carried(frozenset(out), frozenset(into))
 
 
-def activation(s: Schedule, trigger: ScheduleOp, carry: Carried = Carried()) -> ScheduleOp:
+def activation(s: Schedule, trigger: ScheduleOp, carry: Carried = NOTHING_CARRIED) -> ScheduleOp:
     """Add the flood to s; returns the op after which this rank is activated. carry: edges
     whose activation the data phase carries (``carried``): no empty message on them, and
     ``hear`` must join their receives once the data phase is built."""
