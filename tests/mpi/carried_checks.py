@@ -30,17 +30,8 @@ from mpi4py import MPI
 import partialcoll as pc
 from partialcoll import _engine
 from partialcoll.activation import flood
+from _reference import contribution as unit
 from _util import quiet_barrier, run_module
-
-DIGITS = 6          # up to this P, 1000**(P - 1) times a rank's posts fits an int64
-
-
-def unit(r: int, p: int) -> np.ndarray:
-    x = np.zeros(p + 1, np.int64)
-    x[r] = 1
-    x[p] = 1000 ** r if p <= DIGITS else 0
-    return x
-
 
 def expect(res, counts, p, what, **fields):
     """res holds counts[r] posts of each rank r (data, posts, active exactly), and fields
