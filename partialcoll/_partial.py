@@ -34,11 +34,11 @@ from ._rc import rc
 from ._typing import Buffer, DTypeLike, ReduceOp
 from ._types import (OP_NAMES, as_dtype, check_comm, check_divisor, check_op_dtype, dtype_code, dtype_name, identity,
                      integer, op_code)
-from .activation import BUILDERS
+from .activation import BUILDERS, flood
 from .activation.candidates import candidates
 from .algorithms import ALGORITHMS, auto_may_choose_tree, choose, explain, model, ps, tree
 from .algorithms.recursive_doubling import allreduce_packed
-from .schedule import Schedule, _create_native, pair_messages
+from .schedule import Schedule, ScheduleOp, _create_native, pair_messages
 
 MODES = ("solo", "majority", "probe", "quorum", "full")
 _MODE_CODES = {m: getattr(_engine.lib, "PC_MODE_" + m.upper()) for m in MODES}
@@ -486,28 +486,43 @@ class PartialAllreduce(_propagate.Reporting):
         """Pure builder of one round: trigger -> activation -> take -> allreduce(s) -> deliver.
         rotation: the tree's rotated variant (round n runs on variant n mod self._variants).
         owners: algorithm "ps": the owner of each block (default: the first assignment);
-        the schedule's _timers are then its blocks' timers (ps.allreduce)."""
+        the schedule's _timers are then its blocks' timers (ps.allreduce).
+        A small round's flood leaves out the empty messages that its data's first messages
+        carry (activation/flood.py: at P = 2 a round is one exchange)."""
         s = Schedule(rank=self.rank, size=self.size)
         trigger = s._trigger()
+        packed = self.algorithm == "recursive_doubling" and self.count * self.dtype.itemsize <= _PACK_BYTES
+
+        def data(s: Schedule, after: ScheduleOp) -> List[ScheduleOp]:
+            return self._data_phase(s, after, packed, rotation, owners)
+        carry = flood.carried(self.rank, self.size, data) if activation == "solo" and packed else None
         if activation == "quorum":
             go = BUILDERS["quorum"](s, trigger, k=self.quorum)
+        elif carry is not None:
+            go = flood.activation(s, trigger, carry)
         else:
             go = BUILDERS[activation](s, trigger)
         take = s._take(after=go)
-        work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
-        mask = BufRef.slot_ref(SLOT_MASK, self._slot_mask_len, np.uint64)
-        if self.algorithm == "recursive_doubling" and work.nbytes <= _PACK_BYTES:
-            # small: data and bitmasks travel in the same messages (half the messages)
-            done = [allreduce_packed(s, [(work, op_code(self.op), self.divisor), (mask, _BOR, 1.0)], after=take)]
-        else:
-            extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
-            if self.algorithm == "ps":
-                extra = {"block_bytes": self.block_bytes, "assignment": owners or self._owners,
-                         "workers": self.workers, "timers": s._timers}
-            done = [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, divisor=self.divisor, **extra),
-                    ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
+        done = data(s, take)
+        if carry is not None:
+            flood.hear(s, go, carry)
         s._deliver(after=done)
         return s
+
+    def _data_phase(self, s: Schedule, take: ScheduleOp, packed: bool, rotation: int,
+                    owners: Optional[list]) -> List[ScheduleOp]:
+        """The round's allreduces after take (a pure builder of s.rank): the data with the op
+        and the bookkeeping mask with BOR; their last ops."""
+        work = BufRef.slot_ref(SLOT_WORK, self.count, self.dtype)
+        mask = BufRef.slot_ref(SLOT_MASK, self._slot_mask_len, np.uint64)
+        if packed:    # small: data and bitmasks travel in the same messages (half the messages)
+            return [allreduce_packed(s, [(work, op_code(self.op), self.divisor), (mask, _BOR, 1.0)], after=take)]
+        extra = {"groups": self.groups, "seed": self.seed, "rotation": rotation} if self.algorithm == "tree" else {}
+        if self.algorithm == "ps":
+            extra = {"block_bytes": self.block_bytes, "assignment": owners or self._owners,
+                     "workers": self.workers, "timers": s._timers}
+        return [ALGORITHMS[self.algorithm](s, work, op_code(self.op), after=take, divisor=self.divisor, **extra),
+                ALGORITHMS["recursive_doubling"](s, mask, _BOR, after=take)]   # active, closing bits
 
     def _build(self, comm: MPI.Comm) -> None:
         ffi, lib = _engine.ffi, _engine.lib

@@ -264,6 +264,15 @@ class Schedule:
         """Scratch memory the engine allocates for this schedule at commit (bytes)."""
         return self._scratch_bytes
 
+    def _also_after(self, op: ScheduleOp, after: After) -> None:
+        """More predecessors for an op that needs any one of them (an OR built before them:
+        the flood's activation, joined by data receives built after it)."""
+        self._check_building()
+        if op.need != 1:
+            raise ArgumentError(f"only an op that needs any one of its predecessors takes more later: {op!r}")
+        deps, _ = self._deps(after, "any")
+        op.deps = op.deps + deps
+
     # internal ops of partial collectives
     def _trigger(self) -> ScheduleOp:
         return self._add(TRIGGER, label="a local post starts the round")

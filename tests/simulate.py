@@ -2,11 +2,12 @@
 algorithms for many process counts without MPI. Messages match per (sender,
 receiver) pair in creation (op) order, as the engine's tags make them, whatever order
 they fire in; ops fire when `need` of their dependencies have completed, at most once;
-a deadlock is reported."""
+a deadlock is reported. held: (rank, op index) pairs that never fire (a partial round's
+trigger at a rank that does not post) and need not complete."""
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from typing import List
+from typing import Iterable, List, Tuple
 
 import numpy as np
 
@@ -26,7 +27,7 @@ def view(ref, sched) -> np.ndarray:
     return ref.array.reshape(-1).view(ref.dtype)[start:start + ref.count]
 
 
-def run(scheds: List[Schedule]) -> None:
+def run(scheds: List[Schedule], held: Iterable[Tuple[int, int]] = ()) -> None:
     p = len(scheds)
     got = [[0] * len(s.ops) for s in scheds]
     done = [[False] * len(s.ops) for s in scheds]
@@ -46,7 +47,9 @@ def run(scheds: List[Schedule]) -> None:
                 counted[pair, op.kind] += 1
     channel = {}                        # (src, dst, k) -> the payload sent
     posted = {}                         # (src, dst, k) -> the (rank, op) receive posted
-    ready = deque((r, op.index) for r, s in enumerate(scheds) for op in s.ops if op.need == 0)
+    held = set(held)
+    ready = deque((r, op.index) for r, s in enumerate(scheds) for op in s.ops
+                  if op.need == 0 and (r, op.index) not in held)
 
     def complete(r, i):
         done[r][i] = True
@@ -84,5 +87,6 @@ def run(scheds: List[Schedule]) -> None:
             complete(r, i)
         else:
             complete(r, i)
-    stuck = [(r, i) for r in range(p) for i, d in enumerate(done[r]) if not d]
+    stuck = [(r, i) for r in range(p) for i, d in enumerate(done[r]) if not d and (r, i) not in held]
     assert not stuck, f"deadlock: ops never completed: {stuck[:10]}"
+    assert not channel, f"messages sent that no receive matched: {sorted(channel)[:10]}"

@@ -92,6 +92,48 @@ def test_simulated_packed_allreduce(p, count):
     assert sends == [sum(op.kind == 0 for op in s.ops) // (2 if count else 1) for s in two], (sends, p, count)
 
 
+@pytest.mark.parametrize("p", SIZES)
+def test_small_round_data_carries_the_activation(p):
+    """A small partial round (the flood, TAKE, packed recursive doubling, DELIVER) whose
+    flood leaves out the empty messages that the data's first messages carry: from each
+    rank alone, and from all at once, every rank joins, every message is received and
+    every rank ends with the sum; each flood edge still carries exactly one message (an
+    empty one, or the data that stands for it); at P = 2, one message each way."""
+    from partialcoll.activation import flood
+    from partialcoll.algorithms.recursive_doubling import allreduce_packed
+
+    def data_of(buf):
+        return lambda s, after: allreduce_packed(s, [(BufRef.of(buf, writable=True), 0, 1.0)], after=after)
+    carry = [flood.carried(r, p, data_of(np.zeros(3, np.int64))) for r in range(p)]
+    for r in range(p):
+        assert carry[r].out <= set(neighbours(r, p)) and carry[r].into <= set(neighbours(r, p))
+        assert all(r in carry[q].into for q in carry[r].out) and all(r in carry[q].out for q in carry[r].into)
+    for starts in [[r] for r in range(p)] + [list(range(p))]:
+        inputs = [np.arange(3, dtype=np.int64) * (r + 1) + r for r in range(p)]
+        bufs, scheds, held = [x.copy() for x in inputs], [], []
+        for r in range(p):
+            s = Schedule(rank=r, size=p)
+            trigger = s._trigger()
+            go = flood.activation(s, trigger, carry[r])
+            take = s._take(after=go)
+            done = data_of(bufs[r])(s, take)
+            flood.hear(s, go, carry[r])
+            s._deliver(after=done)
+            scheds.append(s)
+            if r not in starts:
+                held.append((r, trigger.index))     # this rank does not post: its trigger never fires
+        run(scheds, held)
+        for r in range(p):
+            assert np.array_equal(bufs[r], np.sum(inputs, axis=0)), (p, starts, r)
+    for r, s in enumerate(scheds):
+        empty = sorted(op.peer for op in s.ops if op.kind == 0 and op.bufs[0].nbytes == 0)
+        assert empty == sorted(set(neighbours(r, p)) - carry[r].out), (p, r, empty)
+    if p == 2:
+        assert [sum(op.kind == 0 for op in s.ops) for s in scheds] == [1, 1]
+    if p & (p - 1) == 0 and p > 1:               # the first exchange's partner is the first neighbour
+        assert all(carry[r].out == carry[r].into == {r ^ 1} for r in range(p))
+
+
 def test_recursive_doubling_round_count():
     # p = 7: fold in, log2(4) = 2 exchange rounds, fold out -> rank 1 sends 4 messages
     s = Schedule(rank=1, size=7)

@@ -8,6 +8,8 @@ its check, case and ranks; starting the ranks (Python, NumPy, mpi4py, the engine
 most of a small check's time."""
 import pytest
 
+from conftest import run_shared
+
 MODES = ["solo", "majority", "probe", "quorum", "full"]
 
 
@@ -56,3 +58,14 @@ def test_late_in_place_post(mpirun, nprocs):
     every mode (one in-rank check each), 1 MiB vectors, and 16 MiB at P = 3."""
     sizes = [1 << 20, 16 << 20] if nprocs == 3 else [1 << 20]
     mpirun("late_in_place_checks.py", nprocs, ",".join(MODES), ",".join(map(str, sizes)), timeout=300)
+
+
+@pytest.mark.mpiexec
+@pytest.mark.shared_job("carried_checks.py")
+@pytest.mark.parametrize("nprocs", [2, 3, 5])
+def test_data_carries_the_activation(mpirun, request, nprocs):
+    """A small solo round whose flood leaves out the empty messages its data carries: from
+    every initiator, ranks that never posted join through the data alone (P = 2: no empty
+    message at all) and contribute nothing, late posts get round 1 (latest) or rounds 0
+    and 1 folded (fold), and their leftovers go into round 2; exact data and counts."""
+    run_shared(mpirun, request, nprocs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
+import numpy as np
+
 MASK = (1 << 64) - 1
 
 
@@ -27,3 +29,16 @@ def candidates(seed: int, round: int, size: int, q: int) -> Tuple[int, ...]:
         j = i + splitmix64((key + i) & MASK) % (size - i)
         perm[i], perm[j] = perm[j], perm[i]
     return tuple(perm[:q])
+
+
+DIGITS = 6          # up to this P, 1000**(P - 1) times a rank's posts fits an int64
+
+
+def contribution(r: int, p: int) -> np.ndarray:
+    """Rank r's post that says whose posts a SUM holds: e_r (int64), whose element r counts
+    rank r's posts, and one more element 1000**r (where P <= DIGITS) whose base-1000 digit
+    r must say the same."""
+    x = np.zeros(p + 1, np.int64)
+    x[r] = 1
+    x[p] = 1000 ** r if p <= DIGITS else 0
+    return x

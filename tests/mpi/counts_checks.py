@@ -19,21 +19,12 @@ import pytest
 from mpi4py import MPI
 
 import partialcoll as pc
+from _reference import DIGITS, contribution
 from _util import ARGS, run_module
 
 MODES = ARGS[0].split(",") if ARGS else ["majority"]
 LATES = ARGS[1].split(",") if len(ARGS) > 1 else ["fold"]
 ROUNDS = int(ARGS[2]) if len(ARGS) > 2 else 60
-
-
-DIGITS = 6          # up to this P, 1000**(P - 1) times a rank's posts fits an int64
-
-
-def contribution(r: int, p: int) -> np.ndarray:
-    x = np.zeros(p + 1, np.int64)
-    x[r] = 1
-    x[p] = 1000 ** r if p <= DIGITS else 0
-    return x
 
 
 def check_result(res, p: int):
