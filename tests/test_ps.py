@@ -167,19 +167,21 @@ def test_static_is_round_robin_and_kept():
     assert balance.decide("static", measured, pred, [1, 3], rr, 0, 0, 0.1) == rr
 
 
-def observe(t, counts, latency=0.0, ranks=3, late=None, starved=None):
+def observe(t, counts, latency=0.0, ranks=3, late=None, starved=None, cpu=None):
     """The engine's sums for owners of per-block cost t holding counts blocks, each of
     `ranks` senders seeing its first result after latency + t and its last after
     latency + n t; late: each rank's arrival in the round after the earliest (s), as the
     telemetry carries it: its wait in a full round, late ranks waiting less; starved:
-    each rank's run delay (s; 0 where not given)."""
+    each rank's run delay (s; 0 where not given), cpu: its CPU time (s; 0 where not given:
+    not measured)."""
     t, n = np.asarray(t, float), np.asarray(counts, float)
     held = n > 0
     span = np.where(held, (latency + n * t) * ranks, 0) * 1e9
     first = np.where(held, (latency + t) * ranks, 0) * 1e9
     waits = (1.0 - (0 * n if late is None else np.asarray(late, float))) * 1e9
     delay = (0 * n if starved is None else np.asarray(starved, float)) * 1e9
-    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits, delay]).astype(np.int64))
+    ran = (0 * n if cpu is None else np.asarray(cpu, float)) * 1e9
+    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits, delay, ran]).astype(np.int64))
 
 
 def test_owner_times_read_the_engine_sums():
