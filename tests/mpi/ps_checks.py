@@ -472,9 +472,9 @@ def late_rounds(comm, delay, rounds=40, shuffle=False):
     blocks. Every result is checked against the closed form; returns every round's
     assignment and epoch 18's arrivals (round 18's; OwnerTimes), after checking that every
     rank read the same arrivals and ran the same assignments. shuffle: every decision
-    sees its epoch's lateness and run delays shuffled among the ranks (the same permutation
-    on every rank, seeded by the epoch): who is late or starved in an epoch is chance by
-    construction."""
+    sees its epoch's lateness, run delays and CPU times shuffled among the ranks (the same
+    permutation on every rank, seeded by the epoch): who is late or starved in an epoch is
+    chance by construction; else no CPU time is measured (nobody can be found starved)."""
     from partialcoll import balance
     p, late = comm.size, comm.size - 1
     count = 4 * p * 64                   # 4 blocks per rank
@@ -487,6 +487,9 @@ def late_rounds(comm, delay, rounds=40, shuffle=False):
             order = np.random.default_rng([epoch, 0x5f]).permutation(len(measured.late))
             measured.late, measured.starved, measured.cpu = (measured.late[order], measured.starved[order],
                                                              measured.cpu[order])
+        else:                            # the lateness alone: the CPU times as not measured (StarveTest
+            measured.cpu = np.zeros(len(measured.cpu))  # skips the epoch): under a loaded machine's suite
+            # one of the other ranks could be starved of CPU for real, and its blocks go to the late one
         return real(kind, measured, predictor, servers, current, seed, epoch, epsilon)
 
     balance.decide = decide
@@ -558,7 +561,8 @@ def test_rows_carry_each_ranks_run_delay(comm):
     0's sums (rounds 0 - 19), the same on every rank, give it at least a quarter of the run
     delay its /proc showed from before its first post to after its last wait (read in
     Python), every rank at most what its own showed of either, and the last rank at least
-    a quarter of its CPU time (its 20 x 3 ms of work)."""
+    a quarter of its CPU time (of its 20 x 3 ms of work, the busy process leaves it about
+    half: > 10 ms)."""
     import subprocess
     import sys
     if not os.path.exists("/proc/self/task/%d/schedstat" % os.getpid()):
@@ -603,7 +607,7 @@ def test_rows_carry_each_ranks_run_delay(comm):
     assert all(0 <= engine[r] <= mine[r] + 1e-6 for r in range(p)), (engine.tolist(), mine)
     assert mine[last] > 0.005 and engine[last] >= 0.25 * mine[last], (engine.tolist(), mine)
     assert all(0 < cpu[r] <= used[r] + 1e-6 for r in range(p)), (cpu.tolist(), used)
-    assert cpu[last] >= 0.25 * used[last] and used[last] > 0.03, (cpu.tolist(), used)
+    assert cpu[last] >= 0.25 * used[last] and used[last] > 0.01, (cpu.tolist(), used)
 
 
 def test_bad_owner_options(comm):
