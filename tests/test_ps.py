@@ -469,7 +469,7 @@ def test_starve_test_false_findings_within_their_bound(kind, monkeypatch):
         found = 0
         for k in range(600):
             t = balance.StarveTest(p)
-            for e in range(t.window):
+            for _ in range(t.window):
                 got = t.observe((lateness(kind, rng, p) + 1e-4).tolist(), rng.uniform(0.005, 0.015, p).tolist(), k)
             found += any(t.starved)
             assert any(t.starved) == any(x > 0 for x in got)
@@ -905,11 +905,11 @@ def test_hysteresis_holds_back_the_switches_noise_calls_for():
     same owner to relieve, and noise among equal owners names one at random)."""
     def switches(hysteresis):
         n = 0
-        for run in NONE_SUMS:
+        for rec in NONE_SUMS:
             pred = balance.Predictor(4)
             if not hysteresis:
                 pred.confirm = lambda owner: owner is not None
-            for e, row in enumerate(run):
+            for e, row in enumerate(rec):
                 got = balance.decide("psld", balance.OwnerTimes(row[16:], 2), pred, list(range(4)), row[:16], 1, e, 0.0)
                 n += got != row[:16]
         return n
