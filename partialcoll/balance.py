@@ -45,11 +45,13 @@ balance=
                   owners' times cannot single it out) is predicted that much later as an
                   owner once a test says it is late beyond chance (LateTest, over the
                   last W, 2W and 4W epochs), and for as long as it stays later than a
-                  typical rank. A rank starved of CPU (its threads' run delay, carried in
-                  the same rows: runnable, not running) is predicted later by its run
-                  delay beyond a typical rank's once a test says it is starved beyond
-                  chance (StarveTest, over the fewest epochs that can say so), and for as
-                  long as it stays so.
+                  typical rank. A rank starved of CPU (its threads' run delay per CPU
+                  second, its stretch: run delay and CPU time carried in the same rows)
+                  is predicted later by what it waits beyond a typical rank's stretch
+                  once a test says it is starved beyond chance (StarveTest, over the
+                  fewest epochs that can say so), and for as long as it stays so.
+                  Hysteresis: a switch the owners' times alone call for is made once a
+                  second decision in a row names the same owner to relieve.
 """
 from __future__ import annotations
 
