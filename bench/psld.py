@@ -225,16 +225,17 @@ def thread_cpu() -> dict:
     return out
 
 
-def run_delay() -> int:
+def run_delay(field: int = 1) -> int:
     """ns this process's threads have spent runnable but not running so far (the second
     field of /proc/<tid>/schedstat: the wait the scheduler's other tasks caused, what a
-    CPU-starved rank shows directly; idle.c reads the same for its interference test)."""
+    CPU-starved rank shows directly; idle.c reads the same for its interference test);
+    field 0: the ns they ran (CPU time)."""
     import glob
     ns = 0
     for task in glob.glob("/proc/self/task/*/schedstat"):
         try:
             with open(task) as f:
-                ns += int(f.read().split()[1])
+                ns += int(f.read().split()[field])
         except (OSError, IndexError, ValueError):    # a thread that ended meanwhile
             continue
     return ns
@@ -338,7 +339,7 @@ def worker(args) -> None:
         quiet_barrier(comm, QUIET)
         decisions.clear()
         pinned.clear()
-        ends, waits = [], []
+        ends, waits, runs = [], [], []
         cpu0 = thread_cpu()
         t0 = time.perf_counter()
         for i in range(rounds):
@@ -357,6 +358,7 @@ def worker(args) -> None:
             ends.append(time.perf_counter() - t0)
             if args.run_delay:
                 waits.append(run_delay())
+                runs.append(run_delay(0))
         interfere(False)                         # its barriers: the servers measure once the rounds are over
         cpu = {k: round((v - cpu0.get(k, 0)) / 1e6 / rounds, 3) for k, v in thread_cpu().items()}   # ms per round
         shares, counts = [], []
@@ -370,6 +372,7 @@ def worker(args) -> None:
         every = comm.gather(ends if posting else None)
         cpus = comm.gather(cpu)
         delays = comm.gather(np.diff(waits).tolist() if args.run_delay and posting else None)
+        ran = comm.gather(np.diff(runs).tolist() if args.run_delay and posting else None)
         pins = comm.gather(pinned[0] if pinned else None)
         if rank:
             return {}
@@ -381,6 +384,7 @@ def worker(args) -> None:
             out["pinning"] = pins
         if args.run_delay:                       # per rank: ns runnable, not running, in each round
             out["run_delay_ns"] = delays
+            out["run_ns"] = ran
         if decisions:
             out["decisions"] = list(decisions)
         if who is not None:
@@ -441,6 +445,7 @@ def worker(args) -> None:
                                  all_share=[g.get("slow_share") for g in got])
             if args.run_delay:
                 results[name]["all_run_delay_ns"] = [g.get("run_delay_ns") for g in got]
+                results[name]["all_run_ns"] = [g.get("run_ns") for g in got]
             for g in got:
                 g.pop("decisions", None)
     if rank == 0:

@@ -285,11 +285,15 @@ static int coll_take(pc_owner *o)
     memset(m, 0, sizeof(uint64_t) * (size_t)c->spec.mask_words);
     if (c->spec.timed) {               /* my row of the owners' times, measured since my last TAKE */
         int P = c->size;
-        if (c->spec.rebalance_every > 0) {     /* and my run delay since then: CPU starvation */
-            int64_t now = idle_run_delay_ns();  /* (my word of the row, as tele_take's arrivals) */
+        if (c->spec.rebalance_every > 0) {     /* and my run delay and CPU time since then: CPU starvation */
+            int64_t cpu, now = idle_run_delay_ns(&cpu);  /* (my words of the row, as tele_take's arrivals) */
+            int first = c->run_cpu <= 0;       /* no TAKE before: nothing measured since one */
             c->meas[(size_t)PC_TIME_RUN_DELAY * (size_t)P + (size_t)c->rank] =
-                c->run_delay > 0 && now > c->run_delay ? now - c->run_delay : 0;
+                !first && now > c->run_delay ? now - c->run_delay : 0;
+            c->meas[(size_t)PC_TIME_RUN_CPU * (size_t)P + (size_t)c->rank] =
+                !first && cpu > c->run_cpu ? cpu - c->run_cpu : 0;
             c->run_delay = now;
+            c->run_cpu = cpu;
         }
         memcpy(m + pc_coll_mask_words(P) + PC_TIME_FIELDS * (size_t)P * (size_t)c->rank, c->meas,
                sizeof(int64_t) * PC_TIME_FIELDS * (size_t)P);

@@ -274,8 +274,9 @@ static void take_sample(sample *s)
  * of each /proc/self/task/<tid>/schedstat): the CPU starvation of a rank whose CPU is
  * shared with busy processes, as the scheduler counts it. The balancer's rows carry it
  * (coll.c, TAKE): ~10 us a round for a few threads, only where owners are rebalanced. */
-int64_t idle_run_delay_ns(void)
+int64_t idle_run_delay_ns(int64_t *cpu)
 {
+    *cpu = 0;
     DIR *d = opendir("/proc/self/task");
     if (!d) return 0;
     int64_t ns = 0;
@@ -285,7 +286,10 @@ int64_t idle_run_delay_ns(void)
         if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
         snprintf(path, sizeof path, "/proc/self/task/%.20s/schedstat", e->d_name);
         long long run = 0, wait = 0;
-        if (read_line(path, buf, sizeof buf) > 0 && sscanf(buf, "%lld %lld", &run, &wait) == 2) ns += wait;
+        if (read_line(path, buf, sizeof buf) > 0 && sscanf(buf, "%lld %lld", &run, &wait) == 2) {
+            ns += wait;
+            *cpu += run;
+        }
     }
     closedir(d);
     return ns;

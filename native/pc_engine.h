@@ -68,9 +68,10 @@ enum { PC_ACC_SUM = 0, PC_ACC_MEAN = 1, PC_ACC_RNA = 2 };
  * its first results' latencies (ns), its blocks and its samples (rank x round); then per
  * rank, its arrivals (ns, telemetry.c: + its wait in a full round, - its lateness for a
  * post after its round's TAKE) and, where the owners are rebalanced, its run delay (ns its
- * process's threads were runnable but not running: CPU starvation, idle.c); only the
+ * process's threads were runnable but not running: CPU starvation, idle.c) and its CPU
+ * time (ns they ran: the run delay per CPU second is the rank's stretch); only the
  * rank's own words of its row are written */
-enum { PC_TIME_FIELDS = 6, PC_TIME_ARRIVAL = 4, PC_TIME_RUN_DELAY = 5 };
+enum { PC_TIME_FIELDS = 7, PC_TIME_ARRIVAL = 4, PC_TIME_RUN_DELAY = 5, PC_TIME_RUN_CPU = 6 };
 /* buffer slots of a partial collective, for pc_opspec.slot */
 /* SCRATCH: the schedule's own scratch memory, allocated by the engine, so that no posted
  * receive ever targets memory Python may free */
@@ -259,8 +260,8 @@ int pc_coll_release(pc_coll *c);
  * round, from the first send to it to the last result from it (its span), per block. */
 int pc_sched_set_timers(pc_sched *s, int n, const int *triples);
 /* sums: PC_TIME_FIELDS x P, each summed over ranks and rounds: the owners' spans (ns),
- * first results' latencies (ns), blocks, samples, then the ranks' arrivals and run delays
- * (ns): epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
+ * first results' latencies (ns), blocks, samples, then the ranks' arrivals, run delays and
+ * CPU times (ns): epoch >= 0: epoch's snapshot (wait up to timeout_s for it; *got = 0 if the
  * collective finished first); epoch < 0: the latest snapshot, or the sums so far */
 int pc_coll_stats(pc_coll *c, int64_t epoch, double timeout_s, int64_t *sums, int *got);
 /* The balancer stops: a pc_coll_stats waiting for an epoch returns at once (*got = 0), and

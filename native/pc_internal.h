@@ -352,6 +352,7 @@ struct pc_coll {
     int64_t *meas;           /* PC_TIME_FIELDS x P: this rank's times per owner since its last TAKE */
     int64_t *agreed;         /* PC_TIME_FIELDS x P: the rows of every rank, summed since the last epoch */
     int64_t run_delay;       /* this process's run delay at the last TAKE (ns; idle_run_delay_ns) */
+    int64_t run_cpu;         /* ... and its threads' CPU time then (ns) */
     int64_t *snap[PC_SNAPS]; /* epoch e's agreed sums in snap[e % PC_SNAPS] */
     int64_t epochs;          /* (atomic) snapshots out */
     int64_t decided;         /* decisions received here (pc_coll_switch) */
@@ -468,7 +469,8 @@ int wait_passive(int (*pred)(void *), void *arg, double timeout_s); /* no lock h
 int idle_set_node(void *shared, int local_rank, int local_size, int node_cpus);
 int idle_poll(void);                     /* poll while armed now? (spin, or auto's spin) */
 int idle_core_each(void);                /* a CPU per rank of the node (its application thread) */
-int64_t idle_run_delay_ns(void);         /* ns this process's threads were runnable, not running */
+int64_t idle_run_delay_ns(int64_t *cpu); /* ns this process's threads were runnable, not running
+                                           (*cpu: ns they ran) */
 int idle_spare(void);                    /* idle_poll() and a CPU per thread of the node (2 per rank) */
 double idle_spin_bound_us(void);         /* how long polling may go on after the last event */
 void idle_note_gap(double us);           /* an event came us after the previous one */

@@ -45,11 +45,13 @@ balance=
                   owners' times cannot single it out) is predicted that much later as an
                   owner once a test says it is late beyond chance (LateTest, over the
                   last W, 2W and 4W epochs), and for as long as it stays later than a
-                  typical rank. A rank starved of CPU (its threads' run delay, carried in
-                  the same rows: runnable, not running) is predicted later by its run
-                  delay beyond a typical rank's once a test says it is starved beyond
-                  chance (StarveTest, over the fewest epochs that can say so), and for as
-                  long as it stays so.
+                  typical rank. A rank starved of CPU (its threads' run delay per CPU
+                  second, its stretch: run delay and CPU time carried in the same rows)
+                  is predicted later by what it waits beyond a typical rank's stretch
+                  once a test says it is starved beyond chance (StarveTest, over the
+                  fewest epochs that can say so), and for as long as it stays so.
+                  Hysteresis: a switch the owners' times alone call for is made once a
+                  second decision in a row names the same owner to relieve.
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ from .algorithms import OWNED
 from .algorithms.ps import BLOCK_BYTES
 
 BALANCES = ("static", "proportional", "psld")
-FIELDS = 6                   # PC_TIME_FIELDS: the engine's sums per rank (OwnerTimes)
+FIELDS = 7                   # PC_TIME_FIELDS: the engine's sums per rank (OwnerTimes)
 ALPHA = 0.25                 # psld's prediction: est = ALPHA * measured + (1 - ALPHA) * est
                              # (0.5 chased noise: with measurements 30 % off at random, equal
                              # servers' blocks moved and rounds took 1.17x the balanced ones in
@@ -223,6 +225,9 @@ class OwnerTimes:
                rank that waited most: the telemetry's arrivals)
     starved    per rank: how long its threads were runnable but not running (seconds per
                round: the scheduler's run delay, CPU starvation)
+    cpu        per rank: how long its threads ran (seconds per round); starved / cpu is
+               its stretch, the run delay per CPU second: how many times its own work
+               it waits, whatever work its blocks give it
     psld predicts an owner's span for n blocks as fixed + n * marginal.
     """
 
@@ -254,6 +259,7 @@ class OwnerTimes:
         arrival = [x / 1e9 / max(rounds, 1) for x in v[4 * p:5 * p]]
         self.late = np.array([max(arrival) - a for a in arrival]) if p else np.zeros(0)
         self.starved = np.array([x / 1e9 / max(rounds, 1) for x in v[5 * p:6 * p]])
+        self.cpu = np.array([x / 1e9 / max(rounds, 1) for x in v[6 * p:7 * p]])
 
 
 def _fill(t, servers: Sequence[int]) -> List[float]:
@@ -421,12 +427,16 @@ class LateTest:
         self.late = [False] * size                 # found late (and still)
         self.p = [1.0] * size                      # the latest P x p of the ranks found late
         self.span = [0] * size                     # ... over the last this many epochs (where found)
+        self.skip = [False] * size                 # not tested in the latest epoch
 
-    def observe(self, late: Sequence[float], epoch: int) -> List[float]:
+    def observe(self, late: Sequence[float], epoch: int, skip: Optional[Sequence[bool]] = None) -> List[float]:
         """Feed an epoch's lateness (seconds per rank; NaN: none measured, skipped);
         return each rank's lateness beyond the others' (seconds per round, 0 unless
-        found late)."""
+        found late). skip: ranks not tested (found starved of CPU: their lateness is
+        their starvation's, which StarveTest weighs and keeps; testing them cost the
+        decisions 1 - 3 ms of draws an epoch, on the rank whose CPU it least has)."""
         p = self.size
+        self.skip = [bool(x) for x in skip] if skip is not None else [False] * p
         if p < 2 or len(late) != p or any(x != x for x in late):
             return [0.0] * p
         self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in late]])[-self.window * 2 ** (LATE_SPANS - 1):]
@@ -436,6 +446,8 @@ class LateTest:
         rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x1a7e])
         self.p, beyond = [1.0] * p, {}
         for r in range(p):       # 1000 draws: enough to keep or let go of a rank found late (LATE_KEEP)
+            if self.skip[r]:
+                self.late[r] = False
             if self.late[r]:
                 x = np.array(self.epochs[-self.span[r]:], np.int64)
                 above = int(np.count_nonzero(self._null(x, rng, 1000) >= int(x[:, r].sum())))
@@ -462,8 +474,8 @@ class LateTest:
         for span in spans:
             rows = self.epochs[-span:]
             sums = [sum(e[r] for e in rows) for r in range(p)]
-            top = max(range(p), key=lambda r: (sums[r], -r))
-            if self.late[top]:       # found already
+            top = max(range(p), key=lambda r: (not self.skip[r], sums[r], -r))
+            if self.late[top] or self.skip[top]:       # found already (or not tested)
                 continue
             # no rank two null deviations above the null mean: none can pass (p there is
             # some 0.02 or more), no draws (a decision holds the GIL: see _fill). In
@@ -504,34 +516,51 @@ class StarveTest:
     """Which ranks are CPU-starved beyond chance (psld's starvation; pure: every rank feeds
     it the same epochs and gets the same answer).
 
-    Each epoch brings every rank's run delay (OwnerTimes.starved: seconds per round its
-    threads were runnable but not running, as the scheduler counts it). A rank that shares
-    its CPU with busy processes waits for it in every round, and so tops the epochs far
-    more steadily than it tops their lateness (bench/psld.py one, P = 4: the starved rank's
-    run delay topped every epoch, its lateness 47 - 60 % of them). The test is LateTest's
-    permutation test on the last W = starve_window epochs (one window), with the p-value
-    computed exactly where the P ** W draws can be counted (meet in the middle: P ** (W/2)
-    sums per half; else N = 2 P / STARVE_ALPHA draws): the top sum is starved when
-    P x p <= STARVE_ALPHA, so a decision finds a rank nobody starves with probability
-    <= STARVE_ALPHA. A rank found stays so while P x p <= LATE_KEEP (its run delay, unlike
-    its lateness, does not fall when its blocks are taken away)."""
+    Each epoch brings every rank's run delay and CPU time (OwnerTimes.starved, .cpu:
+    seconds per round its threads were runnable but not running, and running, as the
+    scheduler counts them). The statistic is the rank's stretch, run delay / CPU time: how
+    many times its own work it waited for a CPU. A rank that shares its CPU with busy
+    processes waits several times its work whatever work it has, so its stretch tops
+    every epoch, before and after its blocks are taken away (bench/psld.py one, P = 4:
+    6 - 9 against the others' 2 - 4 in every epoch; its run delay alone topped 93 % of the
+    epochs, and fell to the others' once it held no blocks: less work, less waiting).
+    The test is LateTest's permutation test on the stretches of the last W =
+    starve_window epochs (one window), with the p-value computed exactly where the P ** W
+    draws can be counted (meet in the middle: P ** (W/2) sums per half; else N = 2 P /
+    STARVE_ALPHA draws): the top sum is starved when P x p <= STARVE_ALPHA, so a decision
+    finds a rank nobody starves with probability <= STARVE_ALPHA. A rank found stays so
+    while P x p <= LATE_KEEP and it waits beyond the others (_beyond)."""
 
     EXACT = 1 << 16              # the most sums per half counted exactly
+    CAP = 1000000                # the largest stretch counted, in thousandths (1000 x its CPU time)
 
     def __init__(self, size: int) -> None:
         self.size, self.window = size, starve_window(size)
-        self.epochs: List[List[int]] = []          # the last `window` epochs, microseconds per rank
+        self.epochs: List[List[int]] = []          # the last `window` epochs: stretch per rank, thousandths
+        self.delay: List[List[float]] = []         # ... and the run delays and CPU times (s per round)
+        self.cpu: List[List[float]] = []
         self.starved = [False] * size
 
-    def observe(self, delay: Sequence[float], epoch: int) -> List[float]:
-        """Feed an epoch's run delays (seconds per rank; NaN: none measured, skipped);
-        return each starved rank's run delay beyond the others' median (seconds per
-        round, over the window; 0 for the others)."""
+    @classmethod
+    def stretch(cls, delay: Sequence[float], cpu: Sequence[float]) -> List[int]:
+        """Run delay / CPU time per rank, in integer thousandths (exact sums on every rank),
+        at most CAP."""
+        return [min(cls.CAP, int(round(1000.0 * max(d, 0.0) / c))) for d, c in zip(delay, cpu)]
+
+    def observe(self, delay: Sequence[float], cpu: Sequence[float], epoch: int) -> List[float]:
+        """Feed an epoch's run delays and CPU times (seconds per rank and round; NaN, or
+        a CPU time of 0: none measured, the epoch skipped); return each starved rank's
+        wait beyond the others' stretch (seconds per round, over the window; 0 for the
+        others)."""
         p = self.size
-        if p < 2 or len(delay) != p or any(x != x for x in delay):
+        if (p < 2 or len(delay) != p or len(cpu) != p or any(x != x for x in delay)
+                or not all(c > 0 for c in cpu)):
             return self._beyond()
-        self.epochs = (self.epochs + [[int(round(max(x, 0.0) * 1e6)) for x in delay]])[-self.window:]
-        if len(self.epochs) < self.window:
+        w = self.window
+        self.epochs = (self.epochs + [self.stretch(delay, cpu)])[-w:]
+        self.delay = (self.delay + [[float(x) for x in delay]])[-w:]
+        self.cpu = (self.cpu + [[float(x) for x in cpu]])[-w:]
+        if len(self.epochs) < w:
             return self._beyond()
         x = np.array(self.epochs, np.int64)
         sums = x.sum(axis=0).tolist()
@@ -545,12 +574,19 @@ class StarveTest:
         return self._beyond()
 
     def _beyond(self) -> List[float]:
-        """Each starved rank's mean run delay beyond the others' median (0 for the
-        others, and for a starved rank that waits no more than them: not starved)."""
+        """Each starved rank's wait beyond what its work would wait at the others' median
+        stretch: the mean over the window of run delay - CPU time x that median (seconds
+        per round; 0 for the others, and for a starved rank that waits no more: not
+        starved). The wait its blocks would add as an owner, predicted from what it
+        waits now (a rank emptied of blocks still waits that much per CPU second)."""
         out = [0.0] * self.size
+        if len(self.epochs) < self.window:
+            return out
         for r in range(self.size):
-            if self.starved[r] and len(self.epochs) >= self.window:
-                out[r] = max(LateTest._beyond(np.array(self.epochs[-self.window:], np.int64), r), 0.0)
+            if self.starved[r]:
+                extra = [d[r] - c[r] * statistics.median(s[j] for j in range(self.size) if j != r) / 1000.0
+                         for d, c, s in zip(self.delay, self.cpu, self.epochs)]
+                out[r] = max(sum(extra) / len(extra), 0.0)
                 self.starved[r] = out[r] > 0
         return out
 
@@ -572,7 +608,7 @@ class StarveTest:
 
 
 def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
-                 late=None, cap=None):
+                 late=None, cap=None, confirm=None):
     """psld's blocks per server. tries: a list, or a function of the exploitation's
     counts alone (before the switch test and the exploration: whom the predictions find
     fast enough) that returns it (decide: the outcome of an exploration counts at once).
@@ -596,7 +632,10 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
     and the lateness, and need beat only the counts' noise. Such a rank is not explored.
 
     cap -- per server, the most blocks the predictions may give it (None: no limit):
-    a server whose blocks came from exploration grows in measured steps (Predictor.caps)."""
+    a server whose blocks came from exploration grows in measured steps (Predictor.caps).
+    confirm -- a function of the owner a switch the exploitation calls for would relieve
+    (None: no switch wanted, or one exempt) that says whether to make it (decide:
+    hysteresis)."""
     n = len(current)
     t, f = _fill(times, servers), _fixed(fixed, servers)
     dt = df = [0.0] * len(servers)
@@ -628,6 +667,17 @@ def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, sp
         noise = ((df[a] + now[a] * dt[a]) ** 2 + (df[b] + exploit[b] * dt[b]) ** 2) ** 0.5
     vain = any(x and h > 0 and k == 0 for x, h, k in zip(explored or (), now, exploit))
     counts = list(exploit) if gain > GAIN * (rt - floor) and (vain or gain > noise) else now
+    # hysteresis: a switch is made once a second decision in a row calls for one that
+    # relieves the same owner (the one predicted to finish last now: a straggler is that
+    # one in every epoch, noise among equal owners picks one at random); decide: one the
+    # tests' findings call for, at once. Blocks an exploration gave in vain go back at once,
+    # and a server exploration measured fast wins its share (in capped steps) at once
+    if confirm is not None:
+        up = any(x and k > h for x, k, h in zip(explored or (), exploit, now))
+        if counts is now or vain or up:
+            confirm(None)
+        elif not confirm(servers[a]):
+            counts = now
     steps = (t, f)
     if counts is now and explored:
         # an explored server the predictions give blocks: the share its pessimistic
@@ -693,6 +743,8 @@ class Predictor:
         self.late_test = LateTest(size)          # ranks late to the rounds beyond chance
         self.starve_test = StarveTest(size)      # ranks CPU-starved beyond chance (and by how much)
         self.late = [0.0] * size                 # late, or starved, by how much (seconds per round)
+        self.found = [False] * size              # ... which were, at the decision before
+        self.proposed: Optional[int] = None      # the owner a switch it held back would relieve (confirm)
 
     def _average(self, est: List[float], dev: List[float], count: List[int], measured: List[float],
                  same: List[bool], base: Sequence[float], jump: Optional[float] = None,
@@ -734,7 +786,8 @@ class Predictor:
         p = len(self.est)
         # every rank's lateness and run delay are measured in every epoch, blocks or not
         late = _floats(measured.late) if len(measured.late) == p else [NAN] * p
-        self.late = [max(x, y) for x, y in zip(self.late_test.observe(late, epoch), self.starve(measured, epoch))]
+        starved = self.starve(measured, epoch)         # first: a starved rank is not tested for lateness
+        self.late = [max(x, y) for x, y in zip(self.late_test.observe(late, epoch, self.starve_test.starved), starved)]
         marginal = [0.0 if x != x else x for x in self.est]       # what a fixed delay adds to
         known = [x == x for x in self.est]
         # a measurement of another kind than the series' (one block at a time, its
@@ -759,11 +812,13 @@ class Predictor:
         return list(self.est), list(self.fixed)
 
     def starve(self, measured: "OwnerTimes", epoch: int) -> List[float]:
-        """Feed epoch's run delays to the starvation test (from the first epoch on: the
-        warm-up's owner times mislead, a CPU-starved rank's run delay does not); each
-        starved rank's run delay beyond the others' (seconds per round)."""
-        p, delay = len(self.est), getattr(measured, "starved", ())
-        return self.starve_test.observe(_floats(delay) if len(delay) == p else [NAN] * p, epoch)
+        """Feed epoch's run delays and CPU times to the starvation test (from the first
+        epoch on: the warm-up's owner times mislead, a CPU-starved rank's stretch does
+        not); each starved rank's wait beyond the others' stretch (seconds per round)."""
+        p, delay, cpu = len(self.est), getattr(measured, "starved", ()), getattr(measured, "cpu", ())
+        if len(delay) != p or len(cpu) != p:
+            return self.starve_test.observe([NAN] * p, [NAN] * p, epoch)
+        return self.starve_test.observe(_floats(delay), _floats(cpu), epoch)
 
     def spread(self):
         """(marginal, fixed) mean deviations to expect of each owner's measurements: its
@@ -789,6 +844,20 @@ class Predictor:
         came back (the decisions' delay) and lost it again, by turns."""
         return [(max(1, int(2 * self.load[s])) if self.load[s] == self.load[s] else 1)
                 if self.probation[s] else None for s in servers]
+
+    def confirm(self, owner: Optional[int]) -> bool:
+        """Hysteresis (psld's switches): whether to make a switch the exploitation calls
+        for that relieves owner (the one predicted to finish last; None: no switch
+        called for). At once where the ranks found late or starved changed since the
+        decision before (a test has weighed that evidence); else once the decision before
+        called for one that relieves the same owner: the owners' times of one epoch vary
+        (equal owners' fixed delays 10 - 50 % apart from epoch to epoch on shared cores),
+        and switches that noise made left rounds slower than none (bench/psld.py none)."""
+        found = [x > 0 for x in self.late]
+        go = owner is not None and (found != self.found or owner == self.proposed)
+        self.proposed = None if go else owner
+        self.found = found
+        return go
 
     def judged(self, servers: Sequence[int], exploit: Sequence[int]) -> List[int]:
         """The tries of servers (psld's), given whom the predictions give blocks: such a
@@ -830,7 +899,7 @@ def decide(balance: str, measured: OwnerTimes, predictor: Predictor, servers: Se
     judge = lambda exploit: predictor.judged(servers, exploit)    # noqa: E731  (an exploration's outcome counts at once)
     explored = [not predictor.merit[s] or predictor.probation[s] for s in servers]   # before judge() updates it
     return _place(_psld_counts(marginal, servers, current, seed, epoch, epsilon, fixed, judge, predictor.spread(),
-                               explored, predictor.late, predictor.caps(servers)), servers, current)
+                               explored, predictor.late, predictor.caps(servers), predictor.confirm), servers, current)
 
 
 class Balancer:

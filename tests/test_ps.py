@@ -167,19 +167,21 @@ def test_static_is_round_robin_and_kept():
     assert balance.decide("static", measured, pred, [1, 3], rr, 0, 0, 0.1) == rr
 
 
-def observe(t, counts, latency=0.0, ranks=3, late=None, starved=None):
+def observe(t, counts, latency=0.0, ranks=3, late=None, starved=None, cpu=None):
     """The engine's sums for owners of per-block cost t holding counts blocks, each of
     `ranks` senders seeing its first result after latency + t and its last after
     latency + n t; late: each rank's arrival in the round after the earliest (s), as the
     telemetry carries it: its wait in a full round, late ranks waiting less; starved:
-    each rank's run delay (s; 0 where not given)."""
+    each rank's run delay (s; 0 where not given), cpu: its CPU time (s; 0 where not given:
+    not measured)."""
     t, n = np.asarray(t, float), np.asarray(counts, float)
     held = n > 0
     span = np.where(held, (latency + n * t) * ranks, 0) * 1e9
     first = np.where(held, (latency + t) * ranks, 0) * 1e9
     waits = (1.0 - (0 * n if late is None else np.asarray(late, float))) * 1e9
     delay = (0 * n if starved is None else np.asarray(starved, float)) * 1e9
-    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits, delay]).astype(np.int64))
+    ran = (0 * n if cpu is None else np.asarray(cpu, float)) * 1e9
+    return balance.OwnerTimes(np.concatenate([span, first, n * ranks, held * ranks, waits, delay, ran]).astype(np.int64))
 
 
 def test_owner_times_read_the_engine_sums():
@@ -388,13 +390,46 @@ def test_late_test_finds_a_rank_late_by_a_little_in_longer_windows():
             assert not any(t.observe((rng.permutation(row) / 1e3).tolist(), e)), (shuffle, e)
 
 
-# bench/psld.py one (P = 4, ranks 0 - 2 on CPU 0, rank 3 on CPU 1 beside 6 busy processes,
-# rebalance_every 2; bench/psld.py --record): epochs 0 - 9 of 7 runs, as the engine's
-# rows summed them (tests/data/psld_starved_runs.json): per epoch
-# each rank's run delay (schedstat: runnable, not running), then its lateness to the rounds,
-# both per round in 0.1 ms. Rank 3's run delay tops 65 of the 70 epochs; its lateness 35.
+# bench/psld.py (P = 4, rebalance_every 2, --record): the engine's rows summed per epoch
+# (tests/data/psld_starved_runs.json), per epoch each rank's run delay (schedstat:
+# runnable, not running), CPU time (running) and lateness to the rounds, all per round in
+# 0.1 ms. "starved": 7 runs of `one` (ranks 0 - 2 on CPU 0, rank 3 on CPU 1 beside 6 busy
+# processes), epochs 0 - 13, psld emptying rank 3 from decision 7; "pinned": 7 runs of
+# `none` (the same pinning, no busy process: ranks 0 - 2 share a CPU, rank 3 has one to
+# itself), epochs 0 - 19; "free": 7 runs of `none --others free` (no rank pinned).
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "psld_starved_runs.json")) as _f:
-    STARVED_RUNS = json.load(_f)        # [run][epoch][8]: run delays of ranks 0 - 3, then their lateness
+    RECORDED = json.load(_f)            # {layout: [run][epoch][12]}: run delays, CPU times, lateness
+STARVED_RUNS = RECORDED["starved"]
+
+
+def _epoch(row, order=None):
+    """A recorded epoch's run delays and CPU times (seconds per round), ranks permuted by order."""
+    order = range(4) if order is None else order
+    return [row[r] / 1e4 for r in order], [row[4 + r] / 1e4 for r in order]
+
+
+def test_starve_test_stretch_and_beyond_against_a_reference():
+    """StarveTest's statistic and amount, against values computed here by hand and with
+    NumPy: the stretch is run delay / CPU time in thousandths (0.030 s / 0.005 s: 6000),
+    rounded, at most CAP; a starved rank's amount is the window's mean of its run delay
+    minus its CPU time x the others' median stretch."""
+    assert balance.StarveTest.stretch([0.030, 0.010, 0.0, 5.0], [0.005, 0.004, 0.001, 1e-6]) == [6000, 2500, 0, balance.StarveTest.CAP]
+    rng = np.random.default_rng(11)
+    t = balance.StarveTest(4)
+    delay = rng.uniform(0.01, 0.03, (t.window, 4))
+    cpu = rng.uniform(0.004, 0.008, (t.window, 4))
+    delay[:, 2] *= 4                                     # rank 2 waits 4x more per CPU second
+    for e in range(t.window):
+        got = t.observe(delay[e].tolist(), cpu[e].tolist(), e)
+    assert t.starved == [False, False, True, False]
+    stretch = np.round(1000 * delay / cpu) / 1000        # the reference: NumPy, over the whole window
+    want = np.mean(delay[:, 2] - cpu[:, 2] * np.median(np.delete(stretch, 2, axis=1), axis=1))
+    assert got[2] == pytest.approx(want, rel=1e-9) and got[2] > 0.03 and got[:2] + got[3:] == [0.0] * 3
+    # a CPU time of 0 (not measured) or NaN skips the epoch: nothing changes
+    before = [list(r) for r in t.epochs]
+    t.observe([0.1] * 4, [0.0, 0.01, 0.01, 0.01], t.window)
+    t.observe([float("nan")] * 4, [0.01] * 4, t.window + 1)
+    assert t.epochs == before
 
 
 def test_starve_test_tail_is_exact():
@@ -426,15 +461,16 @@ def test_starve_test_false_findings_within_their_bound(kind, monkeypatch):
     chance), a decision finds a rank starved with probability <= STARVE_ALPHA, whatever
     the noise's shape. At STARVE_ALPHA 0.05 (W: 6 epochs at P = 2, 3 at P = 8), 600
     single decisions per P find at most 1.5 x 0.05 x 600. Without the factor P (p against
-    STARVE_ALPHA) up to P x more."""
+    STARVE_ALPHA) up to P x more. The stretches: run delays of the shape given over CPU
+    times drawn at random (uniform, 5 - 15 ms)."""
     monkeypatch.setattr(balance, "STARVE_ALPHA", 0.05)
     rng = np.random.default_rng(["exponential", "pareto", "stall"].index(kind) + 10)
     for p in (2, 8):
         found = 0
         for k in range(600):
             t = balance.StarveTest(p)
-            t.epochs = [[int(v * 1e6) for v in lateness(kind, rng, p)] for _ in range(t.window - 1)]
-            got = t.observe(lateness(kind, rng, p).tolist(), k)
+            for _ in range(t.window):
+                got = t.observe((lateness(kind, rng, p) + 1e-4).tolist(), rng.uniform(0.005, 0.015, p).tolist(), k)
             found += any(t.starved)
             assert any(t.starved) == any(x > 0 for x in got)
         assert found <= 1.5 * 0.05 * 600, (p, found)
@@ -442,61 +478,77 @@ def test_starve_test_false_findings_within_their_bound(kind, monkeypatch):
 
 def test_starve_test_finds_the_starved_rank_of_recorded_runs():
     """The recorded runs above: StarveTest finds rank 3 at its first full window (epoch 7:
-    W = 8 at P = 4, from epoch 0) in 4 of the 7 runs, by epoch 9 in 5 (of the others, one
-    held a single block from epoch 1: less to do, less to wait for), and no other rank;
-    with each epoch's run delays shuffled among the ranks (nobody starved, by
-    construction), nobody in 20 shuffles of each run."""
+    W = 8 at P = 4, from epoch 0) in 6 of the 7 starved runs and at epoch 8 in the
+    seventh, keeps it to the end (after decision 7 it holds no block: its run delay falls
+    toward the others', its stretch stays 2 - 3 times theirs), by at least half of what it
+    was found by, and finds no other rank. On run delays alone (CPU times all equal) it
+    found rank 3 in 6 of the 7, and in 4 of them what it waited beyond the others fell
+    under half by epoch 13, heading for release. In the nobody-starved runs, pinned (ranks
+    0 - 2 share a CPU, rank 3 waits least) and not, and with each starved epoch's ranks
+    shuffled (nobody starved, by construction; 20 shuffles of each run), nobody."""
     w = balance.starve_window(4)
     assert w == 8
-    first = []
-    for rec in STARVED_RUNS:
+
+    def found(rec, order=lambda e: None, equal=False):
+        """(epoch found, its amount then, its amount at the end): rank 3; None: never."""
         t, hit = balance.StarveTest(4), None
         for e, row in enumerate(rec):
-            got = t.observe([v / 1e4 for v in row[:4]], e)
+            delay, cpu = _epoch(row, order(e))
+            got = t.observe(delay, [0.01] * 4 if equal else cpu, e)
             assert not any(got[:3]), (e, got)
-            hit = e if hit is None and got[3] > 0 else hit
-            assert hit is None or got[3] > 0.01, (e, got)           # kept, ~25 - 45 ms beyond the others
-        first.append(hit)
-    assert sum(h == w - 1 for h in first) >= 4 and sum(h is not None for h in first) >= 5, first
+            hit = (e, got[3]) if hit is None and got[3] > 0 else hit
+            assert hit is None or got[3] > 0, (e, got)              # kept
+        return hit and hit + (got[3],)
+    hits = [found(rec) for rec in STARVED_RUNS]
+    assert sorted(h[0] for h in hits) == [w - 1] * 6 + [w], hits
+    assert all(h[1] > 0.02 and h[2] >= 0.5 * h[1] for h in hits), hits        # ~30 ms, then 20 - 30 ms
+    alone = [found(rec, equal=True) for rec in STARVED_RUNS]
+    assert sum(h is not None and h[2] < 0.5 * h[1] for h in alone) >= 3, alone
+    for layout in ("pinned", "free"):
+        assert all(found(rec) is None for rec in RECORDED[layout]), layout
     rng = np.random.default_rng(5)
     for rec in STARVED_RUNS:
         for _ in range(20):
-            t = balance.StarveTest(4)
-            for e, row in enumerate(rec):
-                assert not any(t.observe((rng.permutation(row[:4]) / 1e4).tolist(), e))
+            orders = [rng.permutation(4) for _ in rec]
+            assert found(rec, lambda e: orders[e]) is None
 
 
 def starved_rounds(rec, shuffle=None, epsilon=0.0):
     """psld's decisions on a recorded run: equal owners (1 ms a block after 20 ms every
-    owner's first result waits for), each epoch's lateness and run delays as recorded
-    (shuffle: a generator that permutes the run delays among the ranks); decisions run
-    2 epochs later, as in the engine. The blocks each rank held, per epoch."""
+    owner's first result waits for), each epoch's lateness, run delays and CPU times as
+    recorded (shuffle: a generator that permutes the run delays and CPU times among the
+    ranks); decisions run 2 epochs later, as in the engine. The blocks each rank held, per
+    epoch."""
     p, pred = 4, balance.Predictor(4)
     cur = ps.round_robin(16, list(range(p)))
     decided, held = [cur, cur], []
     for e, row in enumerate(rec):                    # epoch 0: psld's warm-up (run delays kept)
         n = np.bincount(decided[e], minlength=p)
         held.append(n.tolist())
-        delay = np.array(row[:4]) / 1e4 if shuffle is None else shuffle.permutation(row[:4]) / 1e4
-        m = observe([0.001] * p, n, latency=0.02, late=np.array(row[4:]) / 1e4, starved=delay)
+        delay, cpu = _epoch(row, None if shuffle is None else shuffle.permutation(4))
+        m = observe([0.001] * p, n, latency=0.02, late=np.array(row[8:]) / 1e4, starved=delay, cpu=cpu)
         cur = balance.decide("psld", m, pred, list(range(p)), cur, 1, e, epsilon)
         decided.append(cur)
     return held + [np.bincount(d, minlength=p).tolist() for d in decided[-2:]]
 
 
 def test_psld_empties_a_starved_rank_of_recorded_runs():
-    """psld on the recorded runs: a rank found starved is predicted late by its run delay
-    beyond the others' (~30 ms a round here), so its blocks go to the others (6, 5, 5, 0)
-    from decision 7 (the warm-up epoch's run delays count; running from epoch 9, round 18
-    at rebalance_every 2) in 4 of the 7 runs, and stay there. LateTest alone (the
-    lateness of these 10 epochs) finds nobody: without the run delays (shuffled), no block
-    moves."""
-    emptied = 0
+    """psld on the recorded runs: a rank found starved is predicted late by what it waits
+    beyond the others' stretch (~25 - 35 ms a round here), so its blocks go to the others
+    (6, 5, 5, 0) from decision 7 (the warm-up epoch's run delays count; running from epoch
+    9, round 18 at rebalance_every 2) in 6 of the 7 runs, from decision 8 in the seventh,
+    and stay there to the end (after the switch its run delay is near the others', its
+    stretch is not). Without the run delays (shuffled with the CPU times), no block moves
+    before decision 10 (LateTest then finds rank 3 late, on these epochs' lateness, in 3
+    of the 7)."""
+    emptied = []
     for rec in STARVED_RUNS:
         held = starved_rounds(rec)
         assert all(h == [4, 4, 4, 4] for h in held[:9]), held
-        emptied += held[9] == [6, 5, 5, 0] and all(h == held[9] for h in held[9:])
-    assert emptied >= 4, emptied
+        k = next(e for e, h in enumerate(held) if h != [4, 4, 4, 4])
+        assert all(h == [6, 5, 5, 0] for h in held[k:]), held
+        emptied.append(k)
+    assert sorted(emptied) == [9] * 6 + [10], emptied
     # a starved rank is not explored (its run delay, not an explored block, tells when it
     # recovers): at epsilon 0.5, over the runs played twice over, it holds no block once
     # emptied (each explored block cost a round as slow as static's in bench/psld.py)
@@ -508,7 +560,7 @@ def test_psld_empties_a_starved_rank_of_recorded_runs():
     for rec in STARVED_RUNS:
         for _ in range(5):
             held = starved_rounds(rec, rng)
-            assert all(h == [4, 4, 4, 4] for h in held), held
+            assert all(h == [4, 4, 4, 4] for h in held[:12]), held
 
 
 def model_epochs(kind, slow_at, epochs, p=4, nblocks=16, epsilon=0.1, seed=3, latency=0.0, delay=0):
@@ -535,19 +587,20 @@ def test_model_slow_owner_loses_blocks_and_recovered_one_wins_them_back():
     p = 4
     slow = lambda o, e, n: 8.0 if o == 3 and e < 10 else 1.0          # noqa: E731  (recovers at epoch 10)
     psld = model_epochs("psld", slow, 80)
-    # the first decision after the warm-up epoch takes the slow owner below 1 / (2P) of the blocks
-    assert counts(psld[1], p) == [4, 4, 4, 4] and counts(psld[2], p)[3] / 16 < 1 / (2 * p)
+    # the second decision after the warm-up epoch takes the slow owner below 1 / (2P) of the
+    # blocks: the first calls for it, the second confirms it (hysteresis: the same owner to relieve)
+    assert counts(psld[2], p) == [4, 4, 4, 4] and counts(psld[3], p)[3] / 16 < 1 / (2 * p)
     # after it recovered, exploration measures it again and it gets a fair share back
     assert counts(psld[-1], p)[3] >= 3, [counts(a, p) for a in psld[-5:]]
     # the same with a latency common to every owner (waiting for the slowest sender) 3x a
     # block's cost: the marginal costs see through it
     lat = model_epochs("psld", slow, 80, latency=3.0)
-    assert counts(lat[2], p)[3] / 16 < 1 / (2 * p) and counts(lat[-1], p)[3] >= 3
+    assert counts(lat[3], p)[3] / 16 < 1 / (2 * p) and counts(lat[-1], p)[3] >= 3
     prop = model_epochs("proportional", slow, 80)
     # the strawman keeps it busy with a block: its round takes 8, psld's 6 (in block times)
     assert counts(prop[1], p)[3] == 1
     cost = lambda a: max(np.array(counts(a, p)) * np.array([1, 1, 1, 8.0]))   # noqa: E731
-    assert cost(prop[1]) == 8 and cost(psld[2]) == 6
+    assert cost(prop[1]) == 8 and cost(psld[3]) == 6
     # nothing slow: every server holds blocks, so every one is measured in every epoch
     # and there is nothing to explore: the balanced assignment is never disturbed
     flat = model_epochs("psld", lambda o, e, n: 1.0, 400, epsilon=0.5, delay=2)
@@ -739,13 +792,17 @@ def test_straggler_among_noisy_owners(sigma, common, bound):
     assert noisy_rounds(sigma, common, 0.5, slow=8.0) < bound
 
 
-@pytest.mark.parametrize("sigma,common,latency", [(0.3, 0.0, 0.5), (0.3, 0.0, 3.0), (0.6, 0.0, 3.0),
-                                                  (0.6, 0.6, 0.5), (0.6, 0.6, 3.0)])
-def test_transient_straggler_among_noisy_owners_wins_its_share_back(sigma, common, latency):
+@pytest.mark.parametrize("sigma,common,latency,least", [(0.3, 0.0, 0.5, 3.3), (0.3, 0.0, 3.0, 3.3),
+                                                        (0.6, 0.0, 3.0, 3.3), (0.6, 0.6, 0.5, 3.3),
+                                                        (0.6, 0.6, 3.0, 3.0)])
+def test_transient_straggler_among_noisy_owners_wins_its_share_back(sigma, common, latency, least):
     """An owner 8x slow for the first 10 epochs, then as fast as the others, all measured
     with noise as above: over epochs 50 - 100 it holds its fair share (4 of 16 blocks)
     again, on average over the seeds (weighing the noise without the counts-alone rule
-    and the one-block marginal cost kept it at 1 - 2 blocks)."""
+    and the one-block marginal cost kept it at 1 - 2 blocks). With the noisiest times
+    (the owner's and the epoch's both 0.6, a latency 3 blocks long) the hysteresis, whose
+    second decision must name the same owner to relieve, holds back part of its steps
+    back: 3.1 blocks on average, 3.4 without it."""
     p, nblocks, held = 4, 16, []
     for seed in range(8):
         rng = np.random.default_rng(seed)
@@ -760,7 +817,7 @@ def test_transient_straggler_among_noisy_owners_wins_its_share_back(sigma, commo
             cur = balance.decide("psld", m, pred, list(range(p)), cur, seed, e, 0.1)
             decided.append(cur)
         held.append(np.mean(share[50:]))
-    assert np.mean(held) > 3.3, held
+    assert np.mean(held) > least, held
 
 
 def test_pool_takes_owners_within_their_noise_as_equal():
@@ -821,3 +878,56 @@ def test_ps_partial_inline_progress(mpirun):
     """The same with progress inline (no progress thread: the balancer thread's decisions
     still reach the engine, and parked rounds are armed by them)."""
     mpirun("ps_partial_checks.py", 3, "majority", "40", "psld", env={"PARTIALCOLL_PROGRESS": "inline"}, timeout=300)
+
+
+# bench/psld.py none (P = 4, ranks 0 - 2 sharing CPU 0, rank 3 alone on CPU 1, nobody
+# starved, rebalance_every 2, --record), 7 runs made before psld's hysteresis: per epoch
+# the assignment it ran (16 owners) and the engine's sums (PC_TIME_FIELDS x 4 words)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "psld_none_sums.json")) as _f:
+    NONE_SUMS = json.load(_f)            # [run][epoch][16 + 28]
+
+
+def test_hysteresis_confirms_a_switch_by_the_same_owner_to_relieve():
+    """Predictor.confirm: a switch the owner times alone call for is made at the second
+    decision in a row that would relieve the same owner; one another owner would relieve
+    starts over, and a decision with no switch forgets it. A change in the ranks found
+    late or starved makes it at once."""
+    pred = balance.Predictor(4)
+    assert [pred.confirm(o) for o in (2, 1, 1, 3, None, 3, 3)] == [False, False, True, False, False, False, True]
+    pred.late = [0.0, 0.0, 0.0, 0.03]                  # rank 3 found starved: the switch it calls for at once
+    assert pred.confirm(0) and not pred.confirm(0)
+
+
+def test_hysteresis_holds_back_the_switches_noise_calls_for():
+    """The recorded nobody-starved runs, their decisions replayed (epsilon 0, each from the
+    assignment the run had): the owner times called for a switch in 28 of the 140
+    decisions; with the hysteresis, 6 (it needs a second decision in a row that names the
+    same owner to relieve, and noise among equal owners names one at random)."""
+    def switches(hysteresis):
+        n = 0
+        for rec in NONE_SUMS:
+            pred = balance.Predictor(4)
+            if not hysteresis:
+                pred.confirm = lambda owner: owner is not None
+            for e, row in enumerate(rec):
+                got = balance.decide("psld", balance.OwnerTimes(row[16:], 2), pred, list(range(4)), row[:16], 1, e, 0.0)
+                n += got != row[:16]
+        return n
+    held, free = switches(True), switches(False)
+    assert free >= 20 and held <= free // 3, (held, free)
+
+
+def test_late_test_skips_a_starved_rank():
+    """A rank StarveTest holds starved is not tested for lateness (LateTest's skip): late
+    by 30 ms in every epoch, it is found late without the skip (at the first full window)
+    and never with it, while the others are still tested (rank 1, late by 30 ms where rank
+    3 is skipped, is found)."""
+    rows = [[0.0, 0.0, 0.001 * (e % 3), 0.03] for e in range(12)]
+    plain, skipping, other = balance.LateTest(4), balance.LateTest(4), balance.LateTest(4)
+    for e, row in enumerate(rows):
+        plain.observe(row, e)
+        skipping.observe(row, e, [False, False, False, True])
+        other.observe([0.0, 0.03, 0.001 * (e % 3), 0.0], e, [False, False, False, True])
+    assert plain.late == [False, False, False, True]
+    assert skipping.late == [False] * 4
+    assert other.late == [False, True, False, False]

@@ -472,9 +472,9 @@ def late_rounds(comm, delay, rounds=40, shuffle=False):
     blocks. Every result is checked against the closed form; returns every round's
     assignment and epoch 18's arrivals (round 18's; OwnerTimes), after checking that every
     rank read the same arrivals and ran the same assignments. shuffle: every decision
-    sees its epoch's lateness and run delays shuffled among the ranks (the same permutation
-    on every rank, seeded by the epoch): who is late or starved in an epoch is chance by
-    construction."""
+    sees its epoch's lateness, run delays and CPU times shuffled among the ranks (the same
+    permutation on every rank, seeded by the epoch): who is late or starved in an epoch is
+    chance by construction; else no CPU time is measured (nobody can be found starved)."""
     from partialcoll import balance
     p, late = comm.size, comm.size - 1
     count = 4 * p * 64                   # 4 blocks per rank
@@ -485,7 +485,11 @@ def late_rounds(comm, delay, rounds=40, shuffle=False):
         measured.marginal = measured.fixed = np.where(held, 1e-3, np.nan)
         if shuffle:                      # who is late or starved of CPU: chance (the same permutation)
             order = np.random.default_rng([epoch, 0x5f]).permutation(len(measured.late))
-            measured.late, measured.starved = measured.late[order], measured.starved[order]
+            measured.late, measured.starved, measured.cpu = (measured.late[order], measured.starved[order],
+                                                             measured.cpu[order])
+        else:                            # the lateness alone: the CPU times as not measured (StarveTest
+            measured.cpu = np.zeros(len(measured.cpu))  # skips the epoch): under a loaded machine's suite
+            # one of the other ranks could be starved of CPU for real, and its blocks go to the late one
         return real(kind, measured, predictor, servers, current, seed, epoch, epsilon)
 
     balance.decide = decide
@@ -535,14 +539,15 @@ def test_psld_moves_no_block_with_nobody_late(comm):
         f"nobody late, yet blocks moved: (round, blocks per rank) {moved[:3]}"
 
 
-def _run_delay() -> float:
+def _run_delay(field: int = 1) -> float:
     """Seconds this process's threads have been runnable but not running (the second field
-    of /proc/self/task/*/schedstat), read here in Python: the reference for the engine's."""
+    of /proc/self/task/*/schedstat; field 0: running, their CPU time), read here in Python:
+    the reference for the engine's."""
     total = 0
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
+                total += int(f.read().split()[field])
         except (OSError, IndexError, ValueError):
             continue
     return total / 1e9
@@ -551,11 +556,13 @@ def _run_delay() -> float:
 @pytest.mark.mpi(min_size=2)
 def test_rows_carry_each_ranks_run_delay(comm):
     """Where owners are rebalanced, each rank's run delay (its threads' time runnable but
-    not running) rides in its word of the rounds' rows. The last rank, all its threads
-    pinned to one CPU beside a busy process, computes 3 ms before each post: epoch 0's
-    sums (rounds 0 - 19), the same on every rank, give it at least a quarter of what its
-    /proc showed from before its first post to after its last wait (read in Python), and
-    every rank at most what its own showed."""
+    not running) and CPU time ride in its words of the rounds' rows. The last rank, all its
+    threads pinned to one CPU beside a busy process, computes 3 ms before each post: epoch
+    0's sums (rounds 0 - 19), the same on every rank, give it at least a quarter of the run
+    delay its /proc showed from before its first post to after its last wait (read in
+    Python), every rank at most what its own showed of either, and the last rank at least
+    a quarter of its CPU time (of its 20 x 3 ms of work, the busy process leaves it about
+    half: > 10 ms)."""
     import subprocess
     import sys
     if not os.path.exists("/proc/self/task/%d/schedstat" % os.getpid()):
@@ -574,13 +581,13 @@ def test_rows_carry_each_ranks_run_delay(comm):
     x, work = np.ones(4 * p * 64), np.ones(1 << 16)
     try:
         comm.Barrier()
-        before = _run_delay()
+        before, ran = _run_delay(), _run_delay(0)
         for i in range(rounds):
             t0 = time.perf_counter()
             while comm.rank == last and time.perf_counter() - t0 < 0.003:
                 work.sum()                   # runnable: it waits for the CPU the busy process holds
             assert np.array_equal(coll.post(x).wait(timeout=60).data, x * p), i
-        own = _run_delay() - before
+        own, ran = _run_delay() - before, _run_delay(0) - ran
         measured = coll._owners_measured(0)
         coll.close()
     finally:
@@ -593,11 +600,14 @@ def test_rows_carry_each_ranks_run_delay(comm):
             except OSError:                  # a thread that ended meanwhile
                 pass
     engine = measured.starved * rounds       # seconds over the epoch's rounds, per rank
-    everyone = comm.allgather((engine.tobytes(), own))
+    cpu = measured.cpu * rounds
+    everyone = comm.allgather((engine.tobytes() + cpu.tobytes(), own, ran))
     assert all(e[0] == everyone[0][0] for e in everyone), "ranks disagree on the run delays"
-    mine = [e[1] for e in everyone]
+    mine, used = [e[1] for e in everyone], [e[2] for e in everyone]
     assert all(0 <= engine[r] <= mine[r] + 1e-6 for r in range(p)), (engine.tolist(), mine)
     assert mine[last] > 0.005 and engine[last] >= 0.25 * mine[last], (engine.tolist(), mine)
+    assert all(0 < cpu[r] <= used[r] + 1e-6 for r in range(p)), (cpu.tolist(), used)
+    assert cpu[last] >= 0.25 * used[last] and used[last] > 0.01, (cpu.tolist(), used)
 
 
 def test_bad_owner_options(comm):
