@@ -571,8 +571,8 @@ class PartialAllreduce(_propagate.Reporting):
             for kind, scheds in self._schedules.items():
                 for v, sched in enumerate(scheds):
                     check(lib.pc_coll_set_sched(self._coll, kind, v, self._native_of(sched)))
-            check(lib.pc_coll_begin(self._coll))
-            _stats.switch_on(self, comm)             # who is slow: partialcoll/_stats.py
+            _stats.switch_on(self, comm)             # who is slow (partialcoll/_stats.py): on before
+            check(lib.pc_coll_begin(self._coll))     # round 0 is armed, which may end here at once
             if self._every:
                 self._balancer = balance_mod.Balancer(self, self._coll, self.balance, self.servers, self._owners,
                                                       self.seed, self._epsilon, self._every)

@@ -159,5 +159,23 @@ def test_local_view_and_after_close(comm):
     assert pc.Stats.from_dict(after.to_dict()).to_dict() == after.to_dict()
 
 
+def test_a_round_ending_here_during_construction_is_counted(comm, monkeypatch):
+    """The telemetry records from the first round: a peer's solo round 0 that ends here
+    while this rank's constructor is still running (held up here for 0.3 s right where
+    the constructor switches the telemetry on) is in stats(local=True).rounds."""
+    from partialcoll import _stats
+    if comm.rank != 0:
+        switch_on = _stats.switch_on
+        monkeypatch.setattr(_stats, "switch_on", lambda coll, c: (time.sleep(0.3), switch_on(coll, c))[1])
+    coll = _coll(comm, "solo")
+    if comm.rank == 0:
+        assert coll.post(np.ones(4, np.float32)).wait(timeout=30).round == 0
+    deadline = time.monotonic() + 10
+    while coll.stats(local=True).rounds < 1 and time.monotonic() < deadline:
+        time.sleep(0.002)           # round 0 ends here with rank 0's data, or not at all
+    assert coll.stats(local=True).rounds == 1, coll.stats(local=True)
+    coll.close()
+
+
 if __name__ == "__main__":
     run_module(__file__)
