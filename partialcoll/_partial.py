@@ -1018,8 +1018,11 @@ class PartialAllreduce(_propagate.Reporting):
     def close(self, timeout: Optional[float] = None) -> Result:
         """Collective: finish rounds in flight, flush every accumulator in a final round, free.
 
-        Returns the final round's result folded with every round completed here that no
-        wait() returned, so nothing posted is ever dropped. timeout: None is
+        Returns the final round's result folded with the rounds completed here that no
+        wait() returned: with late="fold" all of them, so nothing posted is dropped from
+        this rank's results; with late="latest" the latest of them and those after it (a
+        round that a later one replaced before close() began is in none of this rank's
+        results; see docs/semantics.md). timeout: None is
         ``pc.rc.close_timeout`` (300 s unless set). If it expires, or a peer failed, this
         rank drops the collective (as if abandoned) and raises Timeout or MPIError.
         Several collectives that ranks posted to unevenly: close them together with
