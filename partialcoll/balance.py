@@ -403,6 +403,19 @@ def _draws(x: np.ndarray, rng, n: int) -> np.ndarray:
     return out
 
 
+class _Seeded:
+    """A generator seeded by (epoch, salt), made at its first draw: most decisions draw
+    nothing, and making one costs more than the rest of their tests."""
+
+    def __init__(self, epoch: int, salt: int) -> None:
+        self.seed, self.rng = [epoch & 0xFFFFFFFF, salt], None
+
+    def integers(self, low: int, high: int, n: int) -> np.ndarray:
+        if self.rng is None:
+            self.rng = np.random.default_rng(self.seed)
+        return self.rng.integers(low, high, n)
+
+
 def _exact_tail(x: np.ndarray, s: int, most: int = EXACT) -> Optional[float]:
     """The share of the P ** W ways to take one value from each of the W epochs (rows of
     x, integers) whose sum is s or more, counted exactly (meet in the middle: the
@@ -487,7 +500,7 @@ class LateTest:
         if len(self.epochs) < self.window:
             return [0.0] * p
         spans = [self.window * 2 ** k for k in range(LATE_SPANS) if self.window * 2 ** k <= len(self.epochs)]
-        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x1a7e])
+        rng = _Seeded(epoch, 0x1a7e)
         self.p, beyond = [1.0] * p, {}
         for r in range(p):       # 1000 draws: enough to keep or let go of a rank found late (LATE_KEEP)
             if self.skip[r]:
@@ -621,16 +634,14 @@ class StarveTest:
         self.cpu = (self.cpu + [[float(x) for x in cpu]])[-w:]
         if len(self.epochs) < w:
             return self._beyond()
-        x = np.array(self.epochs, np.int64)
-        sums = x.sum(axis=0).tolist()
-        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x57a4])
+        sums = [sum(c) for c in zip(*self.epochs)]
+        rng = _Seeded(epoch, 0x57a4)
+        tail = lambda r: self._tail(np.array(self.epochs, np.int64), sums[r], rng)      # noqa: E731
         for r in range(p):
             if self.starved[r]:     # P x the floor above the level: the exact p-value too
-                self.starved[r] = (p * _tail_floor(self.epochs, r) <= LATE_KEEP
-                                   and p * self._tail(x, sums[r], rng) <= LATE_KEEP)
+                self.starved[r] = p * _tail_floor(self.epochs, r) <= LATE_KEEP and p * tail(r) <= LATE_KEEP
         top = max(range(p), key=lambda r: (sums[r], -r))
-        if (not self.starved[top] and p * _tail_floor(self.epochs, top) <= STARVE_ALPHA
-                and p * self._tail(x, sums[top], rng) <= STARVE_ALPHA):
+        if not self.starved[top] and p * _tail_floor(self.epochs, top) <= STARVE_ALPHA and p * tail(top) <= STARVE_ALPHA:
             self.starved[top] = True
         return self._beyond()
 
