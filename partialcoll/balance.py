@@ -435,16 +435,26 @@ def _exact_tail(x: np.ndarray, s: int, most: int = EXACT) -> Optional[float]:
     return count / float(p) ** w
 
 
-def _tail_floor(x: Sequence[Sequence[int]], r: int) -> float:
-    """A lower bound of the tail at rank r's sum, in O(W P) without drawing: the share
-    of the ways that take from every epoch a value at least rank r's (each of them
-    sums to its sum or more): the product over the epochs of the share of the values at
-    or above r's. Where P x this exceeds the test's level, the exact p-value does too:
-    the test cannot pass, and nothing need be counted or drawn (most decisions)."""
+def _tail_floor(x, r: int, size: int = 1) -> float:
+    """A lower bound of the tail at rank r's sum, without drawing: draws that reach r's
+    sum over each chunk of `size` consecutive epochs reach it over all, so the product
+    of the chunks' exact tails (_exact_tail) bounds it from below (0 where a chunk
+    cannot be counted). size 1, in O(W P) and no array: the product over the epochs of
+    the share of the values at or above r's. Where P x this exceeds the test's level,
+    the exact p-value does too: the test cannot pass, and nothing need be counted or
+    drawn (most decisions)."""
     out = 1.0
-    for e in x:
-        v = e[r]
-        out *= sum(1 for y in e if y >= v) / len(e)
+    if size == 1:
+        for e in x:
+            v = e[r]
+            out *= sum(1 for y in e if y >= v) / len(e)
+        return out
+    for i in range(0, len(x), size):
+        c = x[i:i + size]
+        t = _exact_tail(c, int(c[:, r].sum()))
+        if t is None:
+            return 0.0
+        out *= t
     return out
 
 
@@ -562,6 +572,8 @@ class LateTest:
             if exact is not None:
                 if p * k * exact <= LATE_ALPHA:
                     return top, span
+                continue
+            if p * k * _tail_floor(x, top, self.window) > LATE_ALPHA:     # 2W, 4W: per W epochs
                 continue
             # past EXACT: 1000 draws first, then 20000 at a time while the count of draws
             # at or above its sum can still be small enough (the count only grows: the

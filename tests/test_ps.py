@@ -481,6 +481,14 @@ def test_tail_floor_and_late_test_p_values_are_exact():
             floor = balance._tail_floor(x.tolist(), r)
             assert floor == pytest.approx(picks / every.size, rel=1e-12) and floor <= balance._exact_tail(x, s), (p, w, r)
     assert balance._exact_tail(rng.integers(0, 5, (9, 4)), 10, most=4 ** 4) is None      # past `most`
+    # by chunks of 3 epochs: the product of each chunk's listed tail at r's sum over it
+    x = rng.integers(0, 50, (9, 4))
+    every = _every_sum(x)
+    for r in range(4):
+        want = np.prod([np.count_nonzero(_every_sum(x[i:i + 3]) >= x[i:i + 3, r].sum()) / 64 for i in (0, 3, 6)])
+        floor = balance._tail_floor(x, r, 3)
+        assert floor == pytest.approx(want, rel=1e-12), r
+        assert balance._tail_floor(x.tolist(), r) <= floor <= np.count_nonzero(every >= x[:, r].sum()) / every.size
     # a rank late in every epoch of the window, then held: its P x p is exact
     t = balance.LateTest(4)
     rows = [[int(v) for v in rng.integers(0, 3000, 4)] for _ in range(t.window)]
