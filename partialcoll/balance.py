@@ -478,9 +478,11 @@ class LateTest:
     independent). Under it, a rank's sum is distributed as the sum of one value drawn
     at random from each epoch's P values -- a permutation test, which needs no model of
     the noise (a descheduled rank's 100 ms in one epoch is one value among its epoch's,
-    whoever it falls to). p = the share of N such draws at or above the rank's sum
-    (Monte Carlo, N = 2 P / LATE_ALPHA, from a seed fixed by the epoch: every rank
-    draws alike; the values in whole microseconds, so the sums are exact). The ranks
+    whoever it falls to). p = the share of the P ** W draws at or above the rank's sum,
+    counted exactly where they can be (_exact_tail; the values in whole microseconds, so
+    the sums are exact), else the share of N = 2 P / LATE_ALPHA random ones (from a seed
+    fixed by the epoch: every rank draws alike); nothing is counted or drawn where a
+    floor of p (_tail_floor) already says the test cannot pass. The ranks
     share one null distribution, so only the latest sum is tested; it is late when
     K x P x p <= LATE_ALPHA in one of the K windows tested (Bonferroni over the ranks and
     the windows): per decision, a false finding has probability <= LATE_ALPHA. A rank
@@ -610,8 +612,8 @@ class StarveTest:
     epochs, and fell to the others' once it held no blocks: less work, less waiting).
     The test is LateTest's permutation test on the stretches of the last W =
     starve_window epochs (one window), with the p-value computed exactly where the P ** W
-    draws can be counted (meet in the middle: P ** (W/2) sums per half; else N = 2 P /
-    STARVE_ALPHA draws): the top sum is starved when P x p <= STARVE_ALPHA, so a decision
+    draws can be counted (_exact_tail; else N = 2 P / STARVE_ALPHA draws), and neither
+    where its floor (_tail_floor) rules the rank out: the top sum is starved when P x p <= STARVE_ALPHA, so a decision
     finds a rank nobody starves with probability <= STARVE_ALPHA. A rank found stays so
     while P x p <= LATE_KEEP and it waits beyond the others (_beyond)."""
 
