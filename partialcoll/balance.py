@@ -408,7 +408,8 @@ class _Seeded:
     nothing, and making one costs more than the rest of their tests."""
 
     def __init__(self, epoch: int, salt: int) -> None:
-        self.seed, self.rng = [epoch & 0xFFFFFFFF, salt], None
+        self.seed = [epoch & 0xFFFFFFFF, salt]
+        self.rng: Optional[np.random.Generator] = None
 
     def integers(self, low: int, high: int, n: int) -> np.ndarray:
         if self.rng is None:
