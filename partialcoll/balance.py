@@ -115,6 +115,9 @@ STARVE_ALPHA = 1e-4          # StarveTest: the chance, per decision, that a rank
                              # found starved (its run delay exchangeable with the others' within
                              # an epoch); a rank is found late or starved by chance with
                              # probability <= LATE_ALPHA + STARVE_ALPHA per decision
+EXACT = 1 << 16              # LateTest, StarveTest: the most sums per half of the window that a
+                             # p-value is counted from exactly (_exact_tail: 2 x 64 Ki sums,
+                             # ~1 ms); past it, drawn (Monte Carlo)
 LATE_KEEP = 0.5              # a rank found late stays late until its p-value (x P) rises above
                              # this: hysteresis (with fewer blocks it serves less and may look
                              # less late, not on time)
@@ -391,6 +394,71 @@ def _pool(values: Sequence[float], devs: Sequence[float], base=None, apart=None)
     return out
 
 
+def _draws(x: np.ndarray, rng, n: int) -> np.ndarray:
+    """n sums of one value drawn at random from each epoch's (rows of x): a rank's sum
+    under the permutation tests' null (LateTest, StarveTest)."""
+    out = np.zeros(n, np.int64)
+    for row in x:
+        out += row[rng.integers(0, len(row), n)]
+    return out
+
+
+class _Seeded:
+    """A generator seeded by (epoch, salt), made at its first draw: most decisions draw
+    nothing, and making one costs more than the rest of their tests."""
+
+    def __init__(self, epoch: int, salt: int) -> None:
+        self.seed = [epoch & 0xFFFFFFFF, salt]
+        self.rng: Optional[np.random.Generator] = None
+
+    def integers(self, low: int, high: int, n: int) -> np.ndarray:
+        if self.rng is None:
+            self.rng = np.random.default_rng(self.seed)
+        return self.rng.integers(low, high, n)
+
+
+def _exact_tail(x: np.ndarray, s: int, most: int = EXACT) -> Optional[float]:
+    """The share of the P ** W ways to take one value from each of the W epochs (rows of
+    x, integers) whose sum is s or more, counted exactly (meet in the middle: the
+    P ** (W/2) sums of each half, one half sorted and searched for the other's
+    complements); None where a half would have more than `most` sums."""
+    w, p = x.shape
+    half = w // 2
+    if p ** (w - half) > most:
+        return None
+    a, b = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    for row in x[:half]:
+        a = (a[:, None] + row[None, :]).ravel()
+    for row in x[half:]:
+        b = (b[:, None] + row[None, :]).ravel()
+    b.sort()
+    count = int((len(b) - np.searchsorted(b, s - a, side="left")).sum())
+    return count / float(p) ** w
+
+
+def _tail_floor(x, r: int, size: int = 1) -> float:
+    """A lower bound of the tail at rank r's sum, without drawing: draws that reach r's
+    sum over each chunk of `size` consecutive epochs reach it over all, so the product
+    of the chunks' exact tails (_exact_tail) bounds it from below (0 where a chunk
+    cannot be counted). size 1, in O(W P) and no array: the product over the epochs of
+    the share of the values at or above r's. Where P x this exceeds the test's level,
+    the exact p-value does too: the test cannot pass, and nothing need be counted or
+    drawn (most decisions)."""
+    out = 1.0
+    if size == 1:
+        for e in x:
+            v = e[r]
+            out *= sum(1 for y in e if y >= v) / len(e)
+        return out
+    for i in range(0, len(x), size):
+        c = x[i:i + size]
+        t = _exact_tail(c, int(c[:, r].sum()))
+        if t is None:
+            return 0.0
+        out *= t
+    return out
+
+
 def late_window(size: int) -> int:
     """LateTest's window for `size` ranks: LATE_WINDOW epochs, or enough that a rank
     latest in all but two of them can pass LATE_ALPHA (a rank latest in every one of W
@@ -411,9 +479,11 @@ class LateTest:
     independent). Under it, a rank's sum is distributed as the sum of one value drawn
     at random from each epoch's P values -- a permutation test, which needs no model of
     the noise (a descheduled rank's 100 ms in one epoch is one value among its epoch's,
-    whoever it falls to). p = the share of N such draws at or above the rank's sum
-    (Monte Carlo, N = 2 P / LATE_ALPHA, from a seed fixed by the epoch: every rank
-    draws alike; the values in whole microseconds, so the sums are exact). The ranks
+    whoever it falls to). p = the share of the P ** W draws at or above the rank's sum,
+    counted exactly where they can be (_exact_tail; the values in whole microseconds, so
+    the sums are exact), else the share of N = 2 P / LATE_ALPHA random ones (from a seed
+    fixed by the epoch: every rank draws alike); nothing is counted or drawn where a
+    floor of p (_tail_floor) already says the test cannot pass. The ranks
     share one null distribution, so only the latest sum is tested; it is late when
     K x P x p <= LATE_ALPHA in one of the K windows tested (Bonferroni over the ranks and
     the windows): per decision, a false finding has probability <= LATE_ALPHA. A rank
@@ -443,15 +513,15 @@ class LateTest:
         if len(self.epochs) < self.window:
             return [0.0] * p
         spans = [self.window * 2 ** k for k in range(LATE_SPANS) if self.window * 2 ** k <= len(self.epochs)]
-        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x1a7e])
+        rng = _Seeded(epoch, 0x1a7e)
         self.p, beyond = [1.0] * p, {}
         for r in range(p):       # 1000 draws: enough to keep or let go of a rank found late (LATE_KEEP)
             if self.skip[r]:
                 self.late[r] = False
             if self.late[r]:
-                x = np.array(self.epochs[-self.span[r]:], np.int64)
-                above = int(np.count_nonzero(self._null(x, rng, 1000) >= int(x[:, r].sum())))
-                self.p[r], beyond[r] = min(1.0, p * (1 + above) / 1001), self._beyond(x, r)
+                rows = self.epochs[-self.span[r]:]
+                x = np.array(rows, np.int64)
+                self.p[r], beyond[r] = min(1.0, p * self._tail(x, r, rng, LATE_KEEP / p)), self._beyond(x, r)
                 self.late[r] = self.p[r] <= LATE_KEEP and beyond[r] > 0
         found = self._find(spans, rng)
         if found is not None:
@@ -460,6 +530,20 @@ class LateTest:
             if b > 0:
                 self.late[r], self.span[r], beyond[r] = True, span, b
         return [max(beyond[r], 0.0) if self.late[r] else 0.0 for r in range(p)]
+
+    @staticmethod
+    def _tail(x: np.ndarray, r: int, rng, level: float) -> float:
+        """The p-value of rank r's sum over the epochs x: exact where countable, else
+        from 1000 draws (enough to keep or let go of a rank found late: LATE_KEEP); above
+        level by the floor alone (_tail_floor), that floor."""
+        floor = _tail_floor(x.tolist(), r)
+        if floor > level:
+            return floor
+        s = int(x[:, r].sum())
+        exact = _exact_tail(x, s)
+        if exact is not None:
+            return exact
+        return (1 + int(np.count_nonzero(_draws(x, rng, 1000) >= s))) / 1001
 
     @staticmethod
     def _beyond(x: np.ndarray, r: int) -> float:
@@ -484,25 +568,28 @@ class LateTest:
             var = sum(p * sum(v * v for v in e) - sum(e) ** 2 for e in rows)         # P^2 x the variance
             if excess <= 0 or excess * excess <= 4 * var:
                 continue
-            # 1000 draws first, then 20000 at a time while the count of draws at or above
-            # its sum can still be small enough (the count only grows: the answer of
-            # drawing all N, and a test that fails stops early; one that passes draws N)
-            x, above, done = np.array(rows, np.int64), 0, 0
+            if p * k * _tail_floor(rows, top) > LATE_ALPHA:           # cannot pass: nothing counted
+                continue
+            x = np.array(rows, np.int64)
+            exact = _exact_tail(x, sums[top])
+            if exact is not None:
+                if p * k * exact <= LATE_ALPHA:
+                    return top, span
+                continue
+            if p * k * _tail_floor(x, top, self.window) > LATE_ALPHA:     # 2W, 4W: per W epochs
+                continue
+            # past EXACT: 1000 draws first, then 20000 at a time while the count of draws
+            # at or above its sum can still be small enough (the count only grows: the
+            # answer of drawing all N, and a test that fails stops early; one that passes
+            # draws N)
+            above, done = 0, 0
             while done < n and (1 + above) * p * k <= LATE_ALPHA * (n + 1):
                 m = min(n - done, 1000 if done == 0 else 20000)
-                above += int(np.count_nonzero(self._null(x, rng, m) >= sums[top]))
+                above += int(np.count_nonzero(_draws(x, rng, m) >= sums[top]))
                 done += m
             if done == n and (1 + above) * p * k <= LATE_ALPHA * (n + 1):
                 return top, span
         return None
-
-    @staticmethod
-    def _null(x: np.ndarray, rng, n: int) -> np.ndarray:
-        """n sums of one value drawn from each epoch's (a rank's sum under the null)."""
-        out = np.zeros(n, np.int64)
-        for row in x:
-            out += row[rng.integers(0, len(row), n)]
-        return out
 
 
 def starve_window(size: int) -> int:
@@ -526,12 +613,12 @@ class StarveTest:
     epochs, and fell to the others' once it held no blocks: less work, less waiting).
     The test is LateTest's permutation test on the stretches of the last W =
     starve_window epochs (one window), with the p-value computed exactly where the P ** W
-    draws can be counted (meet in the middle: P ** (W/2) sums per half; else N = 2 P /
-    STARVE_ALPHA draws): the top sum is starved when P x p <= STARVE_ALPHA, so a decision
+    draws can be counted (_exact_tail; else N = 2 P / STARVE_ALPHA draws), and neither
+    where its floor (_tail_floor) rules the rank out: the top sum is starved when P x p <= STARVE_ALPHA, so a decision
     finds a rank nobody starves with probability <= STARVE_ALPHA. A rank found stays so
     while P x p <= LATE_KEEP and it waits beyond the others (_beyond)."""
 
-    EXACT = 1 << 16              # the most sums per half counted exactly
+    EXACT = EXACT                # the most sums per half counted exactly
     CAP = 1000000                # the largest stretch counted, in thousandths (1000 x its CPU time)
 
     def __init__(self, size: int) -> None:
@@ -562,14 +649,14 @@ class StarveTest:
         self.cpu = (self.cpu + [[float(x) for x in cpu]])[-w:]
         if len(self.epochs) < w:
             return self._beyond()
-        x = np.array(self.epochs, np.int64)
-        sums = x.sum(axis=0).tolist()
-        rng = np.random.default_rng([epoch & 0xFFFFFFFF, 0x57a4])
+        sums = [sum(c) for c in zip(*self.epochs)]
+        rng = _Seeded(epoch, 0x57a4)
+        tail = lambda r: self._tail(np.array(self.epochs, np.int64), sums[r], rng)      # noqa: E731
         for r in range(p):
-            if self.starved[r]:
-                self.starved[r] = p * self._tail(x, sums[r], rng) <= LATE_KEEP
+            if self.starved[r]:     # P x the floor above the level: the exact p-value too
+                self.starved[r] = p * _tail_floor(self.epochs, r) <= LATE_KEEP and p * tail(r) <= LATE_KEEP
         top = max(range(p), key=lambda r: (sums[r], -r))
-        if not self.starved[top] and p * self._tail(x, sums[top], rng) <= STARVE_ALPHA:
+        if not self.starved[top] and p * _tail_floor(self.epochs, top) <= STARVE_ALPHA and p * tail(top) <= STARVE_ALPHA:
             self.starved[top] = True
         return self._beyond()
 
@@ -591,20 +678,13 @@ class StarveTest:
         return out
 
     def _tail(self, x: np.ndarray, s: int, rng) -> float:
-        """P(a sum of one value drawn from each epoch's >= s): exact where countable."""
-        w, p = x.shape
-        half = w // 2
-        if p ** (w - half) <= self.EXACT:
-            a, b = np.zeros(1, np.int64), np.zeros(1, np.int64)
-            for row in x[:half]:
-                a = (a[:, None] + row[None, :]).ravel()
-            for row in x[half:]:
-                b = (b[:, None] + row[None, :]).ravel()
-            b.sort()
-            count = int((len(b) - np.searchsorted(b, s - a, side="left")).sum())
-            return count / float(p) ** w
-        n = int(math.ceil(2 * p / STARVE_ALPHA))
-        return (1 + int(np.count_nonzero(LateTest._null(x, rng, n) >= s))) / (n + 1)
+        """P(a sum of one value drawn from each epoch's >= s): exact where countable
+        (_exact_tail), else from N = 2 P / STARVE_ALPHA draws."""
+        exact = _exact_tail(x, s, self.EXACT)
+        if exact is not None:
+            return exact
+        n = int(math.ceil(2 * x.shape[1] / STARVE_ALPHA))
+        return (1 + int(np.count_nonzero(_draws(x, rng, n) >= s))) / (n + 1)
 
 
 def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,

@@ -455,6 +455,81 @@ def test_starve_test_tail_is_exact():
     assert 1e-3 < exact < 0.5 and abs(mc - exact) < 4 * (exact / 80000) ** 0.5 + 2e-5, (exact, mc)
 
 
+def _every_sum(x):
+    """The reference: all P ** W sums of one value from each row, listed by NumPy (outer
+    sums row by row; not meet in the middle)."""
+    out = np.zeros(1, np.int64)
+    for row in np.asarray(x, np.int64):
+        out = np.add.outer(out, row).ravel()
+    return out
+
+
+def test_tail_floor_and_late_test_p_values_are_exact():
+    """The permutation tests' shared counting: _exact_tail against every draw listed
+    (ties count); _tail_floor, the share of draws taking at least rank r's value in every
+    epoch, against those draws listed (itertools.product), and never above the exact
+    tail; LateTest's p-value of a rank it holds late (P x p) equals P x the listed share."""
+    import itertools
+    rng = np.random.default_rng(5)
+    for p, w in ((2, 9), (3, 6), (4, 5), (5, 4), (8, 3)):
+        x = rng.integers(0, 5, (w, p))
+        every = _every_sum(x)
+        for r in range(p):
+            s = int(x[:, r].sum())
+            assert balance._exact_tail(x, s) == np.count_nonzero(every >= s) / every.size, (p, w, r)
+            picks = sum(all(v >= x[e, r] for e, v in enumerate(c)) for c in itertools.product(*x.tolist()))
+            floor = balance._tail_floor(x.tolist(), r)
+            assert floor == pytest.approx(picks / every.size, rel=1e-12) and floor <= balance._exact_tail(x, s), (p, w, r)
+    assert balance._exact_tail(rng.integers(0, 5, (9, 4)), 10, most=4 ** 4) is None      # past `most`
+    # by chunks of 3 epochs: the product of each chunk's listed tail at r's sum over it
+    x = rng.integers(0, 50, (9, 4))
+    every = _every_sum(x)
+    for r in range(4):
+        want = np.prod([np.count_nonzero(_every_sum(x[i:i + 3]) >= x[i:i + 3, r].sum()) / 64 for i in (0, 3, 6)])
+        floor = balance._tail_floor(x, r, 3)
+        assert floor == pytest.approx(want, rel=1e-12), r
+        assert balance._tail_floor(x.tolist(), r) <= floor <= np.count_nonzero(every >= x[:, r].sum()) / every.size
+    # a rank late in every epoch of the window, then held: its P x p is exact
+    t = balance.LateTest(4)
+    rows = [[int(v) for v in rng.integers(0, 3000, 4)] for _ in range(t.window)]
+    for e, row in enumerate(rows):
+        row[2] += 6000
+        t.observe([v / 1e6 for v in row], e)
+    assert t.late == [False, False, True, False]
+    t.observe([v / 1e6 for v in rows[-1]], t.window)        # held: its p-value over its span
+    x = np.array(t.epochs[-t.span[2]:], np.int64)
+    every = _every_sum(x)
+    assert t.p[2] == 4 * np.count_nonzero(every >= x[:, 2].sum()) / every.size
+
+
+# bench/psld.py none (nobody starved, pinned), one repetition's lateness (us per round)
+# in the decisions 1 - 15: rank 1 tops the window of the last 10 at P x p = 3.2e-4
+# (exact), above LATE_ALPHA; drawn at random (80 000 draws, seeded by the epoch), the
+# test found it late at decision 15 and moved its blocks
+NONE_LATENESS = [
+    [2455, 0, 1682, 211], [0, 33853, 36919, 10865], [4430, 1782, 462, 0], [4998, 3878, 633, 0],
+    [486, 0, 3899, 957], [1670, 6595, 555, 0], [350, 4313, 2332, 0], [3570, 0, 3893, 619],
+    [2011, 6236, 2503, 0], [1792, 3502, 0, 727], [2793, 5406, 1494, 0], [2395, 3043, 375, 0],
+    [1012, 4640, 5378, 0], [2326, 6238, 1003, 0], [163, 7914, 2695, 0]]
+
+
+def test_late_test_decides_on_the_exact_p_value():
+    """On recorded nobody-starved epochs, LateTest decides as the exact p-value (every
+    draw listed by NumPy) says: rank 1's P x p over the last 10 epochs is 3.2e-4, so
+    nobody is found; at LATE_ALPHA just above it (4e-4), rank 1 is."""
+    x = np.array(NONE_LATENESS[-10:], np.int64)
+    every = _every_sum(x)
+    pp = 4 * np.count_nonzero(every >= x[:, 1].sum()) / every.size
+    assert 3e-4 < pp < 3.5e-4, pp
+    for alpha, want in ((balance.LATE_ALPHA, [False] * 4), (4e-4, [False, True, False, False])):
+        t = balance.LateTest(4)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(balance, "LATE_ALPHA", alpha)
+            for e, row in enumerate(NONE_LATENESS):
+                t.observe([v / 1e6 for v in row], e + 1)
+        assert t.late == want, (alpha, t.late)
+
+
 @pytest.mark.parametrize("kind", ["exponential", "pareto", "stall"])
 def test_starve_test_false_findings_within_their_bound(kind, monkeypatch):
     """StarveTest's bound: with nobody starved (whose threads wait for a CPU in an epoch is
