@@ -436,6 +436,16 @@ def _exact_tail(x: np.ndarray, s: int, most: int = EXACT) -> Optional[float]:
     return count / float(p) ** w
 
 
+def _p_value(x: np.ndarray, s: int, rng, n: int, most: int = EXACT) -> float:
+    """The permutation tests' p-value of the sum s over the epochs x: exact where countable
+    (_exact_tail, at most `most` sums per half), else the share of n random draws at or
+    above s, counting s itself ((1 + above) / (n + 1))."""
+    exact = _exact_tail(x, s, most)
+    if exact is not None:
+        return exact
+    return (1 + int(np.count_nonzero(_draws(x, rng, n) >= s))) / (n + 1)
+
+
 def _tail_floor(x, r: int, size: int = 1) -> float:
     """A lower bound of the tail at rank r's sum, without drawing: draws that reach r's
     sum over each chunk of `size` consecutive epochs reach it over all, so the product
@@ -539,11 +549,7 @@ class LateTest:
         floor = _tail_floor(x.tolist(), r)
         if floor > level:
             return floor
-        s = int(x[:, r].sum())
-        exact = _exact_tail(x, s)
-        if exact is not None:
-            return exact
-        return (1 + int(np.count_nonzero(_draws(x, rng, 1000) >= s))) / 1001
+        return _p_value(x, int(x[:, r].sum()), rng, 1000)
 
     @staticmethod
     def _beyond(x: np.ndarray, r: int) -> float:
@@ -680,11 +686,7 @@ class StarveTest:
     def _tail(self, x: np.ndarray, s: int, rng) -> float:
         """P(a sum of one value drawn from each epoch's >= s): exact where countable
         (_exact_tail), else from N = 2 P / STARVE_ALPHA draws."""
-        exact = _exact_tail(x, s, self.EXACT)
-        if exact is not None:
-            return exact
-        n = int(math.ceil(2 * x.shape[1] / STARVE_ALPHA))
-        return (1 + int(np.count_nonzero(_draws(x, rng, n) >= s))) / (n + 1)
+        return _p_value(x, s, rng, int(math.ceil(2 * x.shape[1] / STARVE_ALPHA)), self.EXACT)
 
 
 def _psld_counts(times, servers, current, seed, epoch, epsilon, fixed, tries, spread=None, explored=None,
