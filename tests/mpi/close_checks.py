@@ -25,14 +25,18 @@ from _util import ARGS, run_module
 MODES, LATES, COUNTS = ARGS[0].split(","), ARGS[1].split(","), [int(c) for c in ARGS[2].split(",")]
 
 # how many times rank r of p posts, whether it waits for its requests, and how long it
-# pauses between its last post and close() (s; where post_in_pattern is told to)
+# pauses before its post #i (s; i = its number of posts: before its close())
 PATTERNS = {
-    "increasing": (lambda r, p: 3 + 2 * r, lambda r: True, lambda r: 0),      # the issue's, all wait
+    # the issue's, all wait; the others pause before post #3, so that rank 0, done after
+    # 3, has begun close() when the rounds go on: they show its closing bit (at P = 2 the
+    # two rounds after rank 0's last could end before its close() began)
+    "increasing": (lambda r, p: 3 + 2 * r, lambda r: True, lambda r, p, i: 0.02 if r > 0 and i == 3 else 0),
     # odd ranks never wait, and pause before close(): rounds they triggered by their post
     # count run after their posts were all taken, without them and before their closing bit
-    "reversed": (lambda r, p: 3 + 2 * (p - 1 - r), lambda r: r % 2 == 0, lambda r: 0.02 * (r % 2)),
-    "one_never_posts": (lambda r, p: 0 if r == 0 else 4, lambda r: True, lambda r: 0),
-    "none_wait": (lambda r, p: 2 + r, lambda r: False, lambda r: 0),   # every round reaches the ranks in close()
+    "reversed": (lambda r, p: 3 + 2 * (p - 1 - r), lambda r: r % 2 == 0,
+                 lambda r, p, i: 0.02 if r % 2 and i == 3 + 2 * (p - 1 - r) else 0),
+    "one_never_posts": (lambda r, p: 0 if r == 0 else 4, lambda r: True, lambda r, p, i: 0),
+    "none_wait": (lambda r, p: 2 + r, lambda r: False, lambda r, p, i: 0),   # every round reaches the ranks in close()
 }
 
 
@@ -47,13 +51,19 @@ def value(rank, i, count):
 
 
 def post_in_pattern(comm, colls, count, pattern, pause_before_close=True):
-    """Rank r posts posts(r, p) times to each of colls, in turn, waiting where the pattern
-    says, then pauses as it says (pause_before_close); returns the sum of the results it
-    received from each, and the round values seen."""
+    """Rank r posts posts(r, p) times to each of colls, in turn, waiting and pausing where
+    the pattern says (before close() too, if pause_before_close); returns the sum of the
+    results it received from each, and the round values seen."""
     posts, waits, pause = PATTERNS[pattern]
     received = [np.zeros(count, np.int64) for _ in colls]
     seen = [{} for _ in colls]
+
+    def nap(i):
+        seconds = pause(comm.rank, comm.size, i)
+        if seconds:         # never sleep(0): it may hand the GIL to another thread for 5 ms
+            time.sleep(seconds)
     for i in range(posts(comm.rank, comm.size)):
+        nap(i)
         for k, coll in enumerate(colls):
             req = coll.post(value(comm.rank, i, count) * (k + 1))
             if waits(comm.rank):
@@ -63,8 +73,8 @@ def post_in_pattern(comm, colls, count, pattern, pause_before_close=True):
                     seen[k][res.round] = int(res.data[0])
                 if res.rounds >= 1:
                     ROUNDS_SEEN.append((k, res.round, res.rounds, res.active, res.closing))
-    if pause_before_close and pause(comm.rank):     # never sleep(0): it may hand the GIL
-        time.sleep(pause(comm.rank))               # to another thread for 5 ms
+    if pause_before_close:
+        nap(posts(comm.rank, comm.size))
     return received, seen
 
 
